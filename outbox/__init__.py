@@ -1,0 +1,1 @@
+"""Settled's outbox: operation intents written in the caller's transaction."""

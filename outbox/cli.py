@@ -1,0 +1,38 @@
+"""The ``settled`` command line."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def main() -> None:
+    """Settled: safe side-effecting operations."""
+
+
+@main.group()
+def db() -> None:
+    """The operations database."""
+
+
+@db.command("upgrade")
+@click.option("--url", envvar="SETTLED_DATABASE_URL", help="database URL (default: settings)")
+def db_upgrade(url: str | None) -> None:
+    """Apply every migration."""
+    from outbox.db import upgrade
+    from outbox.settings import Settings
+
+    upgrade(url or Settings().database_url)
+    click.echo("database is up to date")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8700, show_default=True, type=int)
+@click.option("--ledger", default="simulator.sqlite3", show_default=True, help="ledger database URL or SQLite path")
+@click.option("--test-mode", is_flag=True, help="enable the control API (fault rules, ledger)")
+def simulator(host: str, port: int, ledger: str, test_mode: bool) -> None:
+    """Run the payment service simulator."""
+    from workers.simulator import run
+
+    run(host=host, port=port, ledger=ledger, test_mode=test_mode)

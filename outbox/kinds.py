@@ -1,0 +1,163 @@
+"""Operation kinds: each declares a strict intent model and its downstream's contract."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from outbox.currencies import MINOR_UNITS
+from outbox.errors import InvalidParams, UnknownKind
+
+#: Largest accepted amount in minor units (10^12 = ten billion in a 2-digit currency).
+MAX_AMOUNT_MINOR = 10**12
+#: Largest accepted params payload, as canonical JSON.
+MAX_PARAMS_BYTES = 4096
+
+Ref = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+AmountMinor = Annotated[int, Field(gt=0, le=MAX_AMOUNT_MINOR)]
+
+
+def _known_currency(code: str) -> str:
+    if code not in MINOR_UNITS:
+        raise ValueError("not an active ISO 4217 currency code")
+    return code
+
+
+# Currency codes are rejected unless upper-case: "cny" is refused, never silently changed,
+# so the fingerprint never depends on which spelling the caller happened to use.
+Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$"), AfterValidator(_known_currency)]
+Day = Annotated[str, Field(pattern=r"^20\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$")]
+
+
+class Intent(BaseModel):
+    """Base of every intent model: strict types, no extra fields, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class RefundIntent(Intent):
+    """Refund ``amount_minor`` (integer minor units of ``currency``) on an order to a payee."""
+
+    order_id: Ref
+    amount_minor: AmountMinor
+    currency: Currency
+    payee: Ref
+
+
+class TicketIntent(Intent):
+    """Open an after-sales ticket (the app chooses ``ticket_id``)."""
+
+    ticket_id: Ref
+    order_id: Ref
+    reason: Literal["damaged", "wrong_item", "not_as_described", "other"]
+
+
+class PickupIntent(Intent):
+    """Schedule the courier pickup for an after-sales ticket."""
+
+    ticket_id: Ref
+    day: Day
+    slot: Literal["morning", "afternoon", "evening"]
+
+
+class TicketCancelIntent(Intent):
+    """Cancel an after-sales ticket (the compensation of ``after_sales_ticket``)."""
+
+    ticket_id: Ref
+    reason: Literal["pickup_failed", "customer_request", "duplicate"]
+
+
+@dataclass(frozen=True)
+class DownstreamContract:
+    """What the downstream promises for one kind; decides what Settled may do automatically."""
+
+    idempotent: bool = True  # replays with the same key return the first result
+    queryable: bool = True  # a lookup by idempotency key exists
+    key_retention: timedelta = timedelta(hours=24)  # how long the downstream remembers a key
+    #: statuses documented as "refused before processing": safe to send again, same key
+    not_executed_statuses: frozenset[int] = frozenset({429})
+    #: longest the downstream may take to make a result visible to lookups
+    processing_time: timedelta = timedelta(seconds=2)
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    intent: type[Intent]
+    endpoint: str  # path of the downstream's submit call
+    contract: DownstreamContract = field(default_factory=DownstreamContract)
+
+    def parse(self, params: object) -> Intent:
+        """Validate ``params`` against the intent model; raise InvalidParams (no values echoed)."""
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be a JSON object", code="params_not_object")
+        try:
+            size = len(json.dumps(params, allow_nan=False, default=_refuse).encode())
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidParams(
+                "params must be plain JSON (no NaN, no non-JSON values)", code="params_not_json"
+            ) from exc
+        if size > MAX_PARAMS_BYTES:
+            raise InvalidParams(
+                f"params exceed {MAX_PARAMS_BYTES} bytes", code="params_too_large", size=size
+            )
+        try:
+            return self.intent.model_validate(dict(params))
+        except ValidationError as exc:
+            errors = [
+                {"field": ".".join(str(p) for p in err["loc"]), "error": err["type"]}
+                for err in exc.errors(include_input=False, include_url=False)
+            ]
+            raise InvalidParams(
+                f"params do not match the {self.name!r} intent", errors=errors
+            ) from None
+
+
+def _refuse(value: object) -> Any:
+    raise TypeError(type(value).__name__)
+
+
+class KindRegistry:
+    """The operation kinds an app accepts, by name."""
+
+    def __init__(self, kinds: Iterable[Kind] = ()) -> None:
+        self._kinds: dict[str, Kind] = {}
+        for kind in kinds:
+            self.register(kind)
+
+    def register(self, kind: Kind) -> None:
+        if kind.name in self._kinds:
+            raise ValueError(f"kind {kind.name!r} is already registered")
+        self._kinds[kind.name] = kind
+
+    def get(self, name: object) -> Kind:
+        if not isinstance(name, str) or name not in self._kinds:
+            raise UnknownKind(f"unknown operation kind; known: {sorted(self._kinds)}")
+        return self._kinds[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+    def with_contract(self, name: str, **changes: Any) -> KindRegistry:
+        """A copy in which kind ``name`` has its contract changed (tests, demo, odd downstreams)."""
+        kinds = dict(self._kinds)
+        kind = kinds[name]
+        kinds[name] = replace(kind, contract=replace(kind.contract, **changes))
+        return KindRegistry(kinds.values())
+
+
+def default_registry() -> KindRegistry:
+    """Refunds, after-sales tickets, pickups and ticket cancellations."""
+    return KindRegistry(
+        [
+            Kind("refund", RefundIntent, "/v1/refunds"),
+            Kind("after_sales_ticket", TicketIntent, "/v1/tickets"),
+            Kind("pickup", PickupIntent, "/v1/pickups"),
+            Kind("ticket_cancel", TicketCancelIntent, "/v1/ticket_cancellations"),
+        ]
+    )

@@ -1,0 +1,1 @@
+"""Settled's reconciler and manual review queue."""

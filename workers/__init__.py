@@ -1,0 +1,1 @@
+"""Settled workers: the downstream gateway, the executor, the relay, the sweeper, Celery wiring."""

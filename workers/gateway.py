@@ -1,0 +1,160 @@
+"""The port workers and the reconciler talk to the downstream through.
+
+Both calls return values for every expected outcome; each value says what it *proves*
+(DESIGN.md, "What an outcome proves"). Only programming errors raise.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from outbox.kinds import Kind
+from outbox.states import RejectReason
+
+
+class Proof(enum.StrEnum):
+    DONE = "done"
+    NOT_DONE = "not_done"
+    NOT_SENT = "not_sent"
+    NOT_EXECUTED = "not_executed"
+    UNKNOWN = "unknown"
+    MISUSE = "misuse"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The downstream's proof of a business outcome."""
+
+    reference: str  # the downstream's id for the effect (e.g. "re_...")
+    status: str  # "succeeded" or "rejected"
+    params: Mapping[str, Any]  # the intent fields as the downstream recorded them
+    raw: Mapping[str, Any] = field(default_factory=dict)  # the whole body, for evidence
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "status": self.status, "params": dict(self.params)}
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """2xx with a receipt that matches the intent: done."""
+
+    receipt: Receipt
+    proof: Proof = Proof.DONE
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A definite refusal: not done."""
+
+    reason: RejectReason
+    code: str  # the downstream's machine-readable code
+    status: int
+    proof: Proof = Proof.NOT_DONE
+
+
+@dataclass(frozen=True)
+class NotSent:
+    """Nothing reached the downstream (connection refused, DNS failure)."""
+
+    detail: str
+    proof: Proof = Proof.NOT_SENT
+
+
+@dataclass(frozen=True)
+class NotExecuted:
+    """The downstream refused before processing (429, or a status its contract documents)."""
+
+    status: int
+    retry_after: float | None = None  # seconds, already parsed
+    proof: Proof = Proof.NOT_EXECUTED
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The request may have been processed: timeout after send, reset, other 5xx."""
+
+    detail: str
+    status: int | None = None
+    proof: Proof = Proof.UNKNOWN
+
+
+@dataclass(frozen=True)
+class Misuse:
+    """Idempotency error, or a receipt that does not match the intent: needs a person."""
+
+    code: str  # "idempotency_error" | "receipt_mismatch" | ...
+    detail: str
+    status: int | None = None
+    proof: Proof = Proof.MISUSE
+
+
+SubmitOutcome = Accepted | Refused | NotSent | NotExecuted | Unknown | Misuse
+
+
+@dataclass(frozen=True)
+class Found:
+    """The downstream knows the key: its business outcome and receipt."""
+
+    receipt: Receipt
+    reason: RejectReason | None = None  # set when receipt.status == "rejected"
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class NotFound:
+    """The downstream has no record of the key (as far as it can see now)."""
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """The lookup could not be answered (down, timed out, no lookup API)."""
+
+    detail: str
+
+
+@dataclass(frozen=True)
+class LookupMisuse:
+    """The lookup found a record that does not match the intent."""
+
+    code: str
+    detail: str
+
+
+LookupOutcome = Found | NotFound | Unavailable | LookupMisuse
+
+
+class Gateway(Protocol):
+    """The downstream, as workers and the reconciler see it."""
+
+    def submit(
+        self,
+        *,
+        tenant: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: datetime,
+    ) -> SubmitOutcome:
+        """Send one attempt; never retries; never spends past ``deadline``."""
+        ...
+
+    def lookup(
+        self,
+        *,
+        tenant: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: datetime,
+    ) -> LookupOutcome:
+        """Ask what happened to ``idempotency_key``; the receipt is checked against ``params``."""
+        ...
+
+
+def receipt_matches(params: Mapping[str, Any], receipt: Receipt) -> bool:
+    """True when every intent field the downstream echoed back equals the intent's."""
+    return all(receipt.params.get(name) == value for name, value in params.items())
