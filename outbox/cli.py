@@ -29,7 +29,9 @@ def db_upgrade(url: str | None) -> None:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8700, show_default=True, type=int)
-@click.option("--ledger", default="simulator.sqlite3", show_default=True, help="ledger database URL or SQLite path")
+@click.option(
+    "--ledger", default="simulator.sqlite3", show_default=True, help="ledger URL or SQLite path"
+)
 @click.option("--test-mode", is_flag=True, help="enable the control API (fault rules, ledger)")
 def simulator(host: str, port: int, ledger: str, test_mode: bool) -> None:
     """Run the payment service simulator."""

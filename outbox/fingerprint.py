@@ -46,9 +46,7 @@ class Fingerprinter:
         version = version or self.current
         key = self.keys.get(version)
         if key is None:
-            raise SettledError(
-                "fingerprint key version is not configured", key_version=version
-            )
+            raise SettledError("fingerprint key version is not configured", key_version=version)
         return hmac.new(key, canonical_bytes(kind, intent), hashlib.sha256).hexdigest()
 
     def matches(self, kind: str, intent: Intent, version: str, fingerprint: str) -> bool:

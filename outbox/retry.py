@@ -52,7 +52,7 @@ def next_retry(
     deadline: datetime,
     now: datetime,
     retry_after: float | None = None,
-    policy: RetryPolicy = RetryPolicy(),  # noqa: B008  (frozen dataclass)
+    policy: RetryPolicy = RetryPolicy(),
     rand: Callable[[], float],
 ) -> RetryDecision:
     """Decide when to retry after ``attempts_made`` provably-not-executed attempts."""
@@ -66,8 +66,8 @@ def next_retry(
             return Stop("retry_after_past_deadline")
         delay = retry_after
     else:
-        delay = rand() * policy.backoff_ceiling(attempts_made)
-        delay = min(delay, left)
+        # Full jitter over the window that is left, so a retry never lands past the deadline.
+        delay = rand() * min(policy.backoff_ceiling(attempts_made), left)
     return RetryAt(now + timedelta(seconds=delay))
 
 

@@ -1,0 +1,83 @@
+"""Engines, database time, and migrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import FunctionElement
+
+from outbox.models import UTCDateTime
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for ``url``; SQLite files get WAL, a busy timeout and foreign keys."""
+    if url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {"timeout": 30})
+        engine = create_engine(url, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy issue BEGIN itself so BEGIN IMMEDIATE can be used for writes.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            # Take the write lock up front: no deadlock-prone lock upgrades between writers.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+class db_now(FunctionElement[Any]):
+    """The database's clock plus ``offset`` seconds (leases and due times use database time)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = float(offset)
+        super().__init__()
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    if element.offset:
+        return f"(clock_timestamp() + interval '{element.offset:.6f} seconds')"
+    return "clock_timestamp()"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    if element.offset:
+        return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '{element.offset:+.3f} seconds')"
+    return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+
+def alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Apply migrations up to ``revision``."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)

@@ -1,0 +1,194 @@
+"""Intake: the call a backend app makes inside its own transaction.
+
+``Outbox.enqueue`` writes the operation intent into the caller's session and never commits:
+the business row and the intent commit together, or neither does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from outbox.db import db_now
+from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
+from outbox.fingerprint import Fingerprinter, canonical_params
+from outbox.ids import derive_idempotency_key, validate_op_id, validate_tenant
+from outbox.kinds import KindRegistry, default_registry
+from outbox.models import Operation, OperationEvent, Run
+from outbox.settings import Settings
+from outbox.states import State
+
+MAX_CORRELATION_ID = 200
+MAX_ATTEMPTS_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What intake did: the operation (new or existing) and whether this call created it."""
+
+    operation: Operation
+    created: bool
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """The intake API, built once from settings at the app's composition root."""
+
+    registry: KindRegistry
+    fingerprinter: Fingerprinter
+    idempotency_secret: bytes
+    max_attempts: int = 5
+    deadline: timedelta = timedelta(hours=1)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, registry: KindRegistry | None = None) -> Outbox:
+        return cls(
+            registry=registry or default_registry(),
+            fingerprinter=Fingerprinter(
+                settings.fingerprint_key_bytes(), settings.fingerprint_key_version
+            ),
+            idempotency_secret=settings.idempotency_secret.get_secret_value().encode(),
+            max_attempts=settings.max_attempts,
+            deadline=timedelta(seconds=settings.deadline_seconds),
+        )
+
+    def enqueue(
+        self,
+        session: Session,
+        *,
+        tenant: str,
+        op_id: str,
+        kind: str,
+        params: Mapping[str, Any],
+        run: Run | None = None,
+        correlation_id: str | None = None,
+        compensates: Operation | None = None,
+        max_attempts: int | None = None,
+        deadline: datetime | None = None,
+    ) -> Enqueued:
+        """Record an operation intent in ``session`` (flushed, never committed).
+
+        A replay of ``(tenant, op_id)`` with the same intent returns the stored operation and
+        writes nothing; with another intent it raises IdempotencyConflict. Bad input raises an
+        InvalidInput subclass before anything is written.
+        """
+        tenant = validate_tenant(tenant)
+        op_id = validate_op_id(op_id)
+        spec = self.registry.get(kind)
+        intent = spec.parse(params)
+        if correlation_id is not None:
+            if not isinstance(correlation_id, str) or not (
+                0 < len(correlation_id) <= MAX_CORRELATION_ID
+            ):
+                raise InvalidIdentifier(
+                    f"correlation_id must be a string of 1 to {MAX_CORRELATION_ID} characters",
+                    code="invalid_correlation_id",
+                    field="correlation_id",
+                )
+            if correlation_id == op_id:
+                # A tool-call id names one model turn, not one business intent: a retried
+                # turn gets a new call id, so using it as op_id would send the intent twice.
+                raise InvalidIdentifier(
+                    "op_id must be minted by the app (new_op_id()), not taken from a tool-call id",
+                    code="op_id_is_correlation_id",
+                    field="op_id",
+                )
+        attempts = self.max_attempts if max_attempts is None else max_attempts
+        if (
+            not isinstance(attempts, int)
+            or isinstance(attempts, bool)
+            or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT
+        ):
+            raise InvalidInput(
+                f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}",
+                code="invalid_budget",
+                field="max_attempts",
+            )
+        if deadline is not None and (deadline.tzinfo is None or deadline <= datetime.now(UTC)):
+            raise InvalidInput(
+                "deadline must be an aware datetime in the future",
+                code="invalid_budget",
+                field="deadline",
+            )
+        if run is not None and run.tenant != tenant:
+            raise NotFound("no such run for this tenant", code="run_not_found")
+        if compensates is not None and compensates.tenant != tenant:
+            raise NotFound("no such operation for this tenant", code="operation_not_found")
+
+        existing = _find(session, tenant, op_id)
+        if existing is None:
+            version = self.fingerprinter.current
+            values: dict[str, Any] = {
+                "tenant": tenant,
+                "op_id": op_id,
+                "kind": spec.name,
+                "params": canonical_params(intent),
+                "fingerprint": self.fingerprinter.fingerprint(spec.name, intent, version),
+                "fingerprint_key_version": version,
+                "idempotency_key": derive_idempotency_key(self.idempotency_secret, tenant, op_id),
+                "state": State.PLANNED.value,
+                "attempts": 0,
+                "max_attempts": attempts,
+                "deadline": deadline
+                if deadline is not None
+                else db_now(self.deadline.total_seconds()),
+                "next_attempt_at": db_now(),
+                "run_id": run.id if run is not None else None,
+                "correlation_id": correlation_id,
+                "compensates_id": compensates.id if compensates is not None else None,
+                "created_at": db_now(),
+                "updated_at": db_now(),
+            }
+            dialect = session.get_bind().dialect.name
+            insert = pg_insert if dialect == "postgresql" else sqlite_insert
+            # ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id) waits for
+            # the other transaction, then inserts nothing instead of raising.
+            stmt = (
+                insert(Operation)
+                .values(**values)
+                .on_conflict_do_nothing(index_elements=["tenant", "op_id"])
+                .returning(Operation.id)
+            )
+            new_id = session.execute(stmt).scalar_one_or_none()
+            if new_id is not None:
+                session.add(
+                    OperationEvent(
+                        operation_id=new_id,
+                        from_state=None,
+                        to_state=State.PLANNED.value,
+                        actor="intake",
+                        evidence={"correlation_id": correlation_id} if correlation_id else None,
+                    )
+                )
+                session.flush()
+                op = session.get(Operation, new_id)
+                assert op is not None
+                return Enqueued(op, created=True)
+            existing = _find(session, tenant, op_id)
+            if existing is None:  # only under REPEATABLE READ or SERIALIZABLE isolation
+                raise IdempotencyConflict(
+                    "a concurrent transaction holds this op_id; retry the transaction",
+                    code="concurrent_intake",
+                )
+        if existing.kind != spec.name or not self.fingerprinter.matches(
+            spec.name, intent, existing.fingerprint_key_version, existing.fingerprint
+        ):
+            raise IdempotencyConflict(
+                "op_id already names a different intent for this tenant; "
+                "mint a new op_id for a new operation",
+                tenant=tenant,
+                op_id=op_id,
+            )
+        return Enqueued(existing, created=False)
+
+
+def _find(session: Session, tenant: str, op_id: str) -> Operation | None:
+    stmt = select(Operation).where(Operation.tenant == tenant, Operation.op_id == op_id)
+    return session.execute(stmt).scalar_one_or_none()

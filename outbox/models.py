@@ -1,0 +1,199 @@
+"""Tables: operations, attempts, operation events (append-only), runs, review items."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STATES = "'planned','submitted','succeeded','rejected','unknown','cancelled'"
+REASONS = "'business_rejected','invalid_params','permission_denied','not_executed'"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive, as UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: Settled stores aware UTC datetimes only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # raw SQLite text, e.g. from strftime()
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+        return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+
+ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER keys only
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+    }
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(63))
+    handle: Mapped[str] = mapped_column(String(64), unique=True)
+    title: Mapped[str | None] = mapped_column(String(200))
+    cancel_requested_at: Mapped[datetime | None]
+    cancelled_by: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+
+
+class Operation(Base):
+    __tablename__ = "operations"
+    __table_args__ = (
+        UniqueConstraint("tenant", "op_id", name="uq_operations_tenant_op_id"),
+        CheckConstraint(f"state IN ({STATES})", name="state"),
+        CheckConstraint(f"reason IS NULL OR reason IN ({REASONS})", name="reason"),
+        CheckConstraint("(state = 'rejected') = (reason IS NOT NULL)", name="reason_iff_rejected"),
+        CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="budget"),
+        # The live part of the table: what workers, the sweeper and the reconciler scan.
+        Index(
+            "ix_operations_due",
+            "next_attempt_at",
+            postgresql_where=text("state = 'planned'"),
+            sqlite_where=text("state = 'planned'"),
+        ),
+        Index(
+            "ix_operations_unresolved",
+            "lease_until",
+            postgresql_where=text("state IN ('submitted', 'unknown')"),
+            sqlite_where=text("state IN ('submitted', 'unknown')"),
+        ),
+        Index("ix_operations_run_id", "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(63))
+    op_id: Mapped[str] = mapped_column(String(80))
+    kind: Mapped[str] = mapped_column(String(40))
+    params: Mapped[dict[str, Any]]
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    fingerprint_key_version: Mapped[str] = mapped_column(String(20))
+    idempotency_key: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default="planned")
+    reason: Mapped[str | None] = mapped_column(String(32))
+    attempts: Mapped[int] = mapped_column(default=0)
+    max_attempts: Mapped[int]
+    deadline: Mapped[datetime]
+    next_attempt_at: Mapped[datetime]
+    first_sent_at: Mapped[datetime | None]
+    unknown_since: Mapped[datetime | None]
+    lookups: Mapped[int] = mapped_column(default=0, server_default="0")
+    lease_owner: Mapped[str | None] = mapped_column(String(100))
+    lease_until: Mapped[datetime | None]
+    lease_version: Mapped[int] = mapped_column(default=0)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    correlation_id: Mapped[str | None] = mapped_column(String(200))
+    compensates_id: Mapped[int | None] = mapped_column(ForeignKey("operations.id"))
+    receipt: Mapped[dict[str, Any] | None]
+    downstream_ref: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+    updated_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+
+
+class Attempt(Base):
+    """One send, written before it goes out and completed with what came back."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("operation_id", "number"),)
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[int] = mapped_column(ForeignKey("operations.id"))
+    number: Mapped[int]
+    lease_version: Mapped[int]
+    worker: Mapped[str | None] = mapped_column(String(100))
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    #: what the communication proved: done / not_done / not_sent / not_executed / unknown /
+    #: misuse; NULL while the attempt is in flight or if the worker died mid-send
+    proof: Mapped[str | None] = mapped_column(String(16))
+    status_code: Mapped[int | None]
+    detail: Mapped[dict[str, Any] | None]
+
+
+class OperationEvent(Base):
+    """Append-only record of every state change."""
+
+    __tablename__ = "operation_events"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[int] = mapped_column(ForeignKey("operations.id"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(100))
+    lease_version: Mapped[int | None]
+    reason: Mapped[str | None] = mapped_column(String(64))
+    evidence: Mapped[dict[str, Any] | None]
+    at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+
+
+class ReviewItem(Base):
+    """An operation no automatic path can resolve, waiting for support staff."""
+
+    __tablename__ = "review_items"
+    __table_args__ = (
+        # At most one open item per operation.
+        Index(
+            "uq_review_items_open",
+            "operation_id",
+            unique=True,
+            postgresql_where=text("resolved_at IS NULL"),
+            sqlite_where=text("resolved_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[int] = mapped_column(ForeignKey("operations.id"))
+    tenant: Mapped[str] = mapped_column(String(63))
+    reason: Mapped[str] = mapped_column(String(64))
+    evidence: Mapped[dict[str, Any]]
+    version: Mapped[int] = mapped_column(default=1)
+    created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+    resolved_at: Mapped[datetime | None]
+    resolved_by: Mapped[str | None] = mapped_column(String(100))
+    resolution: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    note: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,94 @@
+"""Shared fixtures: real PostgreSQL and Redis (started when none answers), SQLite files."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from outbox.db import make_engine, upgrade
+from outbox.intake import Outbox
+from outbox.kinds import default_registry
+from outbox.settings import Settings
+from tests.support import services
+
+TABLES = "review_items, operation_events, attempts, operations, runs"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    with services.postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A migrated throwaway database for this test session."""
+    name = f"settled_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with services.throwaway_database(pg_server, name) as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg_url: str) -> Iterator[Engine]:
+    engine = make_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+def truncate(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+
+
+@pytest.fixture
+def pg(pg_engine: Engine) -> Iterator[Engine]:
+    """The session's PostgreSQL engine, emptied after the test."""
+    yield pg_engine
+    truncate(pg_engine)
+
+
+@pytest.fixture
+def sqlite(tmp_path: Path) -> Iterator[Engine]:
+    url = f"sqlite:///{tmp_path / 'settled.sqlite3'}"
+    upgrade(url)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def engine(request: pytest.FixtureRequest) -> Engine:
+    """Runs the test once against PostgreSQL and once against an SQLite file."""
+    return request.getfixturevalue("pg" if request.param == "postgresql" else "sqlite")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with Session(engine) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    with services.redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(
+        fingerprint_keys={"v1": "test-fingerprint-key-0001"},  # type: ignore[dict-item]
+        idempotency_secret="test-idempotency-secret",  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def outbox(settings: Settings) -> Outbox:
+    return Outbox.from_settings(settings, default_registry())
