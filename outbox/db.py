@@ -23,7 +23,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            # Let SQLAlchemy issue BEGIN itself so BEGIN IMMEDIATE can be used for writes.
+            # pysqlite's own transaction handling is off; SQLAlchemy emits BEGIN (see below).
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -34,8 +34,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            # Take the write lock up front: no deadlock-prone lock upgrades between writers.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Deferred, so WAL readers never wait; every writer in Settled writes first (an
+            # INSERT or a conditional UPDATE), so no read-to-write lock upgrade can fail.
+            conn.exec_driver_sql("BEGIN")
 
         return engine
     kwargs.setdefault("pool_pre_ping", True)

@@ -29,8 +29,10 @@ class SettledError(Exception):
 
     code: ClassVar[str] = "settled_error"
 
-    def __init__(self, message: str | None = None, **data: Any) -> None:
+    def __init__(self, message: str | None = None, *, code: str | None = None, **data: Any):
         self.message = message or (self.__class__.__doc__ or self.code).strip()
+        if code is not None:
+            self.code = code  # type: ignore[misc]  # a finer code than the class's own
         self.data = data
         super().__init__(self.message)
 
@@ -43,11 +45,6 @@ class InvalidInput(SettledError):
     """Invalid input; nothing was written."""
 
     code = "invalid_input"
-
-    def __init__(self, message: str | None = None, *, code: str | None = None, **data: Any):
-        super().__init__(message, **data)
-        if code is not None:
-            self.code = code  # type: ignore[misc]
 
 
 class InvalidIdentifier(InvalidInput):

@@ -122,61 +122,57 @@ class Outbox:
         if compensates is not None and compensates.tenant != tenant:
             raise NotFound("no such operation for this tenant", code="operation_not_found")
 
-        existing = _find(session, tenant, op_id)
-        if existing is None:
-            version = self.fingerprinter.current
-            values: dict[str, Any] = {
-                "tenant": tenant,
-                "op_id": op_id,
-                "kind": spec.name,
-                "params": canonical_params(intent),
-                "fingerprint": self.fingerprinter.fingerprint(spec.name, intent, version),
-                "fingerprint_key_version": version,
-                "idempotency_key": derive_idempotency_key(self.idempotency_secret, tenant, op_id),
-                "state": State.PLANNED.value,
-                "attempts": 0,
-                "max_attempts": attempts,
-                "deadline": deadline
-                if deadline is not None
-                else db_now(self.deadline.total_seconds()),
-                "next_attempt_at": db_now(),
-                "run_id": run.id if run is not None else None,
-                "correlation_id": correlation_id,
-                "compensates_id": compensates.id if compensates is not None else None,
-                "created_at": db_now(),
-                "updated_at": db_now(),
-            }
-            dialect = session.get_bind().dialect.name
-            insert = pg_insert if dialect == "postgresql" else sqlite_insert
-            # ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id) waits for
-            # the other transaction, then inserts nothing instead of raising.
-            stmt = (
-                insert(Operation)
-                .values(**values)
-                .on_conflict_do_nothing(index_elements=["tenant", "op_id"])
-                .returning(Operation.id)
+        version = self.fingerprinter.current
+        values: dict[str, Any] = {
+            "tenant": tenant,
+            "op_id": op_id,
+            "kind": spec.name,
+            "params": canonical_params(intent),
+            "fingerprint": self.fingerprinter.fingerprint(spec.name, intent, version),
+            "fingerprint_key_version": version,
+            "idempotency_key": derive_idempotency_key(self.idempotency_secret, tenant, op_id),
+            "state": State.PLANNED.value,
+            "attempts": 0,
+            "max_attempts": attempts,
+            "deadline": deadline if deadline is not None else db_now(self.deadline.total_seconds()),
+            "next_attempt_at": db_now(),
+            "run_id": run.id if run is not None else None,
+            "correlation_id": correlation_id,
+            "compensates_id": compensates.id if compensates is not None else None,
+            "created_at": db_now(),
+            "updated_at": db_now(),
+        }
+        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        # Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
+        # waits for the other transaction and then inserts nothing instead of raising; on
+        # SQLite the write lock is taken before any read, so no lock upgrade can fail.
+        stmt = (
+            insert(Operation)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["tenant", "op_id"])
+            .returning(Operation.id)
+        )
+        new_id = session.execute(stmt).scalar_one_or_none()
+        if new_id is not None:
+            session.add(
+                OperationEvent(
+                    operation_id=new_id,
+                    from_state=None,
+                    to_state=State.PLANNED.value,
+                    actor="intake",
+                    evidence={"correlation_id": correlation_id} if correlation_id else None,
+                )
             )
-            new_id = session.execute(stmt).scalar_one_or_none()
-            if new_id is not None:
-                session.add(
-                    OperationEvent(
-                        operation_id=new_id,
-                        from_state=None,
-                        to_state=State.PLANNED.value,
-                        actor="intake",
-                        evidence={"correlation_id": correlation_id} if correlation_id else None,
-                    )
-                )
-                session.flush()
-                op = session.get(Operation, new_id)
-                assert op is not None
-                return Enqueued(op, created=True)
-            existing = _find(session, tenant, op_id)
-            if existing is None:  # only under REPEATABLE READ or SERIALIZABLE isolation
-                raise IdempotencyConflict(
-                    "a concurrent transaction holds this op_id; retry the transaction",
-                    code="concurrent_intake",
-                )
+            session.flush()
+            op = session.get(Operation, new_id)
+            assert op is not None
+            return Enqueued(op, created=True)
+        existing = _find(session, tenant, op_id)
+        if existing is None:  # only under REPEATABLE READ or SERIALIZABLE isolation
+            raise IdempotencyConflict(
+                "a concurrent transaction holds this op_id; retry the transaction",
+                code="concurrent_intake",
+            )
         if existing.kind != spec.name or not self.fingerprinter.matches(
             spec.name, intent, existing.fingerprint_key_version, existing.fingerprint
         ):
