@@ -38,3 +38,32 @@ def simulator(host: str, port: int, ledger: str, test_mode: bool) -> None:
     from workers.simulator import run
 
     run(host=host, port=port, ledger=ledger, test_mode=test_mode)
+
+
+@main.command()
+@click.option("--beat/--no-beat", default=False, help="also run beat (sweeper, reconciler)")
+@click.option("--pool", default="prefork", show_default=True, help="prefork, solo or threads")
+@click.option("--concurrency", default=2, show_default=True, type=int)
+@click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--hostname", default=None, help="Celery node name")
+def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str | None) -> None:
+    """Run a Celery worker on the submit queue (claim, send, record)."""
+    from outbox.settings import Settings
+    from workers.celery_app import create_app, worker_argv
+
+    app = create_app(Settings())
+    app.worker_main(
+        worker_argv(
+            beat=beat, pool=pool, concurrency=concurrency, loglevel=loglevel, hostname=hostname
+        )
+    )
+
+
+@main.command()
+@click.option("--loglevel", default="INFO", show_default=True)
+def beat(loglevel: str) -> None:
+    """Run celery beat: the sweeper and the reconciler on their schedules (run one)."""
+    from outbox.settings import Settings
+    from workers.celery_app import create_app
+
+    create_app(Settings()).start(["beat", f"--loglevel={loglevel}"])

@@ -26,6 +26,8 @@ from outbox.settings import Settings
 from outbox.states import State
 
 MAX_CORRELATION_ID = 200
+#: ``Session.info`` key listing the operations created in the session's transaction.
+CREATED_KEY = "settled.created"
 MAX_ATTEMPTS_LIMIT = 100
 
 
@@ -164,6 +166,8 @@ class Outbox:
                 )
             )
             session.flush()
+            # Hints go out after commit, if the app installed the relay (workers.relay).
+            session.info.setdefault(CREATED_KEY, []).append(new_id)
             op = session.get(Operation, new_id)
             assert op is not None
             return Enqueued(op, created=True)

@@ -37,8 +37,12 @@ class Settings(BaseSettings):
     deadline_seconds: float = 3600.0
     #: How long a claim is held before another worker or the reconciler may take over.
     lease_seconds: float = 60.0
-    #: How long a worker waits between polls when no hint arrives (sweeper period).
-    sweep_seconds: float = 5.0
+    #: Period of the sweeper, which re-hints every due operation (beat).
+    sweep_seconds: float = 1.0
+    #: Due operations a worker claims beside the hinted one, sent concurrently.
+    claim_batch: int = 0
+    #: Where beat keeps its schedule state.
+    beat_schedule_file: str = "var/celerybeat-schedule"
     #: How often the reconciler runs, and how long "unknown" may last before review.
     reconcile_seconds: float = 10.0
     review_after_seconds: float = 600.0

@@ -17,6 +17,8 @@ from outbox.kinds import default_registry
 from outbox.settings import Settings
 from tests.support import services
 
+pytest_plugins = ["tests.support.sim"]
+
 TABLES = "review_items, operation_events, attempts, operations, runs"
 
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, format check, type check, tests. Installs into ./.venv first.
+# PostgreSQL and Redis are used where they answer (SETTLED_TEST_DATABASE_URL /
+# SETTLED_TEST_REDIS_URL, else 127.0.0.1); otherwise the tests start throwaway servers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[dev]"
+echo "== ruff check"; .venv/bin/ruff check .
+echo "== ruff format --check"; .venv/bin/ruff format --check .
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"; .venv/bin/pytest "$@"

@@ -1,0 +1,430 @@
+"""The executor against the simulator over HTTP and a real database (PostgreSQL and SQLite).
+
+Every test reads the simulator's ledger, not only our rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox import store
+from outbox.errors import StaleLease
+from outbox.intake import Outbox
+from outbox.kinds import KindRegistry, default_registry
+from outbox.models import Attempt, Operation, OperationEvent, ReviewItem, Run
+from outbox.states import Event, State
+from tests.support.simtools import CLIENT_TIMEOUT, SimTenant
+from workers.executor import Executor
+from workers.http_client import HttpGateway
+from workers.simulator import SimulatorControl, SimulatorHandle
+
+GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+
+
+@dataclass
+class Rig:
+    engine: Engine
+    outbox: Outbox
+    control: SimulatorControl
+    tenant: SimTenant
+    url: str
+    sessions: sessionmaker[Session]
+
+    def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
+        gateway = HttpGateway(self.url, {self.tenant.name: self.tenant.api_key}, timeout=1.0)
+        kw.setdefault("rand", lambda: 0.0)
+        return Executor(
+            sessions=self.sessions,
+            gateway=gateway,
+            registry=registry or self.outbox.registry,
+            fingerprinter=self.outbox.fingerprinter,
+            worker=kw.pop("worker", "w1"),
+            **kw,
+        )
+
+    def enqueue(self, op_id: str = "op-1", params: dict[str, Any] | None = None, **kw: Any) -> int:
+        with self.sessions.begin() as s:
+            got = self.outbox.enqueue(
+                s, tenant="acme", op_id=op_id, kind="refund", params=params or GOOD, **kw
+            )
+            return got.operation.id
+
+    def op(self, op_id: int) -> Operation:
+        with self.sessions() as s:
+            op = s.get(Operation, op_id)
+            assert op is not None
+            return op
+
+    def attempts(self, op_id: int) -> list[Attempt]:
+        with self.sessions() as s:
+            stmt = select(Attempt).where(Attempt.operation_id == op_id).order_by(Attempt.number)
+            return list(s.scalars(stmt))
+
+    def effects(self, op_id: int) -> int:
+        return self.control.effects("acme", self.op(op_id).idempotency_key)
+
+    def sends(self, op_id: int) -> int:
+        return self.control.requests("acme", self.op(op_id).idempotency_key)
+
+    def reviews(self, op_id: int) -> list[ReviewItem]:
+        with self.sessions() as s:
+            return list(s.scalars(select(ReviewItem).where(ReviewItem.operation_id == op_id)))
+
+    def make_due(self, op_id: int) -> None:
+        with self.sessions.begin() as s:
+            s.execute(
+                update(Operation)
+                .where(Operation.id == op_id)
+                .values(next_attempt_at=datetime.now(UTC) - timedelta(seconds=1))
+            )
+
+
+@pytest.fixture
+def rig(
+    engine: Engine,
+    outbox: Outbox,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    simulator: SimulatorHandle,
+) -> Iterator[Rig]:
+    sim_control.create_order("acme", "A1042", 100000)
+    yield Rig(
+        engine,
+        outbox,
+        sim_control,
+        sim_tenant,
+        simulator.url,
+        sessionmaker(engine, expire_on_commit=False),
+    )
+
+
+def test_happy_path_records_the_receipt(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    assert rig.executor().execute([op_id]) == {op_id: State.SUCCEEDED}
+    op = rig.op(op_id)
+    assert op.state == "succeeded" and op.attempts == 1
+    assert op.receipt is not None and op.receipt["params"]["amount_minor"] == 10000
+    assert op.downstream_ref == op.receipt["reference"]
+    assert [a.proof for a in rig.attempts(op_id)] == ["done"]
+    assert rig.effects(op_id) == 1
+    assert rig.control.refunded("acme", "A1042") == 10000
+    with rig.sessions() as s:
+        events = s.execute(
+            select(OperationEvent.from_state, OperationEvent.to_state)
+            .where(OperationEvent.operation_id == op_id)
+            .order_by(OperationEvent.id)
+        ).all()
+    assert [tuple(e) for e in events] == [
+        (None, "planned"),
+        ("planned", "submitted"),
+        ("submitted", "succeeded"),
+    ]
+
+
+def test_one_hint_delivered_five_times_sends_once(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    executor = rig.executor()
+    results = [executor.execute([op_id]) for _ in range(5)]
+    assert results[0] == {op_id: State.SUCCEEDED}
+    assert results[1:] == [{}] * 4
+    assert rig.sends(op_id) == 1
+    assert rig.effects(op_id) == 1
+
+
+def test_commit_then_timeout_marks_unknown_with_one_effect(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    rig.control.add_rule("commit_then_timeout", hold_seconds=5)
+    rig.executor().execute([op_id])
+    op = rig.op(op_id)
+    assert (op.state, op.attempts) == ("unknown", 1)
+    assert op.unknown_since is not None
+    assert [a.proof for a in rig.attempts(op_id)] == ["unknown"]
+    assert rig.effects(op_id) == 1
+    # Unknown blocks any new send: a later hint claims nothing.
+    assert rig.executor().execute([op_id]) == {}
+    assert rig.sends(op_id) == 1
+
+
+def test_commit_then_reset_marks_unknown(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    rig.control.add_rule("commit_then_reset")
+    rig.executor().execute([op_id])
+    assert rig.op(op_id).state == "unknown"
+    assert rig.effects(op_id) == 1
+
+
+def test_reset_before_processing_is_still_unknown_to_us(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    rig.control.add_rule("reset_before")
+    rig.executor().execute([op_id])
+    assert rig.op(op_id).state == "unknown"
+    assert rig.effects(op_id) == 0
+
+
+def test_503_after_commit_is_unknown_under_the_default_contract(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    rig.control.add_rule("503_after_commit")
+    rig.executor().execute([op_id])
+    assert rig.op(op_id).state == "unknown"
+    assert rig.effects(op_id) == 1
+
+
+def test_503_documented_as_before_processing_is_retried_with_the_same_key(rig: Rig) -> None:
+    registry = default_registry().with_contract(
+        "refund", not_executed_statuses=frozenset({429, 503})
+    )
+    op_id = rig.enqueue()
+    rig.control.add_rule("503_before", times=1)
+    executor = rig.executor(registry)
+    assert executor.execute([op_id]) == {op_id: State.PLANNED}
+    op = rig.op(op_id)
+    assert (op.state, op.attempts) == ("planned", 1)
+    key = op.idempotency_key
+    rig.make_due(op_id)
+    assert executor.execute([op_id]) == {op_id: State.SUCCEEDED}
+    assert rig.op(op_id).idempotency_key == key
+    assert [a.proof for a in rig.attempts(op_id)] == ["not_executed", "done"]
+    assert rig.effects(op_id) == 1
+
+
+def test_429_retry_after_inside_the_deadline_schedules_the_retry(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    rig.control.add_rule("429", retry_after="30", times=1)
+    before = datetime.now(UTC)
+    rig.executor().execute([op_id])
+    op = rig.op(op_id)
+    assert op.state == "planned"
+    assert timedelta(seconds=29) < op.next_attempt_at - before < timedelta(seconds=32)
+    # Not due yet: a hint claims nothing and sends nothing.
+    assert rig.executor().execute([op_id]) == {}
+    assert rig.sends(op_id) == 1  # the 429 itself; no second request
+    assert rig.effects(op_id) == 0
+
+
+def test_retry_after_beyond_the_deadline_stops_at_once(rig: Rig) -> None:
+    op_id = rig.enqueue(deadline=datetime.now(UTC) + timedelta(seconds=20))
+    rig.control.add_rule("429", retry_after="3600")
+    rig.executor().execute([op_id])
+    op = rig.op(op_id)
+    assert (op.state, op.reason, op.attempts) == ("rejected", "not_executed", 1)
+    assert rig.effects(op_id) == 0
+
+
+def test_persistent_503_never_exceeds_max_attempts(rig: Rig) -> None:
+    registry = default_registry().with_contract(
+        "refund", not_executed_statuses=frozenset({429, 503})
+    )
+    op_id = rig.enqueue(max_attempts=3)
+    rig.control.add_rule("503_before")
+    executor = rig.executor(registry)
+    for _ in range(10):  # more hints than the budget allows
+        rig.make_due(op_id)
+        executor.execute([op_id])
+    op = rig.op(op_id)
+    assert (op.state, op.reason, op.attempts) == ("rejected", "not_executed", 3)
+    assert len(rig.attempts(op_id)) == 3
+    assert rig.effects(op_id) == 0
+
+
+def test_connection_refused_is_not_sent_and_retried(rig: Rig, engine: Engine) -> None:
+    op_id = rig.enqueue()
+    dead = HttpGateway(
+        "http://127.0.0.1:9", {rig.tenant.name: rig.tenant.api_key}, timeout=CLIENT_TIMEOUT
+    )
+    executor = Executor(
+        sessions=rig.sessions,
+        gateway=dead,
+        registry=rig.outbox.registry,
+        fingerprinter=rig.outbox.fingerprinter,
+        worker="w1",
+        rand=lambda: 0.0,
+    )
+    assert executor.execute([op_id]) == {op_id: State.PLANNED}
+    assert [a.proof for a in rig.attempts(op_id)] == ["not_sent"]
+    rig.make_due(op_id)
+    assert rig.executor().execute([op_id]) == {op_id: State.SUCCEEDED}
+    assert rig.effects(op_id) == 1
+
+
+def test_business_refusal_is_rejected_with_reason(rig: Rig) -> None:
+    op_id = rig.enqueue(params={**GOOD, "amount_minor": 999999})  # beyond the charged amount
+    rig.executor().execute([op_id])
+    op = rig.op(op_id)
+    assert (op.state, op.reason) == ("rejected", "business_rejected")
+    assert rig.control.refunded("acme", "A1042") == 0
+
+
+def test_wrong_api_key_is_permission_denied_and_never_retried(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    gateway = HttpGateway(rig.url, {"acme": SecretStr("sk_wrong")}, timeout=CLIENT_TIMEOUT)
+    executor = Executor(
+        sessions=rig.sessions,
+        gateway=gateway,
+        registry=rig.outbox.registry,
+        fingerprinter=rig.outbox.fingerprinter,
+        worker="w1",
+    )
+    executor.execute([op_id])
+    assert (rig.op(op_id).state, rig.op(op_id).reason) == ("rejected", "permission_denied")
+
+
+def test_mismatched_receipt_is_unknown_with_a_review_item(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    rig.control.add_rule("mismatched_receipt")
+    rig.executor().execute([op_id])
+    assert rig.op(op_id).state == "unknown"
+    assert [r.reason for r in rig.reviews(op_id)] == ["receipt_mismatch"]
+
+
+def test_without_idempotency_a_refused_first_send_is_the_only_send(rig: Rig) -> None:
+    registry = default_registry().with_contract("refund", idempotent=False)
+    op_id = rig.enqueue()
+    rig.control.add_rule("429", retry_after="1")
+    rig.executor(registry).execute([op_id])
+    op = rig.op(op_id)
+    assert (op.state, op.reason) == ("rejected", "not_executed")
+    assert rig.executor(registry).execute([op_id]) == {}
+
+
+def test_ambiguous_send_without_idempotency_or_lookup_goes_to_review(rig: Rig) -> None:
+    registry = default_registry().with_contract("refund", idempotent=False, queryable=False)
+    op_id = rig.enqueue()
+    rig.control.add_rule("commit_then_reset")
+    rig.executor(registry).execute([op_id])
+    assert rig.op(op_id).state == "unknown"
+    assert [r.reason for r in rig.reviews(op_id)] == ["ambiguous_without_idempotency_or_lookup"]
+    assert rig.effects(op_id) == 1
+
+
+def test_cancelled_run_is_not_sent(rig: Rig) -> None:
+    with rig.sessions.begin() as s:
+        run = Run(tenant="acme", handle="run-handle-1")
+        s.add(run)
+        s.flush()
+        op_id = rig.outbox.enqueue(
+            s, tenant="acme", op_id="op-1", kind="refund", params=GOOD, run=run
+        ).operation.id
+        run.cancel_requested_at = datetime.now(UTC)
+    assert rig.executor().execute([op_id]) == {op_id: State.CANCELLED}
+    assert rig.sends(op_id) == 0
+
+
+def test_params_changed_after_intake_are_never_sent(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    with rig.sessions.begin() as s:
+        s.execute(
+            update(Operation)
+            .where(Operation.id == op_id)
+            .values(params={**GOOD, "amount_minor": 99})
+        )
+    rig.executor().execute([op_id])
+    op = rig.op(op_id)
+    assert (op.state, op.reason) == ("rejected", "not_executed")
+    assert rig.sends(op_id) == 0
+
+
+def test_past_the_deadline_nothing_is_sent(rig: Rig) -> None:
+    op_id = rig.enqueue(deadline=datetime.now(UTC) + timedelta(seconds=30))
+    with rig.sessions.begin() as s:
+        s.execute(
+            update(Operation)
+            .where(Operation.id == op_id)
+            .values(deadline=datetime.now(UTC) - timedelta(seconds=1))
+        )
+    rig.executor().execute([op_id])
+    assert (rig.op(op_id).state, rig.op(op_id).reason) == ("rejected", "not_executed")
+    assert rig.sends(op_id) == 0
+
+
+def test_past_key_retention_nothing_is_sent(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    with rig.sessions.begin() as s:
+        s.execute(
+            update(Operation)
+            .where(Operation.id == op_id)
+            .values(
+                first_sent_at=datetime.now(UTC) - timedelta(hours=25),
+                deadline=datetime.now(UTC) + timedelta(hours=30),
+            )
+        )
+    rig.executor().execute([op_id])
+    assert (rig.op(op_id).state, rig.op(op_id).reason) == ("rejected", "not_executed")
+    assert rig.sends(op_id) == 0
+
+
+def expire_lease(sessions: sessionmaker[Session], op_id: int) -> None:
+    with sessions.begin() as s:
+        s.execute(
+            update(Operation)
+            .where(Operation.id == op_id)
+            .values(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+        )
+
+
+def test_a_stale_worker_cannot_overwrite_the_newer_claim(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    with rig.sessions.begin() as s:
+        (old,) = store.claim_for_send(s, worker="old", lease_seconds=60, ids=[op_id])
+        old = store.start_attempt(s, old, worker="old")
+    expire_lease(rig.sessions, op_id)  # the old worker is paused past its lease
+    with rig.sessions.begin() as s:
+        (new,) = store.claim_for_send(s, worker="new", lease_seconds=60, ids=[op_id])
+        assert new.lease_version == old.lease_version + 1
+        store.move(s, new, Event.LOSE, State.UNKNOWN, actor="new")
+    with rig.sessions.begin() as s, pytest.raises(StaleLease):
+        store.move(s, old, Event.ACCEPT, State.SUCCEEDED, actor="old")
+    assert rig.op(op_id).state == "unknown"
+
+
+def test_abandoned_send_is_queried_never_resent(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    key = rig.op(op_id).idempotency_key
+    # A worker claimed and sent, then died before recording the outcome.
+    with rig.sessions.begin() as s:
+        (claimed,) = store.claim_for_send(s, worker="dead", lease_seconds=60, ids=[op_id])
+        store.start_attempt(s, claimed, worker="dead")
+    gateway = HttpGateway(rig.url, {"acme": rig.tenant.api_key}, timeout=CLIENT_TIMEOUT)
+    from outbox.kinds import default_registry as reg
+
+    gateway.submit(
+        tenant="acme",
+        kind=reg().get("refund"),
+        idempotency_key=key,
+        params=GOOD,
+        deadline=datetime.now(UTC) + timedelta(seconds=5),
+    )
+    assert rig.executor().execute([op_id]) == {}  # lease still live: nothing to claim
+    expire_lease(rig.sessions, op_id)
+    assert rig.executor().execute([op_id]) == {op_id: State.SUCCEEDED}
+    assert rig.sends(op_id) == 1
+    assert rig.effects(op_id) == 1
+    assert rig.control.requests("acme", key, phase="lookup") == 1
+
+
+def test_abandoned_send_not_found_becomes_unknown(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    with rig.sessions.begin() as s:
+        (claimed,) = store.claim_for_send(s, worker="dead", lease_seconds=60, ids=[op_id])
+        store.start_attempt(s, claimed, worker="dead")
+    expire_lease(rig.sessions, op_id)
+    assert rig.executor().execute([op_id]) == {op_id: State.UNKNOWN}
+    assert rig.sends(op_id) == 0
+
+
+def test_batch_claim_sends_other_due_operations_concurrently(rig: Rig) -> None:
+    ids = [rig.enqueue(f"op-{i}", {**GOOD, "amount_minor": 100 + i}) for i in range(6)]
+    written = rig.executor(batch_extra=5).execute([ids[0]])
+    assert written == dict.fromkeys(ids, State.SUCCEEDED)
+    assert all(rig.effects(i) == 1 for i in ids)
+    with rig.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(Attempt)) == 6
+
+

@@ -1,0 +1,116 @@
+"""Celery wiring: the only module that knows Celery.
+
+Tasks are thin: an operation id in, a service call, nothing else. No Celery retries,
+countdown, ETA or autoretry anywhere: the executor owns retries through the database row.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_shutdown
+
+from outbox.settings import Settings
+from workers.runtime import Runtime, build_runtime
+
+SUBMIT = "settled.submit"
+SWEEP = "settled.sweep"
+RECONCILE = "settled.reconcile"
+QUEUE = "settled"
+BEAT_QUEUE = "settled.beat"
+
+_runtime: tuple[int, Runtime] | None = None
+
+
+def runtime(settings: Settings) -> Runtime:
+    """This process's runtime, built on first use (after the worker forks its children)."""
+    global _runtime
+    if _runtime is None or _runtime[0] != os.getpid():
+        _runtime = (os.getpid(), build_runtime(settings))
+    return _runtime[1]
+
+
+@worker_process_shutdown.connect
+def _close_runtime(**_: Any) -> None:
+    global _runtime
+    if _runtime is not None and _runtime[0] == os.getpid():
+        _runtime[1].close()
+        _runtime = None
+
+
+def broker_options(settings: Settings) -> dict[str, Any]:
+    if settings.broker_url.startswith("filesystem"):
+        folder = Path(settings.broker_folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        # One folder for in and out: the worker reads what the app writes.
+        return {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+    # Far above the longest task (one HTTP attempt is bounded by downstream_timeout).
+    return {"visibility_timeout": 6 * 3600}
+
+
+def create_app(settings: Settings) -> Celery:
+    """A Celery app for these settings, with the submit, sweep and reconcile tasks."""
+    app = Celery("settled", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        broker_transport_options=broker_options(settings),
+        broker_connection_retry_on_startup=True,
+        task_default_queue=QUEUE,
+        task_routes={SWEEP: {"queue": BEAT_QUEUE}, RECONCILE: {"queue": BEAT_QUEUE}},
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        beat_schedule={
+            "sweep": {
+                "task": SWEEP,
+                "schedule": settings.sweep_seconds,
+                # A sweep that waited longer than two periods is stale: drop it.
+                "options": {"expires": max(2 * settings.sweep_seconds, 1.0)},
+            },
+        },
+        beat_schedule_filename=settings.beat_schedule_file,
+    )
+
+    @app.task(name=SUBMIT, ignore_result=True)
+    def submit(operation_id: int) -> None:
+        runtime(settings).executor.execute([operation_id])
+
+    @app.task(name=SWEEP, ignore_result=True)
+    def sweep_task() -> None:
+        from workers.sweeper import sweep
+
+        sweep(runtime(settings).sessions, hint_publisher(app))
+
+    return app
+
+
+def hint_publisher(app: Celery) -> Any:
+    """A ``publish(operation_id)`` callable for the relay and the sweeper."""
+
+    def publish(operation_id: int) -> None:
+        app.send_task(SUBMIT, args=[operation_id], queue=QUEUE)
+
+    return publish
+
+
+def worker_argv(
+    *, beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str | None
+) -> list[str]:
+    argv = ["worker", f"--pool={pool}", f"--loglevel={loglevel}", f"--queues={QUEUE},{BEAT_QUEUE}"]
+    if pool != "solo":
+        argv.append(f"--concurrency={concurrency}")
+    if beat:
+        argv.append("--beat")
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    argv += ["--without-gossip", "--without-mingle"]
+    return argv

@@ -1,0 +1,252 @@
+"""The executor: claim, send, record. The one place retries are decided (through the row).
+
+1. claim the hinted operations by a conditional update (lease in database time, fencing
+   version bumped); re-check cancel flag, fingerprint and budget; write the attempt row and
+   ``submitted``; commit.
+2. send each with the stored idempotency key and the remaining deadline, no transaction open.
+3. write the outcome under the lease version (a stale worker's write is refused), with the
+   event row; a not-sent / not-executed outcome schedules ``next_attempt_at`` or stops.
+An operation found ``submitted`` with an expired lease may have been sent: it is only queried.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox import store
+from outbox.errors import InvalidInput, StaleLease
+from outbox.fingerprint import Fingerprinter
+from outbox.kinds import Kind, KindRegistry
+from outbox.states import State
+from workers.failpoints import failpoint
+from workers.gateway import Accepted, Gateway, Refused, SubmitOutcome
+from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery, judge_submit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sent:
+    claimed: store.Claimed
+    kind: Kind
+    outcome: SubmitOutcome
+    elapsed: float
+
+
+@dataclass
+class Executor:
+    """The service behind the submit task; built once per worker process."""
+
+    sessions: sessionmaker[Session]
+    gateway: Gateway
+    registry: KindRegistry
+    fingerprinter: Fingerprinter
+    worker: str
+    lease_seconds: float = 60.0
+    #: due operations claimed beside the hinted ones, sent concurrently
+    batch_extra: int = 0
+    rand: Callable[[], float] = random.random
+    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+
+    def execute(self, ids: Sequence[int]) -> dict[int, State]:
+        """Claim, send and record the hinted operations; returns the states written."""
+        to_send, to_recover, written = self._claim(ids)
+        for claimed in to_recover:
+            written.update(self._recover(claimed))
+        failpoint("after_claim")
+        for sent in self._send(to_send):
+            failpoint("after_send")
+            state = self._record(sent)
+            if state is not None:
+                written[sent.claimed.id] = state
+        failpoint("after_outcome")
+        return written
+
+    def _claim(
+        self, ids: Sequence[int]
+    ) -> tuple[list[tuple[store.Claimed, Kind]], list[store.Claimed], dict[int, State]]:
+        to_send: list[tuple[store.Claimed, Kind]] = []
+        to_recover: list[store.Claimed] = []
+        written: dict[int, State] = {}
+        with self.sessions.begin() as session:
+            claims = store.claim_for_send(
+                session,
+                worker=self.worker,
+                lease_seconds=self.lease_seconds,
+                ids=ids,
+                extra=self.batch_extra,
+            )
+            for claimed in claims:
+                if claimed.state is State.SUBMITTED:
+                    to_recover.append(claimed)
+                    continue
+                kind = self.registry.get(claimed.kind)
+                check = check_before_send(
+                    now=claimed.now,
+                    deadline=claimed.deadline,
+                    attempts=claimed.attempts,
+                    max_attempts=claimed.max_attempts,
+                    reached_downstream=(
+                        0
+                        if kind.contract.idempotent
+                        else store.reached_downstream(session, claimed.id)
+                    ),
+                    first_sent_at=claimed.first_sent_at,
+                    contract=kind.contract,
+                    run_cancelled=store.run_cancelled(session, claimed.run_id),
+                    fingerprint_ok=self._fingerprint_ok(claimed, kind),
+                )
+                if check is not None:
+                    store.move(
+                        session,
+                        claimed,
+                        check.event,
+                        check.to,
+                        actor=self.worker,
+                        reason=check.reason,
+                        evidence={"stop": check.why, "sent": False},
+                    )
+                    written[claimed.id] = check.to
+                    log.info(
+                        "not sent",
+                        extra={"operation_id": claimed.id, "stop": check.why},
+                    )
+                    continue
+                to_send.append((store.start_attempt(session, claimed, worker=self.worker), kind))
+        return to_send, to_recover, written
+
+    def _fingerprint_ok(self, claimed: store.Claimed, kind: Kind) -> bool:
+        try:
+            intent = kind.parse(claimed.params)
+        except InvalidInput:
+            return False
+        return self.fingerprinter.matches(
+            kind.name, intent, claimed.fingerprint_key_version, claimed.fingerprint
+        )
+
+    def _send(self, batch: list[tuple[store.Claimed, Kind]]) -> list[Sent]:
+        if len(batch) <= 1:
+            return [self._send_one(c, k) for c, k in batch]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="settled-send")
+        return list(self._pool.map(lambda ck: self._send_one(*ck), batch))
+
+    def _send_one(self, claimed: store.Claimed, kind: Kind) -> Sent:
+        started = time.monotonic()
+        outcome = self.gateway.submit(
+            tenant=claimed.tenant,
+            kind=kind,
+            idempotency_key=claimed.idempotency_key,
+            params=claimed.params,
+            deadline=claimed.deadline,
+        )
+        return Sent(claimed, kind, outcome, time.monotonic() - started)
+
+    def _record(self, sent: Sent) -> State | None:
+        claimed, outcome = sent.claimed, sent.outcome
+        now = claimed.now + timedelta(seconds=sent.elapsed)
+        verdict = judge_submit(
+            outcome,
+            budget=Budget(claimed.attempts, claimed.max_attempts, claimed.deadline),
+            contract=sent.kind.contract,
+            now=now,
+            rand=self.rand,
+        )
+        status = _status(outcome)
+        try:
+            with self.sessions.begin() as session:
+                store.finish_attempt(
+                    session,
+                    claimed,
+                    proof=outcome.proof.value,
+                    status_code=status,
+                    detail=_detail(outcome),
+                )
+                self._write(session, claimed, verdict)
+        except StaleLease:
+            return None
+        log.info(
+            "attempt recorded",
+            extra={
+                "operation_id": claimed.id,
+                "attempt": claimed.attempts,
+                "proof": outcome.proof.value,
+                "state": verdict.to.value,
+            },
+        )
+        return verdict.to
+
+    def _recover(self, claimed: store.Claimed) -> dict[int, State]:
+        """The worker that sent this died before recording: ask, never re-send."""
+        kind = self.registry.get(claimed.kind)
+        if kind.contract.queryable:
+            found = self.gateway.lookup(
+                tenant=claimed.tenant,
+                kind=kind,
+                idempotency_key=claimed.idempotency_key,
+                params=claimed.params,
+                deadline=claimed.now + timedelta(seconds=self.lease_seconds / 2),
+            )
+            verdict = judge_recovery(found)
+        else:
+            verdict = judge_recovery(None)
+        try:
+            with self.sessions.begin() as session:
+                self._write(session, claimed, verdict, lookups=kind.contract.queryable)
+        except StaleLease:
+            return {}
+        return {claimed.id: verdict.to}
+
+    def _write(
+        self, session: Session, claimed: store.Claimed, verdict: Verdict, lookups: bool = False
+    ) -> None:
+        values: dict[str, Any] = {}
+        if verdict.next_attempt_at is not None:
+            values["next_attempt_at"] = verdict.next_attempt_at
+        if verdict.receipt is not None:
+            values["receipt"] = verdict.receipt
+            values["downstream_ref"] = verdict.receipt.get("reference")
+        if lookups:
+            values["lookups"] = store.ops.c.lookups + 1
+        store.move(
+            session,
+            claimed,
+            verdict.event,
+            verdict.to,
+            actor=self.worker,
+            reason=verdict.reason,
+            evidence=verdict.evidence or None,
+            values=values,
+            review=verdict.review,
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def _status(outcome: SubmitOutcome) -> int | None:
+    status = getattr(outcome, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def _detail(outcome: SubmitOutcome) -> dict[str, Any]:
+    if isinstance(outcome, Accepted):
+        return {"reference": outcome.receipt.reference}
+    detail = {
+        k: v
+        for k, v in vars(outcome).items()
+        if k not in ("proof", "receipt") and isinstance(v, str | int | float | type(None))
+    }
+    if isinstance(outcome, Refused):
+        detail["reason"] = outcome.reason.value
+    return detail

@@ -1,0 +1,70 @@
+"""The composition root of a worker, beat or web process: built once from settings."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.db import make_engine
+from outbox.intake import Outbox
+from outbox.kinds import KindRegistry, default_registry
+from outbox.settings import Settings
+from workers.executor import Executor
+from workers.gateway import Gateway
+from workers.http_client import HttpGateway
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    registry: KindRegistry
+    outbox: Outbox
+    gateway: Gateway
+    executor: Executor
+
+    def close(self) -> None:
+        self.executor.close()
+        close = getattr(self.gateway, "close", None)
+        if close is not None:
+            close()
+        self.engine.dispose()
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def build_runtime(
+    settings: Settings,
+    *,
+    registry: KindRegistry | None = None,
+    gateway: Gateway | None = None,
+    **engine_kwargs: Any,
+) -> Runtime:
+    registry = registry or default_registry()
+    engine = make_engine(settings.database_url, **engine_kwargs)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    outbox = Outbox.from_settings(settings, registry)
+    if gateway is None:
+        gateway = HttpGateway(
+            settings.downstream_url,
+            settings.downstream_api_keys,
+            timeout=settings.downstream_timeout,
+        )
+    executor = Executor(
+        sessions=sessions,
+        gateway=gateway,
+        registry=registry,
+        fingerprinter=outbox.fingerprinter,
+        worker=worker_name(),
+        lease_seconds=settings.lease_seconds,
+        batch_extra=settings.claim_batch,
+    )
+    return Runtime(settings, engine, sessions, registry, outbox, gateway, executor)

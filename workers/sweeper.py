@@ -1,0 +1,22 @@
+"""The sweeper (on beat): re-hints every due operation, so a lost hint costs latency only."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox import store
+from workers.relay import Publish, publish_hints
+
+log = logging.getLogger(__name__)
+
+
+def sweep(sessions: sessionmaker[Session], publish: Publish, *, limit: int = 1000) -> int:
+    """Publish a hint for each due operation (planned and due, or abandoned mid-send)."""
+    with sessions() as session:
+        ids = store.due_ids(session, limit=limit)
+    sent = publish_hints(publish, ids)
+    if ids:
+        log.info("sweep", extra={"due": len(ids), "hinted": sent})
+    return sent

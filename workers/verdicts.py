@@ -1,0 +1,185 @@
+"""What the executor does with an outcome: a pure function from values to a verdict.
+
+No database, clock or network in here: ``now`` and ``rand`` are passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from outbox.kinds import DownstreamContract
+from outbox.retry import RetryAt, RetryPolicy, next_retry
+from outbox.states import Event, RejectReason, State
+from workers.gateway import (
+    Accepted,
+    Found,
+    LookupOutcome,
+    Misuse,
+    NotExecuted,
+    NotSent,
+    Refused,
+    SubmitOutcome,
+    Unknown,
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The state change the store writes (fenced by the lease version)."""
+
+    event: Event
+    to: State
+    reason: RejectReason | None = None
+    next_attempt_at: datetime | None = None
+    receipt: dict[str, Any] | None = None
+    #: open a review item with this reason code in the same transaction
+    review: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Budget:
+    attempts_made: int  # including the attempt whose outcome is being judged
+    max_attempts: int
+    deadline: datetime
+
+
+def judge_submit(
+    outcome: SubmitOutcome,
+    *,
+    budget: Budget,
+    contract: DownstreamContract,
+    now: datetime,
+    rand: Callable[[], float],
+    policy: RetryPolicy = RetryPolicy(),  # noqa: B008
+) -> Verdict:
+    """The verdict on one attempt's outcome (DESIGN.md, "What an outcome proves")."""
+    match outcome:
+        case Accepted(receipt=receipt):
+            return Verdict(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
+        case Refused(reason=reason, code=code, status=status):
+            return Verdict(
+                Event.REFUSE,
+                State.REJECTED,
+                reason=reason,
+                evidence={"code": code, "status": status},
+            )
+        case NotSent() | NotExecuted():
+            retry_after = outcome.retry_after if isinstance(outcome, NotExecuted) else None
+            if isinstance(outcome, NotExecuted) and not contract.idempotent:
+                # Without idempotency only one automatic send is allowed, and this was it.
+                return _give_up("one_send_without_idempotency")
+            decision = next_retry(
+                attempts_made=budget.attempts_made,
+                max_attempts=budget.max_attempts,
+                deadline=budget.deadline,
+                now=now,
+                retry_after=retry_after,
+                policy=policy,
+                rand=rand,
+            )
+            if isinstance(decision, RetryAt):
+                return Verdict(
+                    Event.DEFER,
+                    State.PLANNED,
+                    next_attempt_at=decision.when,
+                    evidence={"retry_after": retry_after} if retry_after is not None else {},
+                )
+            return _give_up(decision.reason)
+        case Unknown(detail=detail, status=status):
+            review = None
+            if not contract.idempotent and not contract.queryable:
+                review = "ambiguous_without_idempotency_or_lookup"
+            return Verdict(
+                Event.LOSE,
+                State.UNKNOWN,
+                review=review,
+                evidence={"detail": detail, "status": status},
+            )
+        case Misuse(code=code, detail=detail, status=status):
+            return Verdict(
+                Event.LOSE,
+                State.UNKNOWN,
+                review=code,
+                evidence={"detail": detail, "status": status},
+            )
+    raise TypeError(f"not a submit outcome: {outcome!r}")  # pragma: no cover
+
+
+def _give_up(why: str) -> Verdict:
+    return Verdict(
+        Event.GIVE_UP, State.REJECTED, reason=RejectReason.NOT_EXECUTED, evidence={"stop": why}
+    )
+
+
+def judge_recovery(found: LookupOutcome | None) -> Verdict:
+    """A submitted operation whose worker died mid-send: settle it only from a lookup.
+
+    ``found`` is None where the downstream has no lookup.
+    """
+    if isinstance(found, Found):
+        return found_verdict(found, Event.FIND)
+    lookup = "none" if found is None else type(found).__name__
+    return Verdict(
+        Event.ABANDON,
+        State.UNKNOWN,
+        evidence={"detail": "worker lost during send", "lookup": lookup},
+    )
+
+
+def found_verdict(found: Found, event: Event) -> Verdict:
+    """Settle from a lookup's receipt: succeeded, or rejected with the downstream's reason."""
+    receipt = found.receipt.as_dict()
+    if found.receipt.status == "succeeded":
+        return Verdict(event, State.SUCCEEDED, receipt=receipt)
+    return Verdict(
+        event,
+        State.REJECTED,
+        reason=found.reason or RejectReason.BUSINESS_REJECTED,
+        receipt=receipt,
+        evidence={"code": found.code},
+    )
+
+
+@dataclass(frozen=True)
+class SendCheck:
+    """Why a claimed, planned operation must not be sent (None fields: send it)."""
+
+    event: Event
+    to: State
+    reason: RejectReason | None
+    why: str
+
+
+def check_before_send(
+    *,
+    now: datetime,
+    deadline: datetime,
+    attempts: int,
+    max_attempts: int,
+    reached_downstream: int,
+    first_sent_at: datetime | None,
+    contract: DownstreamContract,
+    run_cancelled: bool,
+    fingerprint_ok: bool,
+) -> SendCheck | None:
+    """The last checks before a send; ``reached_downstream`` counts attempts not proven unsent."""
+    if run_cancelled:
+        return SendCheck(Event.CANCEL, State.CANCELLED, None, "run_cancelled")
+    stop: str | None = None
+    if not fingerprint_ok:
+        stop = "fingerprint_mismatch"
+    elif now >= deadline:
+        stop = "deadline_passed"
+    elif attempts >= max_attempts:
+        stop = "attempts_exhausted"
+    elif first_sent_at is not None and now >= first_sent_at + contract.key_retention:
+        stop = "key_retention_passed"
+    elif not contract.idempotent and reached_downstream >= 1:
+        stop = "one_send_without_idempotency"
+    if stop is None:
+        return None
+    return SendCheck(Event.GIVE_UP, State.REJECTED, RejectReason.NOT_EXECUTED, stop)
