@@ -33,11 +33,29 @@ def db_upgrade(url: str | None) -> None:
     "--ledger", default="simulator.sqlite3", show_default=True, help="ledger URL or SQLite path"
 )
 @click.option("--test-mode", is_flag=True, help="enable the control API (fault rules, ledger)")
-def simulator(host: str, port: int, ledger: str, test_mode: bool) -> None:
+@click.option(
+    "--tenant",
+    "tenants",
+    multiple=True,
+    metavar="NAME=API_KEY",
+    envvar="SETTLED_SIMULATOR_TENANTS",
+    help="register a tenant and its API key (repeatable; env: space-separated)",
+)
+def simulator(host: str, port: int, ledger: str, test_mode: bool, tenants: tuple[str, ...]) -> None:
     """Run the payment service simulator."""
+    import logging
+
     from workers.simulator import run
 
-    run(host=host, port=port, ledger=ledger, test_mode=test_mode)
+    keys: dict[str, str] = {}
+    for spec in tenants:
+        name, sep, key = spec.partition("=")
+        if not sep or not name or not key:
+            raise click.BadParameter("expected NAME=API_KEY", param_hint="--tenant")
+        keys[name] = key
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    click.echo(f"simulator on http://{host}:{port} (test mode: {'on' if test_mode else 'off'})")
+    run(host=host, port=port, ledger=ledger, test_mode=test_mode, tenants=keys)
 
 
 @main.command()
@@ -67,3 +85,7 @@ def beat(loglevel: str) -> None:
     from workers.celery_app import create_app
 
     create_app(Settings()).start(["beat", f"--loglevel={loglevel}"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Real Celery worker processes against PostgreSQL, Redis and the simulator.
+
+The judge is the simulator's ledger: at most one business effect per operation, none lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.intake import Outbox
+from outbox.models import Operation, OperationEvent
+from tests.support.simtools import SimTenant, wait_until
+from tests.support.stack import Stack
+from workers import relay
+from workers.celery_app import create_app, hint_publisher
+from workers.simulator import SimulatorControl, SimulatorHandle
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+GOOD = {"order_id": "A1042", "amount_minor": 100, "currency": "CNY", "payee": "P-7"}
+SETTLED = {"succeeded", "rejected", "cancelled", "unknown"}
+
+
+class App:
+    """The backend app: intake in its own transaction, hints published after commit."""
+
+    def __init__(self, stack: Stack, engine: Engine, outbox: Outbox) -> None:
+        self.celery = create_app(stack.settings())
+        self.publish = hint_publisher(self.celery)
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+        relay.install(self.sessions, self.publish)
+        self.outbox = outbox
+
+    def enqueue(self, n: int, prefix: str = "op", **kw: Any) -> list[int]:
+        ids = []
+        with self.sessions.begin() as s:
+            for i in range(n):
+                got = self.outbox.enqueue(
+                    s,
+                    tenant="acme",
+                    op_id=f"{prefix}-{i}",
+                    kind="refund",
+                    params={**GOOD, "amount_minor": 100 + i},
+                    **kw,
+                )
+                ids.append(got.operation.id)
+        return ids
+
+    def states(self, ids: list[int]) -> dict[int, str]:
+        with self.sessions() as s:
+            rows = s.execute(select(Operation.id, Operation.state).where(Operation.id.in_(ids)))
+            return {i: st for i, st in rows}
+
+    def keys(self, ids: list[int]) -> list[str]:
+        with self.sessions() as s:
+            stmt = select(Operation.idempotency_key).where(Operation.id.in_(ids))
+            return list(s.scalars(stmt))
+
+    def close(self) -> None:
+        self.celery.close()
+
+
+@pytest.fixture
+def broker_url(redis_url: str) -> Iterator[str]:
+    url = redis_url.rsplit("/", 1)[0] + "/7"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def stack(
+    pg: Engine,
+    pg_url: str,
+    broker_url: str,
+    simulator: SimulatorHandle,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    tmp_path: Path,
+) -> Iterator[Stack]:
+    sim_control.create_order("acme", "A1042", 10**9)
+    s = Stack(
+        database_url=pg_url,
+        broker_url=broker_url,
+        downstream_url=simulator.url,
+        api_keys={sim_tenant.name: sim_tenant.api_key.get_secret_value()},
+        workdir=tmp_path,
+    )
+    yield s
+    s.stop_all()
+
+
+@pytest.fixture
+def app(stack: Stack, pg: Engine, outbox: Outbox) -> Iterator[App]:
+    a = App(stack, pg, outbox)
+    yield a
+    a.close()
+
+
+def wait_settled(app: App, stack: Stack, ids: list[int], timeout: float = 60.0) -> dict[int, str]:
+    try:
+        wait_until(lambda: set(app.states(ids).values()) <= SETTLED, timeout, "operations settle")
+    except BaseException:
+        print(stack.logs())
+        raise
+    return app.states(ids)
+
+
+def assert_at_most_one_effect(app: App, control: SimulatorControl, ids: list[int]) -> list[int]:
+    effects = [control.effects("acme", k) for k in app.keys(ids)]
+    assert max(effects) <= 1, effects
+    return effects
+
+
+def test_operations_enqueued_in_a_transaction_are_sent_by_a_real_worker(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    stack.start_worker(pool="prefork", concurrency=2)
+    ids = app.enqueue(20)
+    states = wait_settled(app, stack, ids)
+    assert set(states.values()) == {"succeeded"}
+    assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 20
+
+
+def test_rolled_back_intake_publishes_no_hint(app: App, stack: Stack, broker_url: str) -> None:
+    with app.sessions() as s:
+        app.outbox.enqueue(s, tenant="acme", op_id="op-x", kind="refund", params=GOOD)
+        s.rollback()
+    client = redis.Redis.from_url(broker_url)
+    assert client.llen("settled") == 0
+    ids = app.enqueue(1)
+    assert client.llen("settled") == 1
+    client.close()
+    assert ids
+
+
+def test_one_hint_delivered_five_times_sends_once(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    ids = app.enqueue(1)
+    for _ in range(4):
+        app.publish(ids[0])
+    stack.start_worker(pool="prefork", concurrency=2)
+    assert wait_settled(app, stack, ids) == {ids[0]: "succeeded"}
+    (key,) = app.keys(ids)
+    wait_until(lambda: stack.logs().count("succeeded in") >= 5, 30, "all five hints consumed")
+    assert sim_control.requests("acme", key) == 1
+    assert sim_control.effects("acme", key) == 1
+
+
+def test_two_workers_racing_give_one_effect_per_operation(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    ids = app.enqueue(40)
+    for op in ids:  # every hint three times over, spread over both workers
+        app.publish(op)
+        app.publish(op)
+    stack.start_worker(pool="prefork", concurrency=2, name="a")
+    stack.start_worker(pool="prefork", concurrency=2, name="b")
+    states = wait_settled(app, stack, ids)
+    assert set(states.values()) == {"succeeded"}
+    assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 40
+    assert [sim_control.requests("acme", k) for k in app.keys(ids)] == [1] * 40
+
+
+@pytest.mark.parametrize(
+    ("step", "expected", "effect"),
+    [
+        ("after_claim", "unknown", 0),  # never sent: the lookup finds nothing
+        ("after_send", "succeeded", 1),  # sent, not recorded: the lookup finds it
+        ("after_outcome", "succeeded", 1),  # recorded, not acked: the redelivery is a no-op
+    ],
+)
+def test_worker_sigkill_at_each_step_loses_nothing_and_duplicates_nothing(
+    app: App,
+    stack: Stack,
+    sim_control: SimulatorControl,
+    tmp_path: Path,
+    step: str,
+    expected: str,
+    effect: int,
+) -> None:
+    marker = tmp_path / "failpoint-fired"
+    victim = stack.start_worker(SETTLED_FAILPOINT=step, SETTLED_FAILPOINT_MARKER=str(marker))
+    ids = app.enqueue(1)
+    victim.wait(60)
+    assert victim.returncode == -signal.SIGKILL
+    assert marker.exists()
+    stack.start_worker(beat=True)  # the sweeper brings the operation back
+    states = wait_settled(app, stack, ids)
+    assert states == {ids[0]: expected}
+    (key,) = app.keys(ids)
+    assert sim_control.effects("acme", key) == effect
+    assert sim_control.requests("acme", key) == effect
+
+
+def test_prefork_child_killed_mid_send_is_recovered_without_a_second_send(
+    app: App, stack: Stack, sim_control: SimulatorControl, tmp_path: Path
+) -> None:
+    marker = tmp_path / "failpoint-fired"
+    stack.start_worker(
+        beat=True,
+        pool="prefork",
+        concurrency=1,
+        SETTLED_FAILPOINT="after_send",
+        SETTLED_FAILPOINT_MARKER=str(marker),
+    )
+    ids = app.enqueue(3)
+    states = wait_settled(app, stack, ids)
+    assert marker.exists()
+    assert set(states.values()) == {"succeeded"}
+    assert assert_at_most_one_effect(app, sim_control, ids) == [1, 1, 1]
+    assert [sim_control.requests("acme", k) for k in app.keys(ids)] == [1, 1, 1]
+
+
+def test_redis_flushed_mid_run_costs_latency_only(
+    app: App, stack: Stack, sim_control: SimulatorControl, broker_url: str
+) -> None:
+    ids = app.enqueue(30)
+    client = redis.Redis.from_url(broker_url)
+    assert client.llen("settled") == 30
+    client.flushdb()  # every hint is lost
+    client.close()
+    stack.start_worker(beat=True, pool="prefork", concurrency=2)
+    states = wait_settled(app, stack, ids)
+    assert set(states.values()) == {"succeeded"}
+    assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 30
+
+
+def test_persistent_429_never_sends_more_than_max_attempts(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule("429", retry_after="0")
+    ids = app.enqueue(3, max_attempts=3)
+    stack.start_worker(beat=True)
+    states = wait_settled(app, stack, ids)
+    assert set(states.values()) == {"rejected"}
+    assert [sim_control.requests("acme", k) for k in app.keys(ids)] == [3, 3, 3]
+    assert assert_at_most_one_effect(app, sim_control, ids) == [0, 0, 0]
+
+
+def test_retry_after_beyond_the_deadline_stops_after_one_send(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule("429", retry_after="86400")
+    ids = app.enqueue(2)
+    stack.start_worker(beat=True)
+    states = wait_settled(app, stack, ids)
+    assert set(states.values()) == {"rejected"}
+    assert [sim_control.requests("acme", k) for k in app.keys(ids)] == [1, 1]
+
+
+def test_paused_worker_cannot_overwrite_the_newer_claims_result(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule("hold_before_commit", hold_seconds=30, times=1)
+    paused = stack.start_worker(name="paused")
+    ids = app.enqueue(1)
+    (key,) = app.keys(ids)
+    sim_control.wait_in_flight("acme", key, timeout=30)
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        stack.start_worker(beat=True, name="fresh")
+        # The lease expires; the fresh worker finds the send unrecorded, queries, finds
+        # nothing yet (still held before commit) and records "unknown".
+        wait_until(lambda: app.states(ids)[ids[0]] == "unknown", 30, "fresh claim settles")
+        sim_control.release_holds()
+        wait_until(lambda: sim_control.effects("acme", key) == 1, 10, "held request commits")
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    wait_until(lambda: "stale write refused" in stack.logs(), 30, "stale write refused")
+    assert app.states(ids)[ids[0]] == "unknown"
+    with Session(app.sessions.kw["bind"]) as s:
+        actors = s.scalars(
+            select(OperationEvent.actor)
+            .where(OperationEvent.operation_id == ids[0])
+            .order_by(OperationEvent.id)
+        ).all()
+    assert len(actors) == 3  # intake, the paused worker's claim, the fresh worker's verdict
+    assert actors[1] != actors[2]
+    assert sim_control.effects("acme", key) == 1
