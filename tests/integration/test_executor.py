@@ -5,7 +5,7 @@ Every test reads the simulator's ledger, not only our rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -96,7 +96,7 @@ def rig(
     simulator: SimulatorHandle,
 ) -> Iterator[Rig]:
     sim_control.create_order("acme", "A1042", 100000)
-    yield Rig(
+    return Rig(
         engine,
         outbox,
         sim_control,
@@ -426,5 +426,3 @@ def test_batch_claim_sends_other_due_operations_concurrently(rig: Rig) -> None:
     assert all(rig.effects(i) == 1 for i in ids)
     with rig.sessions() as s:
         assert s.scalar(select(func.count()).select_from(Attempt)) == 6
-
-

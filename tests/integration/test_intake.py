@@ -205,7 +205,12 @@ BAD_INPUT: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("confusable tenant", {"tenant": "аcme"}, InvalidIdentifier, "invalid_tenant"),
     ("SQL tenant", {"tenant": "a' OR '1'='1"}, InvalidIdentifier, "invalid_tenant"),
     ("zero attempts", {"max_attempts": 0}, InvalidInput, "invalid_budget"),
-    ("long correlation", {"correlation_id": "c" * 201}, InvalidIdentifier, "invalid_correlation_id"),
+    (
+        "long correlation",
+        {"correlation_id": "c" * 201},
+        InvalidIdentifier,
+        "invalid_correlation_id",
+    ),
 ]
 
 
@@ -230,9 +235,7 @@ def test_bad_input_raises_a_typed_error_and_writes_nothing(
 
 
 @pytest.mark.postgres
-def test_concurrent_intake_of_one_op_id_makes_exactly_one_row(
-    pg: Engine, outbox: Outbox
-) -> None:
+def test_concurrent_intake_of_one_op_id_makes_exactly_one_row(pg: Engine, outbox: Outbox) -> None:
     n = 8
     barrier = threading.Barrier(n)
     results: list[str] = []

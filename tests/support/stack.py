@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -106,10 +106,8 @@ class Stack:
 
 @contextmanager
 def _suppress() -> Iterator[None]:
-    try:
+    with suppress(ProcessLookupError):
         yield
-    except ProcessLookupError:
-        pass
 
 
 def kill_group(proc: subprocess.Popen[Any]) -> None:
