@@ -1,0 +1,100 @@
+"""HttpGateway through the TCP fault proxy: refused, delayed and cut connections."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from outbox.kinds import default_registry
+from tests.support.simtools import SimTenant, wait_until
+from workers.gateway import (
+    Accepted,
+    Found,
+    LookupOutcome,
+    NotSent,
+    SubmitOutcome,
+    Unavailable,
+    Unknown,
+)
+from workers.http_client import HttpGateway
+from workers.simulator import SimulatorControl
+from workers.simulator.proxy import FaultProxy
+
+REFUND = default_registry().get("refund")
+PARAMS = {"order_id": "A1", "amount_minor": 2500, "currency": "CNY", "payee": "P1"}
+KEY = "stl_proxy_key_1"
+
+
+def submit(gw: HttpGateway) -> SubmitOutcome:
+    return gw.submit(
+        tenant="acme",
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=PARAMS,
+        deadline=datetime.now(UTC) + timedelta(seconds=30),
+    )
+
+
+def lookup(gw: HttpGateway) -> LookupOutcome:
+    return gw.lookup(
+        tenant="acme",
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=PARAMS,
+        deadline=datetime.now(UTC) + timedelta(seconds=30),
+    )
+
+
+@pytest.fixture(autouse=True)
+def order(sim_control: SimulatorControl, sim_tenant: SimTenant) -> None:
+    sim_control.create_order(sim_tenant.name, "A1", 10000, "CNY")
+
+
+def test_passthrough_forwards_faithfully(
+    proxied_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    assert isinstance(submit(proxied_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_refused_connection_is_not_sent_and_nothing_reaches_the_downstream(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy, sim_control: SimulatorControl
+) -> None:
+    sim_proxy.refuse()
+    assert submit(proxied_gateway) == NotSent("ConnectError")
+    assert sim_control.requests("acme", KEY) == 0
+    sim_proxy.passthrough()
+    assert isinstance(submit(proxied_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_response_delayed_past_the_timeout_is_unknown_though_the_refund_happened(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy, sim_control: SimulatorControl
+) -> None:
+    sim_proxy.delay(30)
+    assert submit(proxied_gateway) == Unknown("ReadTimeout")
+    wait_until(lambda: sim_control.effects("acme", KEY) == 1, what="the refund")
+    sim_proxy.passthrough()
+    assert isinstance(submit(proxied_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_response_cut_midway_is_unknown_though_the_refund_happened(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy, sim_control: SimulatorControl
+) -> None:
+    sim_proxy.cut(after_bytes=20)
+    outcome = submit(proxied_gateway)
+    assert isinstance(outcome, Unknown)
+    assert outcome.detail in {"ReadError", "RemoteProtocolError"}
+    wait_until(lambda: sim_control.effects("acme", KEY) == 1, what="the refund")
+
+
+def test_lookup_cut_midway_is_unavailable(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy
+) -> None:
+    assert isinstance(submit(proxied_gateway), Accepted)
+    sim_proxy.cut(after_bytes=40)
+    assert isinstance(lookup(proxied_gateway), Unavailable)
+    sim_proxy.passthrough()
+    assert isinstance(lookup(proxied_gateway), Found)

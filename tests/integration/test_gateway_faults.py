@@ -1,0 +1,359 @@
+"""HttpGateway against a running simulator: one test per fault, judged by outcome AND ledger."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from outbox.kinds import default_registry
+from outbox.states import RejectReason
+from tests.support.simtools import CLIENT_TIMEOUT, SimTenant, wait_until
+from workers import wire
+from workers.gateway import (
+    Accepted,
+    Found,
+    LookupMisuse,
+    LookupOutcome,
+    Misuse,
+    NotExecuted,
+    NotFound,
+    NotSent,
+    Refused,
+    SubmitOutcome,
+    Unavailable,
+    Unknown,
+)
+from workers.http_client import HttpGateway
+from workers.simulator import Fault, SimulatorControl, SimulatorHandle
+
+REGISTRY = default_registry()
+REFUND = REGISTRY.get("refund")
+PARAMS = {"order_id": "A1", "amount_minor": 2500, "currency": "CNY", "payee": "P1"}
+KEY = "stl_fault_key_1"
+
+
+def deadline(seconds: float = 30.0) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+def submit(gw: HttpGateway, key: str = KEY, params: Mapping[str, Any] = PARAMS) -> SubmitOutcome:
+    return gw.submit(
+        tenant="acme", kind=REFUND, idempotency_key=key, params=params, deadline=deadline()
+    )
+
+
+def lookup(gw: HttpGateway, key: str = KEY, params: Mapping[str, Any] = PARAMS) -> LookupOutcome:
+    return gw.lookup(
+        tenant="acme", kind=REFUND, idempotency_key=key, params=params, deadline=deadline()
+    )
+
+
+@pytest.fixture(autouse=True)
+def order(sim_control: SimulatorControl, sim_tenant: SimTenant) -> None:
+    sim_control.create_order(sim_tenant.name, "A1", 10000, "CNY")
+
+
+def test_clean_submit_is_accepted_and_refunds_once(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    outcome = submit(sim_gateway)
+    assert isinstance(outcome, Accepted)
+    assert outcome.receipt.params == PARAMS
+    found = lookup(sim_gateway)
+    assert isinstance(found, Found)
+    assert found.receipt.reference == outcome.receipt.reference
+    assert sim_control.effects("acme", KEY) == 1
+    assert sim_control.refunded("acme", "A1") == 2500
+
+
+def test_commit_then_timeout_is_unknown_with_exactly_one_refund(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.COMMIT_THEN_TIMEOUT, KEY, times=1)
+    outcome = submit(sim_gateway)
+    assert outcome == Unknown("ReadTimeout")
+    assert sim_control.effects("acme", KEY) == 1
+    # The same key settles it without a second refund.
+    again = submit(sim_gateway)
+    assert isinstance(again, Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+    assert sim_control.refunded("acme", "A1") == 2500
+
+
+def test_commit_then_reset_is_unknown_and_lookup_finds_the_refund(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.COMMIT_THEN_RESET, KEY, times=1)
+    outcome = submit(sim_gateway)
+    assert isinstance(outcome, Unknown)
+    assert outcome.detail in {"ReadError", "RemoteProtocolError"}
+    assert isinstance(lookup(sim_gateway), Found)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_reset_before_is_unknown_with_zero_effects_and_lookup_not_found(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.RESET_BEFORE, KEY, times=1)
+    outcome = submit(sim_gateway)
+    assert isinstance(outcome, Unknown)
+    assert sim_control.effects("acme", KEY) == 0
+    assert sim_control.requests("acme", KEY) == 1
+    assert lookup(sim_gateway) == NotFound()
+    assert isinstance(submit(sim_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_503_before_is_unknown_under_the_default_contract_and_executes_nothing(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, KEY, times=1)
+    outcome = submit(sim_gateway)
+    assert isinstance(outcome, Unknown)
+    assert outcome.status == 503
+    assert sim_control.effects("acme", KEY) == 0
+
+
+def test_503_before_is_not_executed_when_the_contract_documents_it(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    kind = REGISTRY.with_contract("refund", not_executed_statuses=frozenset({429, 503}))
+    sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, KEY, times=1)
+    outcome = sim_gateway.submit(
+        tenant="acme",
+        kind=kind.get("refund"),
+        idempotency_key=KEY,
+        params=PARAMS,
+        deadline=deadline(),
+    )
+    assert outcome == NotExecuted(503, None)
+    assert sim_control.effects("acme", KEY) == 0
+
+
+def test_503_after_commit_is_unknown_replayed_and_lookup_finds_the_refund(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.UNAVAILABLE_AFTER_COMMIT, KEY, times=1)
+    assert isinstance(submit(sim_gateway), Unknown)
+    replay = submit(sim_gateway)
+    assert isinstance(replay, Unknown)
+    assert replay.status == 503
+    assert isinstance(lookup(sim_gateway), Found)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+@pytest.mark.parametrize("retry_after", ["2", "http-date"])
+def test_429_is_not_executed_with_retry_after_and_zero_effects(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl, retry_after: str
+) -> None:
+    value = retry_after
+    if retry_after == "http-date":
+        value = format_datetime(datetime.now(UTC) + timedelta(seconds=120), usegmt=True)
+    sim_control.add_rule(Fault.RATE_LIMITED, KEY, times=1, retry_after=value)
+    outcome = submit(sim_gateway)
+    assert isinstance(outcome, NotExecuted)
+    assert outcome.status == 429
+    assert outcome.retry_after is not None
+    if retry_after == "2":
+        assert outcome.retry_after == 2.0
+    else:
+        assert 100 < outcome.retry_after <= 120
+    assert sim_control.effects("acme", KEY) == 0
+    assert lookup(sim_gateway) == NotFound()
+
+
+def test_business_reject_is_refused_and_lookup_finds_the_refusal(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.BUSINESS_REJECT, KEY, times=1, code="payee_blocked")
+    outcome = submit(sim_gateway)
+    assert outcome == Refused(RejectReason.BUSINESS_REJECTED, "payee_blocked", 402)
+    found = lookup(sim_gateway)
+    assert isinstance(found, Found)
+    assert (found.receipt.status, found.reason, found.code) == (
+        "rejected",
+        RejectReason.BUSINESS_REJECTED,
+        "payee_blocked",
+    )
+    assert sim_control.effects("acme", KEY) == 0
+
+
+def test_real_refusal_refund_beyond_the_order_is_business_rejected(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    outcome = submit(sim_gateway, params={**PARAMS, "amount_minor": 10001})
+    assert outcome == Refused(RejectReason.BUSINESS_REJECTED, "amount_exceeds_refundable", 402)
+    assert sim_control.refunded("acme", "A1") == 0
+
+
+def test_invalid_params_are_refused_as_invalid(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    outcome = submit(sim_gateway, params={**PARAMS, "amount_minor": -5})
+    assert isinstance(outcome, Refused)
+    assert outcome.reason is RejectReason.INVALID_PARAMS
+    assert sim_control.ledger()["effects"] == []
+
+
+def test_mismatched_receipt_is_misuse_and_lookup_misuse_though_the_refund_happened(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.MISMATCHED_RECEIPT, KEY, times=1)
+    outcome = submit(sim_gateway)
+    assert isinstance(outcome, Misuse)
+    assert outcome.code == "receipt_mismatch"
+    assert isinstance(lookup(sim_gateway), LookupMisuse)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_lookup_unavailable_is_unavailable_then_found(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    assert isinstance(submit(sim_gateway), Accepted)
+    sim_control.add_rule(Fault.LOOKUP_UNAVAILABLE, KEY, times=1)
+    assert lookup(sim_gateway) == Unavailable("lookup answered HTTP 503")
+    assert isinstance(lookup(sim_gateway), Found)
+
+
+def test_lookup_switched_off_is_unavailable_never_not_found(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.set_switches(lookup=False)
+    assert isinstance(lookup(sim_gateway), Unavailable)
+
+
+def test_same_key_with_other_params_is_misuse_and_refunds_nothing_more(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    assert isinstance(submit(sim_gateway), Accepted)
+    outcome = submit(sim_gateway, params={**PARAMS, "amount_minor": 2600})
+    assert isinstance(outcome, Misuse)
+    assert outcome.code == "idempotency_error"
+    assert sim_control.refunded("acme", "A1") == 2500
+
+
+def test_key_in_flight_is_unknown_and_the_held_attempt_refunds_once(
+    simulator: SimulatorHandle,
+    sim_tenant: SimTenant,
+    sim_gateway: HttpGateway,
+    sim_control: SimulatorControl,
+) -> None:
+    sim_control.add_rule(Fault.HOLD_BEFORE_COMMIT, KEY, times=1, hold_seconds=30)
+    outcomes: list[SubmitOutcome] = []
+    # The held attempt waits longer than the test needs, so it is still in flight when the
+    # concurrent one arrives however slow the machine is.
+    patient = HttpGateway(simulator.url, {"acme": sim_tenant.api_key}, timeout=30)
+    first = threading.Thread(target=lambda: outcomes.append(submit(patient)))
+    first.start()
+    try:
+        sim_control.wait_in_flight("acme", KEY)
+        concurrent = submit(sim_gateway)
+        assert isinstance(concurrent, Unknown)
+        assert concurrent.status == 409
+        assert sim_control.effects("acme", KEY) == 0
+    finally:
+        sim_control.release_holds()
+        first.join()
+        patient.close()
+    assert len(outcomes) == 1
+    assert isinstance(outcomes[0], Accepted)
+    assert isinstance(submit(sim_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_held_attempt_abandoned_by_its_client_still_executes_once(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.HOLD_BEFORE_COMMIT, KEY, times=1, hold_seconds=30)
+    assert submit(sim_gateway) == Unknown("ReadTimeout")
+    wait_until(lambda: sim_control.effects("acme", KEY) == 1, what="the abandoned refund")
+    assert isinstance(submit(sim_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_keys_past_retention_execute_again_which_is_why_nothing_resends_then(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    sim_control.set_switches(key_retention_seconds=3600)
+    assert isinstance(submit(sim_gateway), Accepted)
+    sim_control.advance_clock(3601)
+    assert lookup(sim_gateway) == NotFound()
+    assert isinstance(submit(sim_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 2
+
+
+def test_wrong_api_key_is_permission_denied_and_executes_nothing(
+    simulator: SimulatorHandle, sim_control: SimulatorControl
+) -> None:
+    with HttpGateway(
+        simulator.url, {"acme": SecretStr("sk_test_wrong")}, timeout=CLIENT_TIMEOUT
+    ) as gw:
+        outcome = submit(gw)
+    assert outcome == Refused(RejectReason.PERMISSION_DENIED, "invalid_api_key", 401)
+    assert sim_control.ledger()["effects"] == []
+
+
+def test_connection_refused_is_not_sent() -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago: nobody listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with HttpGateway(
+        f"http://127.0.0.1:{port}", {"acme": SecretStr("k")}, timeout=CLIENT_TIMEOUT
+    ) as gw:
+        assert submit(gw) == NotSent("ConnectError")
+        assert lookup(gw) == Unavailable("ConnectError")
+
+
+def test_deadline_reaches_the_downstream_in_the_header(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    when = deadline(45)
+    sim_gateway.submit(
+        tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=when
+    )
+    (row,) = sim_control.ledger()["requests"]
+    assert row["last_deadline"] == wire.format_deadline(when)
+
+
+def test_passed_deadline_sends_nothing(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    outcome = sim_gateway.submit(
+        tenant="acme",
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=PARAMS,
+        deadline=datetime.now(UTC) - timedelta(seconds=1),
+    )
+    assert isinstance(outcome, NotSent)
+    assert sim_control.ledger()["requests"] == []
+
+
+def test_seeded_schedule_never_gives_two_refunds_per_key(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl, sim_tenant: SimTenant
+) -> None:
+    sim_control.create_order(sim_tenant.name, "A1", 10**9, "CNY")
+    sim_control.set_schedule(
+        seed=42,
+        probabilities={
+            Fault.COMMIT_THEN_RESET: 0.2,
+            Fault.RESET_BEFORE: 0.2,
+            Fault.UNAVAILABLE_AFTER_COMMIT: 0.1,
+            Fault.RATE_LIMITED: 0.1,
+        },
+    )
+    keys = [f"stl_sched_{i}" for i in range(15)]
+    for key in keys:
+        for _ in range(4):  # the same key, resent: never a second effect
+            submit(sim_gateway, key=key)
+    ledger = sim_control.ledger()
+    counts = {key: sim_control.effects("acme", key) for key in keys}
+    assert max(counts.values()) == 1
+    assert {e["idempotency_key"] for e in ledger["effects"]} <= set(keys)

@@ -1,0 +1,454 @@
+"""The simulator's own behaviour: Stripe-like idempotency, the commerce rules, switches, faults."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.simtools import SimTenant
+from workers import wire
+from workers.simulator import SimulatorControl, SimulatorHandle, Switches, start_in_thread
+from workers.simulator.faults import Fault, Schedule
+
+REFUND = {"order_id": "A1", "amount_minor": 4000, "currency": "CNY", "payee": "P1"}
+
+
+class Client:
+    """Raw HTTP against the simulator, to see statuses and headers exactly."""
+
+    def __init__(self, url: str, api_key: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=5.0, trust_env=False)
+        self.api_key = api_key
+
+    def submit(
+        self,
+        key: str,
+        params: Mapping[str, Any] = REFUND,
+        path: str = "/v1/refunds",
+        api_key: str | None = None,
+    ) -> httpx.Response:
+        headers = {
+            "Authorization": f"Bearer {api_key or self.api_key}",
+            "Idempotency-Key": key,
+            "Settled-Deadline": "2030-01-01T00:00:00.000Z",
+        }
+        return self.http.post(path, json=dict(params), headers=headers)
+
+    def lookup(self, key: str, api_key: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {api_key or self.api_key}"}
+        return self.http.get(f"/v1/lookup/{key}", headers=headers)
+
+
+@pytest.fixture
+def client(simulator: SimulatorHandle, sim_tenant: SimTenant) -> Iterator[Client]:
+    c = Client(simulator.url, sim_tenant.api_key.get_secret_value())
+    yield c
+    c.http.close()
+
+
+@pytest.fixture
+def order(sim_control: SimulatorControl, sim_tenant: SimTenant) -> str:
+    sim_control.create_order(sim_tenant.name, "A1", 10000, "CNY")
+    return "A1"
+
+
+def error_code(response: httpx.Response) -> str:
+    return str(response.json()["error"]["code"])
+
+
+# -- idempotency ----------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("order")
+def test_replay_with_same_key_returns_first_result_without_a_second_refund(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    first = client.submit("k1")
+    second = client.submit("k1")
+    assert first.status_code == 200
+    assert wire.REPLAYED not in first.headers
+    assert second.status_code == 200
+    assert second.headers[wire.REPLAYED] == "true"
+    assert second.json() == first.json()
+    assert first.json()["params"] == REFUND
+    assert first.json()["idempotency_key"] == "k1"
+    assert sim_control.effects("acme", "k1") == 1
+    assert sim_control.refunded("acme", "A1") == 4000
+
+
+@pytest.mark.usefixtures("order")
+def test_same_key_with_other_params_is_an_idempotency_error_and_changes_nothing(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    client.submit("k1")
+    other = client.submit("k1", {**REFUND, "amount_minor": 1})
+    assert other.status_code == 400
+    assert other.json()["error"]["type"] == wire.IDEMPOTENCY_ERROR
+    assert error_code(other) == wire.KEY_REUSED
+    other_path = client.submit(
+        "k1", {"ticket_id": "T1", "order_id": "A1", "reason": "other"}, path="/v1/tickets"
+    )
+    assert error_code(other_path) == wire.KEY_REUSED
+    assert sim_control.refunded("acme", "A1") == 4000
+
+
+@pytest.mark.usefixtures("order")
+def test_keys_are_scoped_per_tenant(client: Client, sim_control: SimulatorControl) -> None:
+    sim_control.add_tenant("globex", "sk_test_globex")
+    sim_control.create_order("globex", "A1", 10000, "CNY")
+    assert client.submit("k1").status_code == 200
+    theirs = client.submit("k1", api_key="sk_test_globex")
+    assert theirs.status_code == 200
+    assert wire.REPLAYED not in theirs.headers
+    assert sim_control.effects("acme", "k1") == 1
+    assert sim_control.effects("globex", "k1") == 1
+
+
+@pytest.mark.usefixtures("order")
+def test_concurrent_request_with_a_key_in_flight_gets_409_and_executes_nothing(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.HOLD_BEFORE_COMMIT, "k1", times=1, hold_seconds=10)
+    results: list[httpx.Response] = []
+    first = threading.Thread(target=lambda: results.append(client.submit("k1")))
+    first.start()
+    try:
+        sim_control.wait_in_flight("acme", "k1")
+        concurrent = client.submit("k1")
+        assert concurrent.status_code == 409
+        assert error_code(concurrent) == wire.KEY_IN_USE
+        assert sim_control.effects("acme", "k1") == 0
+    finally:
+        sim_control.release_holds()
+        first.join()
+    assert results[0].status_code == 200
+    assert sim_control.effects("acme", "k1") == 1
+    assert not sim_control.in_flight("acme", "k1")
+
+
+@pytest.mark.usefixtures("order")
+def test_429_comes_before_the_idempotency_layer_and_saves_nothing(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.RATE_LIMITED, "k1", times=1, retry_after="3")
+    limited = client.submit("k1")
+    assert limited.status_code == 429
+    assert limited.headers["Retry-After"] == "3"
+    # Nothing was saved: the same key with other params is a fresh request, not a conflict.
+    fresh = client.submit("k1", {**REFUND, "amount_minor": 1000})
+    assert fresh.status_code == 200
+    assert wire.REPLAYED not in fresh.headers
+    assert sim_control.refunded("acme", "A1") == 1000
+
+
+@pytest.mark.usefixtures("order")
+def test_503_before_processing_saves_nothing(client: Client, sim_control: SimulatorControl) -> None:
+    sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, "k1", times=1)
+    refused = client.submit("k1")
+    assert refused.status_code == 503
+    assert error_code(refused) == wire.NOT_PROCESSED
+    assert client.lookup("k1").status_code == 404
+    assert sim_control.effects("acme", "k1") == 0
+    assert client.submit("k1").status_code == 200
+    assert sim_control.effects("acme", "k1") == 1
+
+
+@pytest.mark.usefixtures("order")
+def test_503_after_commit_is_saved_and_replayed_while_the_refund_exists(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.UNAVAILABLE_AFTER_COMMIT, "k1", times=1)
+    assert client.submit("k1").status_code == 503
+    replay = client.submit("k1")
+    assert replay.status_code == 503
+    assert replay.headers[wire.REPLAYED] == "true"
+    assert sim_control.effects("acme", "k1") == 1
+    found = client.lookup("k1")
+    assert found.status_code == 200
+    assert found.json()["status"] == "succeeded"
+
+
+@pytest.mark.usefixtures("order")
+def test_invalid_params_are_refused_and_save_nothing(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    invalid = client.submit("k1", {**REFUND, "currency": "cny"})
+    assert invalid.status_code == 400
+    assert invalid.json()["error"]["type"] == wire.INVALID_REQUEST
+    assert client.submit("k1").status_code == 200
+    assert sim_control.effects("acme", "k1") == 1
+
+
+def test_missing_idempotency_key_is_an_invalid_request(client: Client) -> None:
+    response = client.http.post(
+        "/v1/refunds", json=REFUND, headers={"Authorization": f"Bearer {client.api_key}"}
+    )
+    assert response.status_code == 400
+    assert error_code(response) == "idempotency_key_missing"
+
+
+# -- switches and clock ---------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("order")
+def test_keys_past_retention_are_forgotten_and_a_replay_executes_again(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.set_switches(key_retention_seconds=60)
+    assert client.submit("k1").status_code == 200
+    sim_control.advance_clock(61)
+    assert error_code(client.lookup("k1")) == wire.KEY_NOT_FOUND
+    again = client.submit("k1")
+    assert again.status_code == 200
+    assert wire.REPLAYED not in again.headers
+    assert sim_control.effects("acme", "k1") == 2
+    assert sim_control.refunded("acme", "A1") == 8000
+
+
+@pytest.mark.usefixtures("order")
+def test_lookup_hides_a_result_until_the_visibility_delay_passed(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.set_switches(lookup_visibility_delay=30)
+    receipt = client.submit("k1").json()
+    hidden = client.lookup("k1")
+    assert hidden.status_code == 404
+    assert error_code(hidden) == wire.KEY_NOT_FOUND
+    sim_control.advance_clock(31)
+    visible = client.lookup("k1")
+    assert visible.status_code == 200
+    assert visible.json()["id"] == receipt["id"]
+
+
+@pytest.mark.usefixtures("order")
+def test_idempotency_off_executes_every_request_anew(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.set_switches(idempotency=False)
+    first, second = client.submit("k1"), client.submit("k1")
+    assert first.json()["id"] != second.json()["id"]
+    assert sim_control.effects("acme", "k1") == 2
+
+
+@pytest.mark.usefixtures("order")
+def test_lookup_off_answers_a_bare_404_not_key_not_found(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    client.submit("k1")
+    switches = sim_control.set_switches(lookup=False)
+    assert switches.lookup is False
+    response = client.lookup("k1")
+    assert response.status_code == 404
+    assert "error" not in response.json()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"lookups": False}, {"idempotency": "no"}, {"lookup_visibility_delay": -1}],
+    ids=["unknown-name", "not-bool", "negative"],
+)
+def test_bad_switch_is_refused_and_changes_nothing(
+    simulator: SimulatorHandle, sim_control: SimulatorControl, body: dict[str, Any]
+) -> None:
+    response = httpx.post(f"{simulator.url}/_control/switches", json=body, trust_env=False)
+    assert response.status_code == 400
+    assert sim_control.switches() == Switches()
+
+
+# -- authentication -------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("order")
+@pytest.mark.parametrize("api_key", ["sk_test_wrong", ""])
+def test_wrong_or_missing_api_key_is_401_and_executes_nothing(
+    client: Client, sim_control: SimulatorControl, api_key: str
+) -> None:
+    headers = {"Idempotency-Key": "k1"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    response = client.http.post("/v1/refunds", json=REFUND, headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == wire.AUTHENTICATION_ERROR
+    assert client.lookup("k1", api_key="sk_test_wrong").status_code == 401
+    assert sim_control.ledger()["effects"] == []
+
+
+# -- the commerce rules ---------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("order")
+def test_refund_beyond_the_refundable_amount_is_a_business_refusal_saved_for_the_key(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    assert client.submit("k1", {**REFUND, "amount_minor": 6000}).status_code == 200
+    too_much = client.submit("k2", {**REFUND, "amount_minor": 4001})
+    assert too_much.status_code == 402
+    assert too_much.json()["error"] == {
+        "type": wire.BUSINESS_ERROR,
+        "code": "amount_exceeds_refundable",
+        "message": "more than the refundable amount",
+    }
+    assert client.submit("k2", {**REFUND, "amount_minor": 4001}).headers[wire.REPLAYED] == "true"
+    record = client.lookup("k2").json()
+    assert record["status"] == "rejected"
+    assert record["error"]["code"] == "amount_exceeds_refundable"
+    assert client.submit("k3", {**REFUND, "amount_minor": 4000}).status_code == 200
+    assert sim_control.refunded("acme", "A1") == 10000
+
+
+@pytest.mark.parametrize(
+    ("setup", "params", "code"),
+    [
+        ("closed", REFUND, "order_closed"),
+        ("none", REFUND, "order_not_found"),
+        ("open", {**REFUND, "currency": "USD"}, "currency_mismatch"),
+    ],
+)
+def test_refund_on_a_closed_unknown_or_other_currency_order_is_refused(
+    client: Client,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    setup: str,
+    params: Mapping[str, Any],
+    code: str,
+) -> None:
+    if setup != "none":
+        sim_control.create_order(sim_tenant.name, "A1", 10000, "CNY", closed=setup == "closed")
+    response = client.submit("k1", params)
+    assert response.status_code == 402
+    assert error_code(response) == code
+    assert sim_control.ledger()["effects"] == []
+
+
+@pytest.mark.usefixtures("order")
+def test_ticket_pickup_and_cancellation_follow_the_ticket_lifecycle(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    pickup = {"ticket_id": "T1", "day": "2026-03-02", "slot": "morning"}
+    cancel = {"ticket_id": "T1", "reason": "customer_request"}
+    assert error_code(client.submit("p0", pickup, "/v1/pickups")) == "ticket_not_found"
+    ticket = {"ticket_id": "T1", "order_id": "A1", "reason": "damaged"}
+    assert client.submit("t1", ticket, "/v1/tickets").status_code == 200
+    assert error_code(client.submit("t2", ticket, "/v1/tickets")) == "ticket_exists"
+    assert client.submit("p1", pickup, "/v1/pickups").status_code == 200
+    assert error_code(client.submit("p2", pickup, "/v1/pickups")) == "pickup_exists"
+    assert client.submit("c1", cancel, "/v1/ticket_cancellations").status_code == 200
+    assert error_code(client.submit("c2", cancel, "/v1/ticket_cancellations")) == "ticket_not_open"
+    (row,) = sim_control.ledger()["tickets"]
+    assert row == {
+        "tenant": "acme",
+        "ticket_id": "T1",
+        "order_id": "A1",
+        "status": "cancelled",
+        "pickup": "2026-03-02 morning",
+    }
+    orphan = {"ticket_id": "T9", "order_id": "NOPE", "reason": "other"}
+    assert error_code(client.submit("t9", orphan, "/v1/tickets")) == "order_not_found"
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("order")
+def test_rule_fires_only_its_times_and_only_for_its_kind_and_tenant(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, "k-*", times=2, kind="refund", tenant="acme")
+    sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, "*", kind="pickup")
+    small = {**REFUND, "amount_minor": 100}
+    statuses = [client.submit(f"k-{i}", small).status_code for i in range(3)]
+    assert statuses == [503, 503, 200]
+    assert client.submit("other", small).status_code == 200
+    assert sim_control.faults()["rules"][0]["left"] == 0
+
+
+def _statuses_under_schedule(client: Client, keys: list[str]) -> dict[str, int]:
+    return {key: client.submit(key, {**REFUND, "amount_minor": 1}).status_code for key in keys}
+
+
+def test_schedule_draws_the_same_faults_per_key_whatever_the_arrival_order(
+    client: Client, sim_control: SimulatorControl, sim_tenant: SimTenant
+) -> None:
+    keys = [f"k{i}" for i in range(24)]
+    schedule = {Fault.UNAVAILABLE_BEFORE: 0.5}
+    sim_control.create_order(sim_tenant.name, "A1", 10**6, "CNY")
+    sim_control.set_schedule(seed=7, probabilities=schedule)
+    forward = _statuses_under_schedule(client, keys)
+    sim_control.reset()
+    sim_control.add_tenant(sim_tenant.name, sim_tenant.api_key.get_secret_value())
+    sim_control.create_order(sim_tenant.name, "A1", 10**6, "CNY")
+    sim_control.set_schedule(seed=7, probabilities=schedule)
+    backward = _statuses_under_schedule(client, list(reversed(keys)))
+    assert forward == backward
+    assert set(forward.values()) == {200, 503}
+    expected = {
+        key: 503 if Schedule(7, schedule).draw("submit", "acme", "refund", key, 1) else 200
+        for key in keys
+    }
+    assert forward == expected
+
+
+@pytest.mark.usefixtures("order")
+def test_lookup_unavailable_fault_answers_503(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    client.submit("k1")
+    sim_control.add_rule(Fault.LOOKUP_UNAVAILABLE, "k1", times=1)
+    assert client.lookup("k1").status_code == 503
+    assert client.lookup("k1").status_code == 200
+
+
+def test_bad_rule_is_refused(sim_control: SimulatorControl) -> None:
+    with pytest.raises(ValueError, match="no_such_fault"):
+        sim_control.add_rule("no_such_fault")
+    with pytest.raises(httpx.HTTPStatusError):
+        sim_control.add_rule(Fault.RESET_BEFORE, times=0)
+
+
+# -- control API, durability ----------------------------------------------------------------
+
+
+def test_control_api_is_not_served_outside_test_mode(tmp_path: Path) -> None:
+    ledger = str(tmp_path / "prod.sqlite3")
+    with (
+        start_in_thread(ledger=ledger, test_mode=False, tenants={"acme": "sk_1"}) as handle,
+        httpx.Client(base_url=handle.url, trust_env=False) as http,
+    ):
+        for method, route in [("GET", "ledger"), ("POST", "reset"), ("POST", "rules")]:
+            response = http.request(method, f"/_control/{route}", json={})
+            assert response.status_code == 404
+        lookup = http.get("/v1/lookup/k1", headers={"Authorization": "Bearer sk_1"})
+        assert error_code(lookup) == wire.KEY_NOT_FOUND
+
+
+def test_ledger_and_saved_results_survive_a_restart(tmp_path: Path) -> None:
+    ledger = str(tmp_path / "ledger.sqlite3")
+    with start_in_thread(ledger=ledger, tenants={"acme": "sk_1"}) as first:
+        with SimulatorControl(first.url) as control:
+            control.create_order("acme", "A1", 10000)
+        before = Client(first.url, "sk_1")
+        receipt = before.submit("k1").json()
+        before.http.close()
+    with start_in_thread(ledger=ledger) as second:
+        after = Client(second.url, "sk_1")
+        replay = after.submit("k1")
+        after.http.close()
+        assert replay.headers[wire.REPLAYED] == "true"
+        assert replay.json() == receipt
+        with SimulatorControl(second.url) as control:
+            assert control.effects("acme", "k1") == 1
+
+
+@pytest.mark.usefixtures("order")
+def test_ledger_records_the_deadline_each_request_carried(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    client.submit("k1")
+    assert sim_control.requests("acme", "k1") == 1
+    (row,) = sim_control.ledger()["requests"]
+    assert row["last_deadline"] == "2030-01-01T00:00:00.000Z"

@@ -1,0 +1,409 @@
+"""HttpGateway: every response and transport error classified per DESIGN.md, over MockTransport."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from outbox.kinds import Kind, default_registry
+from outbox.states import RejectReason
+from workers import wire
+from workers.gateway import (
+    Accepted,
+    Found,
+    LookupMisuse,
+    Misuse,
+    NotExecuted,
+    NotFound,
+    NotSent,
+    Proof,
+    Refused,
+    Unavailable,
+    Unknown,
+)
+from workers.http_client import HttpGateway
+
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+DEADLINE = NOW + timedelta(seconds=60)
+API_KEY = "sk_live_very_secret_51Hx"
+KEY = "stl_abc123"
+REFUND = default_registry().get("refund")
+PARAMS: dict[str, Any] = {
+    "order_id": "A1042",
+    "amount_minor": 10000,
+    "currency": "CNY",
+    "payee": "P7",
+}
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def receipt(params: Mapping[str, Any] = PARAMS, status: str = "succeeded") -> dict[str, Any]:
+    return {
+        "id": "re_1",
+        "object": "refund",
+        "status": status,
+        "params": dict(params),
+        "idempotency_key": KEY,
+    }
+
+
+def error(status: int, type_: str, code: str, **headers: str) -> httpx.Response:
+    body = {"error": {"type": type_, "code": code, "message": "m"}}
+    return httpx.Response(status, json=body, headers=headers)
+
+
+class Recorder:
+    """A MockTransport handler that records what was sent."""
+
+    def __init__(self, respond: Handler) -> None:
+        self.respond = respond
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.respond(request)
+
+
+def gateway(respond: Handler, *, timeout: float = 10.0, now: datetime = NOW) -> HttpGateway:
+    return HttpGateway(
+        "https://pay.example",
+        {"acme": SecretStr(API_KEY)},
+        timeout=timeout,
+        transport=httpx.MockTransport(respond),
+        clock=lambda: now,
+    )
+
+
+def submit(respond: Handler, kind: Kind = REFUND, **kw: Any) -> Any:
+    with gateway(respond) as gw:
+        return gw.submit(
+            tenant=kw.get("tenant", "acme"),
+            kind=kind,
+            idempotency_key=KEY,
+            params=kw.get("params", PARAMS),
+            deadline=kw.get("deadline", DEADLINE),
+        )
+
+
+def lookup(respond: Handler, **kw: Any) -> Any:
+    with gateway(respond) as gw:
+        return gw.lookup(
+            tenant=kw.get("tenant", "acme"),
+            kind=REFUND,
+            idempotency_key=kw.get("key", KEY),
+            params=PARAMS,
+            deadline=kw.get("deadline", DEADLINE),
+        )
+
+
+# -- submit: status classification --------------------------------------------------------
+
+
+def test_matching_receipt_is_accepted_as_done() -> None:
+    outcome = submit(lambda r: httpx.Response(200, json=receipt()))
+    assert isinstance(outcome, Accepted)
+    assert outcome.proof is Proof.DONE
+    assert outcome.receipt.reference == "re_1"
+    assert outcome.receipt.params == PARAMS
+
+
+def test_receipt_echoing_another_amount_is_misuse_not_success() -> None:
+    outcome = submit(lambda r: httpx.Response(200, json=receipt({**PARAMS, "amount_minor": 1})))
+    assert outcome == Misuse("receipt_mismatch", "the receipt does not match the intent", 200)
+
+
+def test_receipt_missing_a_field_is_misuse() -> None:
+    partial = {k: v for k, v in PARAMS.items() if k != "payee"}
+    outcome = submit(lambda r: httpx.Response(200, json=receipt(partial)))
+    assert isinstance(outcome, Misuse)
+    assert outcome.code == "receipt_mismatch"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        json.dumps({"id": "re_1"}).encode(),
+        json.dumps(receipt(status="pending")).encode(),
+    ],
+    ids=["not-json", "not-object", "no-params", "not-succeeded"],
+)
+def test_2xx_without_a_readable_receipt_is_unknown(body: bytes) -> None:
+    outcome = submit(lambda r: httpx.Response(200, content=body))
+    assert isinstance(outcome, Unknown)
+    assert outcome.status == 200
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (
+            error(402, "business_error", "amount_exceeds_refundable"),
+            Refused(RejectReason.BUSINESS_REJECTED, "amount_exceeds_refundable", 402),
+        ),
+        (
+            error(400, "invalid_request", "invalid_params"),
+            Refused(RejectReason.INVALID_PARAMS, "invalid_params", 400),
+        ),
+        (
+            error(422, "invalid_request", "parameter_invalid"),
+            Refused(RejectReason.INVALID_PARAMS, "parameter_invalid", 422),
+        ),
+        (
+            error(401, "authentication_error", "invalid_api_key"),
+            Refused(RejectReason.PERMISSION_DENIED, "invalid_api_key", 401),
+        ),
+        (httpx.Response(403), Refused(RejectReason.PERMISSION_DENIED, "http_403", 403)),
+    ],
+    ids=["business-402", "invalid-400", "invalid-422", "auth-401", "forbidden-403"],
+)
+def test_definite_refusals_are_not_done(response: httpx.Response, expected: Refused) -> None:
+    outcome = submit(lambda r: response)
+    assert outcome == expected
+    assert outcome.proof is Proof.NOT_DONE
+
+
+def test_429_is_not_executed_with_retry_after_seconds() -> None:
+    outcome = submit(
+        lambda r: error(429, "rate_limit_error", "rate_limited", **{"Retry-After": "7"})
+    )
+    assert outcome == NotExecuted(429, 7.0)
+
+
+def test_429_retry_after_http_date_is_counted_from_the_injected_clock() -> None:
+    date = "Sun, 01 Mar 2026 12:00:30 GMT"
+    outcome = submit(
+        lambda r: error(429, "rate_limit_error", "rate_limited", **{"Retry-After": date})
+    )
+    assert outcome == NotExecuted(429, 30.0)
+
+
+def test_429_with_garbage_retry_after_has_no_retry_after() -> None:
+    outcome = submit(lambda r: error(429, "rate_limit_error", "x", **{"Retry-After": "soon"}))
+    assert outcome == NotExecuted(429, None)
+
+
+def test_503_is_unknown_unless_the_contract_documents_it() -> None:
+    respond: Handler = lambda r: error(503, "api_error", wire.NOT_PROCESSED)  # noqa: E731
+    default = submit(respond)
+    assert isinstance(default, Unknown)
+    assert default.status == 503
+    lenient = default_registry().with_contract(
+        "refund", not_executed_statuses=frozenset({429, 503})
+    )
+    assert submit(respond, kind=lenient.get("refund")) == NotExecuted(503, None)
+
+
+@pytest.mark.parametrize("status", [500, 502, 504, 599])
+def test_other_5xx_are_unknown_never_a_refusal(status: int) -> None:
+    outcome = submit(lambda r: error(status, "api_error", "internal_error"))
+    assert isinstance(outcome, Unknown)
+    assert outcome.status == status
+
+
+@pytest.mark.parametrize("status", [400, 409, 422])
+def test_same_key_with_other_params_is_misuse(status: int) -> None:
+    outcome = submit(lambda r: error(status, "idempotency_error", wire.KEY_REUSED))
+    assert isinstance(outcome, Misuse)
+    assert outcome.code == "idempotency_error"
+    assert outcome.status == status
+
+
+def test_key_in_use_by_a_concurrent_request_is_unknown_not_misuse() -> None:
+    outcome = submit(lambda r: error(409, "idempotency_error", wire.KEY_IN_USE))
+    assert isinstance(outcome, Unknown)
+    assert outcome.status == 409
+
+
+def test_bare_409_is_unknown() -> None:
+    assert isinstance(submit(lambda r: httpx.Response(409)), Unknown)
+
+
+@pytest.mark.parametrize("status", [301, 404, 405, 418])
+def test_status_outside_the_protocol_goes_to_a_person(status: int) -> None:
+    outcome = submit(lambda r: httpx.Response(status, json={}))
+    assert isinstance(outcome, Misuse)
+    assert outcome.code == "unexpected_response"
+
+
+# -- submit: transport errors split by phase ----------------------------------------------
+
+
+def raising(exc: type[httpx.TransportError]) -> Handler:
+    def respond(request: httpx.Request) -> httpx.Response:
+        raise exc("boom", request=request)
+
+    return respond
+
+
+@pytest.mark.parametrize("exc", [httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout])
+def test_errors_before_any_byte_was_sent_are_not_sent(exc: type[httpx.TransportError]) -> None:
+    outcome = submit(raising(exc))
+    assert outcome == NotSent(exc.__name__)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx.ReadTimeout,
+        httpx.WriteTimeout,
+        httpx.ReadError,
+        httpx.WriteError,
+        httpx.RemoteProtocolError,
+    ],
+)
+def test_errors_after_the_request_may_have_gone_out_are_unknown(
+    exc: type[httpx.TransportError],
+) -> None:
+    outcome = submit(raising(exc))
+    assert outcome == Unknown(exc.__name__)
+
+
+# -- submit: what is sent, budget, tenants ------------------------------------------------
+
+
+def test_request_carries_key_deadline_auth_and_params_on_the_kind_endpoint() -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    submit(recorder)
+    (request,) = recorder.requests
+    assert request.method == "POST"
+    assert request.url == "https://pay.example/v1/refunds"
+    assert request.headers["Authorization"] == f"Bearer {API_KEY}"
+    assert request.headers["Idempotency-Key"] == KEY
+    assert request.headers["Settled-Deadline"] == "2026-03-01T12:01:00.000Z"
+    assert wire.parse_deadline(request.headers["Settled-Deadline"]) == DEADLINE
+    assert json.loads(request.content) == PARAMS
+
+
+@pytest.mark.parametrize(("configured", "left", "expected"), [(10.0, 60.0, 10.0), (10.0, 2.5, 2.5)])
+def test_attempt_timeout_is_bounded_by_what_is_left_of_the_deadline(
+    configured: float, left: float, expected: float
+) -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    with gateway(recorder, timeout=configured) as gw:
+        gw.submit(
+            tenant="acme",
+            kind=REFUND,
+            idempotency_key=KEY,
+            params=PARAMS,
+            deadline=NOW + timedelta(seconds=left),
+        )
+    timeouts = recorder.requests[0].extensions["timeout"]
+    assert timeouts == dict.fromkeys(("connect", "read", "write", "pool"), expected)
+
+
+@pytest.mark.parametrize("past", [timedelta(0), timedelta(seconds=5)])
+def test_deadline_already_passed_sends_nothing(past: timedelta) -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    outcome = submit(recorder, deadline=NOW - past)
+    assert isinstance(outcome, NotSent)
+    assert lookup(recorder, deadline=NOW - past) == Unavailable("deadline passed before sending")
+    assert recorder.requests == []
+
+
+def test_tenant_without_an_api_key_is_refused_without_sending() -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    outcome = submit(recorder, tenant="globex")
+    assert outcome == Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0)
+    assert isinstance(lookup(recorder, tenant="globex"), Unavailable)
+    assert recorder.requests == []
+
+
+def test_non_positive_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        HttpGateway("https://pay.example", {}, timeout=0)
+
+
+# -- lookup ---------------------------------------------------------------------------------
+
+
+def test_lookup_found_with_matching_record() -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    outcome = lookup(recorder, key="stl_a/b c")
+    assert isinstance(outcome, Found)
+    assert outcome.reason is None
+    assert outcome.receipt.reference == "re_1"
+    (request,) = recorder.requests
+    assert request.method == "GET"
+    assert request.url.raw_path == b"/v1/lookup/stl_a%2Fb%20c"
+    assert request.headers["Authorization"] == f"Bearer {API_KEY}"
+    assert "Settled-Deadline" in request.headers
+
+
+def test_lookup_of_a_business_refusal_is_found_rejected_with_its_code() -> None:
+    body = {
+        **receipt(status="rejected"),
+        "error": {"type": "business_error", "code": "order_closed"},
+    }
+    outcome = lookup(lambda r: httpx.Response(200, json=body))
+    assert isinstance(outcome, Found)
+    assert outcome.receipt.status == "rejected"
+    assert (outcome.reason, outcome.code) == (RejectReason.BUSINESS_REJECTED, "order_closed")
+
+
+def test_lookup_record_with_other_params_is_lookup_misuse() -> None:
+    outcome = lookup(lambda r: httpx.Response(200, json=receipt({**PARAMS, "payee": "P8"})))
+    assert isinstance(outcome, LookupMisuse)
+    assert outcome.code == "receipt_mismatch"
+
+
+def test_lookup_404_key_not_found_is_not_found() -> None:
+    assert lookup(lambda r: error(404, "not_found", wire.KEY_NOT_FOUND)) == NotFound()
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        httpx.Response(404, json={}),  # a missing route: no lookup API, proves nothing
+        error(503, "api_error", "lookup_unavailable"),
+        error(500, "api_error", "internal_error"),
+        error(401, "authentication_error", "invalid_api_key"),
+        httpx.Response(200, content=b"<html>"),
+        httpx.Response(200, json=receipt(status="pending")),
+    ],
+    ids=["bare-404", "503", "500", "401", "not-json", "odd-status"],
+)
+def test_lookup_that_proves_nothing_is_unavailable(response: httpx.Response) -> None:
+    assert isinstance(lookup(lambda r: response), Unavailable)
+
+
+@pytest.mark.parametrize("exc", [httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError])
+def test_lookup_transport_error_is_unavailable(exc: type[httpx.TransportError]) -> None:
+    assert lookup(raising(exc)) == Unavailable(exc.__name__)
+
+
+# -- secrets --------------------------------------------------------------------------------
+
+
+def test_api_key_never_appears_in_logs_outcomes_or_gateway_repr(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    responses: list[Handler] = [
+        lambda r: httpx.Response(200, json=receipt()),
+        lambda r: error(401, "authentication_error", "invalid_api_key"),
+        lambda r: error(400, "idempotency_error", wire.KEY_REUSED),
+        lambda r: error(500, "api_error", "internal_error"),
+        raising(httpx.ConnectError),
+        raising(httpx.ReadTimeout),
+    ]
+    outcomes = [submit(respond) for respond in responses]
+    outcomes += [lookup(respond) for respond in responses]
+    with gateway(responses[0]) as gw:
+        texts = [repr(gw), repr(vars(gw))]
+    texts += [repr(o) for o in outcomes]
+    assert caplog.records, "the gateway should log its calls"
+    assert all(API_KEY not in text for text in [caplog.text, *texts])
+    assert all(
+        "P7" not in record.getMessage() and "10000" not in record.getMessage()
+        for record in caplog.records
+    ), "logs must not carry params or payees"

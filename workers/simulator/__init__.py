@@ -1,0 +1,22 @@
+"""The payment service simulator: a downstream with Stripe-like idempotency, lookups and faults.
+
+``run`` serves until interrupted (``settled simulator``); ``start_in_thread`` serves in the
+background for tests and the demo; ``SimulatorControl`` drives its control API (test mode).
+"""
+
+from __future__ import annotations
+
+from workers.simulator.control import SimulatorControl
+from workers.simulator.faults import Fault, Rule, Schedule
+from workers.simulator.server import SimulatorHandle, Switches, run, start_in_thread
+
+__all__ = [
+    "Fault",
+    "Rule",
+    "Schedule",
+    "SimulatorControl",
+    "SimulatorHandle",
+    "Switches",
+    "run",
+    "start_in_thread",
+]

@@ -1,0 +1,215 @@
+"""A typed client of the simulator's control API (test mode only): faults, switches, truth."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from workers.simulator.faults import Fault
+from workers.simulator.server import Switches
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET
+
+
+class SimulatorControl:
+    """Drive a simulator started with ``test_mode=True``; every call raises on an HTTP error."""
+
+    def __init__(
+        self, base_url: str, *, timeout: float = 5.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/") + "/_control/",
+            timeout=timeout,
+            transport=transport,
+            trust_env=False,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> SimulatorControl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, route: str, body: Mapping[str, Any] | None = None) -> Any:
+        response = self._client.request(method, route, json=body)
+        response.raise_for_status()
+        return response.json()
+
+    # -- setup --------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget everything: ledger, tenants, rules, schedule, switches, clock, counters."""
+        self._call("POST", "reset")
+
+    def add_tenant(self, tenant: str, api_key: str) -> None:
+        """Register (or re-key) a tenant; requests with ``Bearer api_key`` act as it."""
+        self._call("POST", "tenants", {"tenant": tenant, "api_key": api_key})
+
+    def create_order(
+        self,
+        tenant: str,
+        order_id: str,
+        amount_minor: int,
+        currency: str = "CNY",
+        *,
+        closed: bool = False,
+    ) -> None:
+        """Create (or replace) a charged order that refunds and tickets refer to."""
+        self._call(
+            "POST",
+            "orders",
+            {
+                "tenant": tenant,
+                "order_id": order_id,
+                "amount_minor": amount_minor,
+                "currency": currency,
+                "status": "closed" if closed else "open",
+            },
+        )
+
+    # -- faults -------------------------------------------------------------------------
+
+    def add_rule(
+        self,
+        fault: Fault | str,
+        pattern: str = "*",
+        *,
+        kind: str | None = None,
+        tenant: str | None = None,
+        times: int | None = None,
+        retry_after: str | None = None,
+        hold_seconds: float | None = None,
+        field: str | None = None,
+        code: str | None = None,
+    ) -> int:
+        """Inject ``fault`` into requests whose key matches the glob ``pattern``; returns its id."""
+        body = {
+            "fault": Fault(fault).value,
+            "pattern": pattern,
+            "kind": kind,
+            "tenant": tenant,
+            "times": times,
+            "retry_after": retry_after,
+            "hold_seconds": hold_seconds,
+            "field": field,
+            "code": code,
+        }
+        return int(self._call("POST", "rules", body)["id"])
+
+    def clear_rules(self) -> None:
+        """Remove every rule and the schedule."""
+        self._call("DELETE", "rules")
+
+    def set_schedule(
+        self,
+        seed: int,
+        probabilities: Mapping[Fault, float] | Mapping[str, float],
+        *,
+        kind: str | None = None,
+        tenant: str | None = None,
+        retry_after: str | None = None,
+        hold_seconds: float | None = None,
+    ) -> None:
+        """Draw faults with ``probabilities``, reproducibly per (seed, key, request number)."""
+        body = {
+            "seed": seed,
+            "probabilities": {Fault(f).value: p for f, p in probabilities.items()},
+            "kind": kind,
+            "tenant": tenant,
+            "retry_after": retry_after,
+            "hold_seconds": hold_seconds,
+        }
+        self._call("POST", "schedule", body)
+
+    def clear_schedule(self) -> None:
+        self._call("DELETE", "schedule")
+
+    def faults(self) -> dict[str, Any]:
+        """The active rules (with what is left of their ``times``) and schedule."""
+        result: dict[str, Any] = self._call("GET", "faults")
+        return result
+
+    def release_holds(self) -> None:
+        """End every held request now (a held ``commit_then_timeout`` then answers late)."""
+        self._call("POST", "release")
+
+    # -- switches and clock -------------------------------------------------------------
+
+    def set_switches(
+        self,
+        *,
+        idempotency: bool | None = None,
+        lookup: bool | None = None,
+        key_retention_seconds: float | _Unset | None = UNSET,
+        lookup_visibility_delay: float | None = None,
+    ) -> Switches:
+        """Change the given switches (``key_retention_seconds=None``: never forget keys)."""
+        body: dict[str, Any] = {}
+        if idempotency is not None:
+            body["idempotency"] = idempotency
+        if lookup is not None:
+            body["lookup"] = lookup
+        if key_retention_seconds is not UNSET:
+            body["key_retention_seconds"] = key_retention_seconds
+        if lookup_visibility_delay is not None:
+            body["lookup_visibility_delay"] = lookup_visibility_delay
+        return Switches(**self._call("POST", "switches", body))
+
+    def switches(self) -> Switches:
+        return Switches(**self._call("GET", "switches"))
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move the simulator's clock forward (key retention, lookup visibility)."""
+        self._call("POST", "clock", {"advance_seconds": seconds})
+
+    # -- ground truth -------------------------------------------------------------------
+
+    def ledger(self) -> dict[str, Any]:
+        """Effects, orders, tickets, keys in flight and request counts."""
+        result: dict[str, Any] = self._call("GET", "ledger")
+        return result
+
+    def effects(self, tenant: str, key: str) -> int:
+        """How many business effects requests with ``key`` caused (the judge: at most 1)."""
+        return sum(
+            1
+            for e in self.ledger()["effects"]
+            if e["tenant"] == tenant and e["idempotency_key"] == key
+        )
+
+    def refunded(self, tenant: str, order_id: str) -> int:
+        """Total refunded on an order, in minor units."""
+        for order in self.ledger()["orders"]:
+            if order["tenant"] == tenant and order["order_id"] == order_id:
+                return int(order["refunded_minor"])
+        raise LookupError("no such order")
+
+    def requests(self, tenant: str, key: str, phase: str = "submit") -> int:
+        """How many ``phase`` requests with ``key`` reached the simulator."""
+        for row in self.ledger()["requests"]:
+            if (row["phase"], row["tenant"], row["idempotency_key"]) == (phase, tenant, key):
+                return int(row["count"])
+        return 0
+
+    def in_flight(self, tenant: str, key: str) -> bool:
+        return {"tenant": tenant, "idempotency_key": key} in self.ledger()["in_flight"]
+
+    def wait_in_flight(self, tenant: str, key: str, timeout: float = 5.0) -> None:
+        """Poll until ``key`` is in flight; raise TimeoutError past ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while not self.in_flight(tenant, key):
+            if time.monotonic() > end:
+                raise TimeoutError("the key never went in flight")
+            time.sleep(0.01)

@@ -1,0 +1,173 @@
+"""A TCP fault proxy to put in front of the simulator (or any downstream) in tests.
+
+Modes: ``pass`` forwards bytes both ways; ``refuse`` closes the listening socket, so connects
+are refused (nothing is sent); ``delay`` holds the response for some seconds (the request has
+reached the downstream); ``cut`` forwards the first bytes of the response, then resets the client.
+A mode applies to connections accepted after it is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["pass", "delay", "cut"]
+
+
+@dataclass(frozen=True)
+class _Setting:
+    mode: Mode = "pass"
+    delay_seconds: float = 0.0
+    cut_after_bytes: int = 0
+
+
+class FaultProxy:
+    """Forward ``127.0.0.1:port`` to ``upstream``, misbehaving on request."""
+
+    def __init__(self, upstream_host: str, upstream_port: int, host: str = "127.0.0.1") -> None:
+        self._upstream = (upstream_host, upstream_port)
+        self._host = host
+        self._setting = _Setting()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = self._listen(0)
+        self.port: int = self._listener.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self._acceptor = threading.Thread(target=self._accept_loop, name="faultproxy", daemon=True)
+        self._acceptor.start()
+
+    # -- modes --------------------------------------------------------------------------
+
+    def passthrough(self) -> None:
+        """Forward faithfully (and listen again after ``refuse``)."""
+        self._set(_Setting())
+
+    def delay(self, seconds: float) -> None:
+        """Hold every response ``seconds`` before forwarding it."""
+        self._set(_Setting("delay", delay_seconds=seconds))
+
+    def cut(self, after_bytes: int = 12) -> None:
+        """Forward ``after_bytes`` of the response, then reset the client connection."""
+        self._set(_Setting("cut", cut_after_bytes=after_bytes))
+
+    def refuse(self) -> None:
+        """Stop listening: connects are refused until another mode is set."""
+        with self._lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            _close_listener(listener)
+
+    def _set(self, setting: _Setting) -> None:
+        with self._lock:
+            self._setting = setting
+            if self._listener is None:
+                self._listener = self._listen(self.port)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Close the listener and every connection; join every thread."""
+        self._stopping.set()
+        self._acceptor.join()
+        with self._lock:
+            listener, self._listener = self._listener, None
+            threads = list(self._threads)
+        if listener is not None:
+            _close_listener(listener)
+        for thread in threads:
+            thread.join()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- forwarding ---------------------------------------------------------------------
+
+    def _listen(self, port: int) -> socket.socket:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self._host, port))
+        listener.listen(16)
+        listener.settimeout(0.02)
+        return listener
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                listener = self._listener
+            if listener is None:
+                self._stopping.wait(0.02)
+                continue
+            try:
+                client, _ = listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            with self._lock:
+                setting = self._setting  # the mode when the connection was accepted
+            thread = threading.Thread(target=self._forward, args=(client, setting), daemon=True)
+            with self._lock:
+                self._threads = [t for t in self._threads if t.is_alive()]
+                self._threads.append(thread)
+            thread.start()
+
+    def _forward(self, client: socket.socket, setting: _Setting) -> None:
+        with client:
+            try:
+                upstream = socket.create_connection(self._upstream, timeout=5)
+            except OSError:
+                _reset(client)
+                return
+            with upstream:
+                self._pump(client, upstream, setting)
+
+    def _pump(self, client: socket.socket, upstream: socket.socket, setting: _Setting) -> None:
+        forwarded = 0
+        delayed = False
+        while not self._stopping.is_set():
+            readable, _, _ = select.select([client, upstream], [], [], 0.02)
+            try:
+                if client in readable:
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    upstream.sendall(data)
+                if upstream in readable:
+                    data = upstream.recv(65536)
+                    if not data:
+                        return
+                    if setting.mode == "delay" and not delayed:
+                        delayed = True
+                        if self._stopping.wait(setting.delay_seconds):
+                            return
+                    if setting.mode == "cut":
+                        client.sendall(data[: max(0, setting.cut_after_bytes - forwarded)])
+                        forwarded += len(data)
+                        if forwarded >= setting.cut_after_bytes:
+                            _reset(client)
+                            return
+                        continue
+                    client.sendall(data)
+            except OSError:
+                return
+
+
+def _reset(sock: socket.socket) -> None:
+    """Abort with a TCP RST instead of an orderly FIN."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _close_listener(listener: socket.socket) -> None:
+    """Stop listening at once: a thread still inside accept() keeps a bare close() listening."""
+    with contextlib.suppress(OSError):
+        listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
