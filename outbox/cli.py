@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
 import click
 
 
@@ -85,6 +91,175 @@ def beat(loglevel: str) -> None:
     from workers.celery_app import create_app
 
     create_app(Settings()).start(["beat", f"--loglevel={loglevel}"])
+
+
+def _runtime() -> Any:
+    from outbox.settings import Settings
+    from workers.runtime import build_runtime
+
+    return build_runtime(Settings())
+
+
+def _emit(data: Any, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    if isinstance(data, list):
+        for row in data:
+            click.echo(
+                f"#{row['id']:<5} {row['tenant']:<12} {row['op_id']:<28} {row['kind']:<12} "
+                f"{row['reason']:<36} v{row['version']} since {row['created_at']}"
+            )
+        click.echo(f"{len(data)} item(s)")
+        return
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    from outbox.errors import SettledError
+
+    try:
+        yield
+    except SettledError as exc:
+        raise click.ClickException(f"[{exc.code}] {exc.message}") from None
+
+
+@main.command()
+@click.option("--once", is_flag=True, required=True, help="run one pass and print its report")
+def reconcile(once: bool) -> None:
+    """Run a reconcile pass now (beat runs it on a schedule)."""
+    rt = _runtime()
+    try:
+        click.echo(json.dumps(rt.reconciler.run_once().as_dict(), indent=2))
+    finally:
+        rt.close()
+
+
+staff_options = [
+    click.option("--staff", envvar="SETTLED_STAFF_ID", required=True, help="your staff id"),
+    click.option(
+        "--role",
+        envvar="SETTLED_STAFF_ROLE",
+        required=True,
+        type=click.Choice(["viewer", "support", "supervisor"]),
+    ),
+    click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
+]
+
+
+def with_staff(f: Any) -> Any:
+    for option in reversed(staff_options):
+        f = option(f)
+    return f
+
+
+@main.group()
+def review() -> None:
+    """The manual review queue (support staff)."""
+
+
+@review.command("list")
+@click.option("--tenant", default=None)
+@click.option("--reason", default=None)
+@click.option("--older-than", type=float, default=None, help="seconds")
+@click.option("--all", "include_resolved", is_flag=True, help="include resolved items")
+@with_staff
+def review_list(
+    tenant: str | None,
+    reason: str | None,
+    older_than: float | None,
+    include_resolved: bool,
+    staff: str,
+    role: str,
+    as_json: bool,
+) -> None:
+    """Open review items, oldest first."""
+    from reconciler.review import Staff
+
+    with _errors():
+        who = Staff.parse(staff, role)
+        rt = _runtime()
+        try:
+            items = rt.review.list(
+                who,
+                tenant=tenant,
+                reason=reason,
+                older_than=timedelta(seconds=older_than) if older_than is not None else None,
+                include_resolved=include_resolved,
+            )
+        finally:
+            rt.close()
+    _emit(items, as_json)
+
+
+@review.command("show")
+@click.argument("item", type=int)
+@with_staff
+def review_show(item: int, staff: str, role: str, as_json: bool) -> None:
+    """One item: the operation, its attempts, lookups and events."""
+    from reconciler.review import Staff
+
+    with _errors():
+        who = Staff.parse(staff, role)
+        rt = _runtime()
+        try:
+            _emit(rt.review.show(who, item), True)
+        finally:
+            rt.close()
+
+
+@review.command("requery")
+@click.argument("item", type=int)
+@with_staff
+def review_requery(item: int, staff: str, role: str, as_json: bool) -> None:
+    """Ask the downstream again now."""
+    from reconciler.review import Staff
+
+    with _errors():
+        who = Staff.parse(staff, role)
+        rt = _runtime()
+        try:
+            _emit(rt.review.requery(who, item), True)
+        finally:
+            rt.close()
+
+
+@review.command("resolve")
+@click.argument("item", type=int)
+@click.option("--as", "outcome", required=True, type=click.Choice(["succeeded", "rejected"]))
+@click.option("--version", required=True, type=int, help="the item version you read (show)")
+@click.option("--reference", default=None, help="downstream reference (for succeeded)")
+@click.option("--justification", default=None, help="why (required for rejected)")
+@with_staff
+def review_resolve(
+    item: int,
+    outcome: str,
+    version: int,
+    reference: str | None,
+    justification: str | None,
+    staff: str,
+    role: str,
+    as_json: bool,
+) -> None:
+    """Settle an item's operation as succeeded or rejected, with evidence."""
+    from reconciler.review import Staff
+
+    with _errors():
+        who = Staff.parse(staff, role)
+        rt = _runtime()
+        try:
+            result = rt.review.resolve(
+                who,
+                item,
+                outcome=outcome,
+                version=version,
+                reference=reference,
+                justification=justification,
+            )
+        finally:
+            rt.close()
+    _emit(result, True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ misuse, bad input and broken invariants::
     ├── IllegalTransition       the state machine forbids this event in this state
     ├── StaleLease              a write whose fencing version is no longer current
     ├── NotFound                no such operation / run / review item for this tenant
+    ├── Forbidden               the staff role may not take this action
     └── ReviewConflict          a review item was resolved by somebody else first, or the
                                 resolution contradicts the downstream's evidence
 
@@ -87,6 +88,12 @@ class NotFound(SettledError):
     """Not found."""
 
     code = "not_found"
+
+
+class Forbidden(SettledError):
+    """This role may not take this action."""
+
+    code = "forbidden"
 
 
 class ReviewConflict(SettledError):

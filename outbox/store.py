@@ -142,14 +142,22 @@ def claim_for_send(
 def claim_unresolved(
     session: Session, *, worker: str, lease_seconds: float, limit: int
 ) -> list[Claimed]:
-    """Lease ``unknown`` operations and ``submitted`` ones whose lease expired (reconciler)."""
-    where = and_(
-        ops.c.state.in_([State.UNKNOWN.value, State.SUBMITTED.value]),
-        ops.c.lease_until < db_now(),
+    """Lease ``unknown`` operations due for a look, and ``submitted`` ones whose lease expired.
+
+    For unknown operations ``next_attempt_at`` is the time of the next look (the reconciler
+    backs off); it never means a send.
+    """
+    where = or_(
+        and_(
+            ops.c.state == State.UNKNOWN.value,
+            ops.c.next_attempt_at <= db_now(),
+            _lease_free(),
+        ),
+        and_(ops.c.state == State.SUBMITTED.value, ops.c.lease_until < db_now()),
     )
     return _claim(
         session, where, worker=worker, lease_seconds=lease_seconds, limit=limit,
-        order=ops.c.lease_until,
+        order=ops.c.next_attempt_at,
     )  # fmt: skip
 
 
@@ -292,12 +300,7 @@ def open_review(
     session: Session, operation_id: int, tenant: str, reason: str, evidence: dict[str, Any]
 ) -> None:
     """Open a review item unless one is already open for the operation."""
-    exists = session.scalar(
-        select(ReviewItem.id).where(
-            ReviewItem.operation_id == operation_id, ReviewItem.resolved_at.is_(None)
-        )
-    )
-    if exists is None:
+    if open_review_id(session, operation_id) is None:
         session.execute(
             insert(ReviewItem).values(
                 operation_id=operation_id,
@@ -308,3 +311,228 @@ def open_review(
                 created_at=db_now(),
             )
         )
+
+
+# -- reconciler and review queue ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the reconciler needs beyond the claim snapshot."""
+
+    unknown_since: datetime | None
+    lookups: int
+    last_sent_at: datetime | None
+    in_review: bool
+
+
+def facts(session: Session, operation_id: int) -> Facts:
+    row = session.execute(
+        select(ops.c.unknown_since, ops.c.lookups).where(ops.c.id == operation_id)
+    ).one()
+    last = session.scalar(
+        select(func.max(Attempt.started_at)).where(Attempt.operation_id == operation_id)
+    )
+    return Facts(
+        row.unknown_since, row.lookups, last, open_review_id(session, operation_id) is not None
+    )
+
+
+def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]:
+    """Every attempt of an operation, oldest first, as evidence."""
+    rows = session.scalars(
+        select(Attempt).where(Attempt.operation_id == operation_id).order_by(Attempt.number)
+    )
+    return [
+        {
+            "number": a.number,
+            "started_at": a.started_at.isoformat(),
+            "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+            "proof": a.proof,
+            "status_code": a.status_code,
+            "detail": a.detail,
+        }
+        for a in rows
+    ]
+
+
+def touch(
+    session: Session,
+    claimed: Claimed,
+    *,
+    actor: str,
+    note: str,
+    recheck_at: datetime,
+    looked: bool,
+    evidence: dict[str, Any] | None = None,
+    review: str | None = None,
+) -> None:
+    """Record a look that changed no state: when to look again, and the lookup tried.
+
+    Fenced like ``move``; the event row has from = to, so the audit trail shows every lookup.
+    """
+    values: dict[str, Any] = {
+        "next_attempt_at": recheck_at,
+        "lease_owner": None,
+        "lease_until": None,
+        "updated_at": db_now(),
+    }
+    if looked:
+        values["lookups"] = ops.c.lookups + 1
+    result = session.execute(
+        update(ops)
+        .where(
+            ops.c.id == claimed.id,
+            ops.c.lease_version == claimed.lease_version,
+            ops.c.state == claimed.state.value,
+        )
+        .values(**values)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
+    session.execute(
+        insert(OperationEvent).values(
+            operation_id=claimed.id,
+            from_state=claimed.state.value,
+            to_state=claimed.state.value,
+            actor=actor,
+            lease_version=claimed.lease_version,
+            reason=note,
+            evidence=evidence or None,
+            at=db_now(),
+        )
+    )
+    if review is not None:
+        open_review(session, claimed.id, claimed.tenant, review, evidence or {})
+
+
+def open_review_id(session: Session, operation_id: int) -> int | None:
+    return session.scalar(
+        select(ReviewItem.id).where(
+            ReviewItem.operation_id == operation_id, ReviewItem.resolved_at.is_(None)
+        )
+    )
+
+
+def close_reviews(
+    session: Session, operation_id: int, *, by: str, resolution: dict[str, Any]
+) -> None:
+    """Close the open review item of an operation that an automatic path has settled."""
+    session.execute(
+        update(ReviewItem)
+        .where(ReviewItem.operation_id == operation_id, ReviewItem.resolved_at.is_(None))
+        .values(
+            resolved_at=db_now(),
+            resolved_by=by,
+            resolution=resolution,
+            version=ReviewItem.version + 1,
+        )
+    )
+
+
+def oldest_unknown_since(session: Session) -> datetime | None:
+    value: datetime | None = session.scalar(
+        select(func.min(ops.c.unknown_since)).where(ops.c.state == State.UNKNOWN.value)
+    )
+    return value
+
+
+def db_time(session: Session) -> datetime:
+    value: datetime | None = session.scalar(select(db_now()))
+    assert value is not None
+    return value
+
+
+def settle_unknown(
+    session: Session,
+    operation_id: int,
+    event: Event,
+    to: State,
+    *,
+    actor: str,
+    reason: RejectReason | None = None,
+    receipt: dict[str, Any] | None = None,
+    evidence: dict[str, Any] | None = None,
+) -> bool:
+    """Settle an ``unknown`` operation outside any claim (staff, or a staff-asked lookup).
+
+    Bumps the fencing version, so a reconciler holding a lease can no longer write. Returns
+    False, writing nothing, if the operation is no longer unknown.
+    """
+    transition(State.UNKNOWN, event, to, reason)
+    row = session.execute(
+        update(ops)
+        .where(ops.c.id == operation_id, ops.c.state == State.UNKNOWN.value)
+        .values(
+            state=to.value,
+            reason=reason.value if reason else None,
+            receipt=receipt,
+            downstream_ref=(receipt or {}).get("reference"),
+            lease_version=ops.c.lease_version + 1,
+            lease_owner=None,
+            lease_until=None,
+            updated_at=db_now(),
+        )
+        .returning(ops.c.lease_version)
+    ).first()
+    if row is None:
+        return False
+    session.execute(
+        insert(OperationEvent).values(
+            operation_id=operation_id,
+            from_state=State.UNKNOWN.value,
+            to_state=to.value,
+            actor=actor,
+            lease_version=row.lease_version,
+            reason=reason.value if reason else event.value,
+            evidence=evidence,
+            at=db_now(),
+        )
+    )
+    return True
+
+
+def resolve_review(
+    session: Session,
+    item_id: int,
+    *,
+    version: int,
+    by: str,
+    resolution: dict[str, Any],
+    note: str | None,
+) -> bool:
+    """Close review item ``item_id`` if it is still open at ``version`` (optimistic lock)."""
+    result = session.execute(
+        update(ReviewItem)
+        .where(
+            ReviewItem.id == item_id,
+            ReviewItem.version == version,
+            ReviewItem.resolved_at.is_(None),
+        )
+        .values(
+            resolved_at=db_now(),
+            resolved_by=by,
+            resolution=resolution,
+            note=note,
+            version=ReviewItem.version + 1,
+        )
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def record_note(
+    session: Session, operation_id: int, *, actor: str, note: str, evidence: dict[str, Any]
+) -> None:
+    """An event row that changes no state (a staff requery, for the audit trail)."""
+    state = session.scalar(select(ops.c.state).where(ops.c.id == operation_id))
+    session.execute(
+        insert(OperationEvent).values(
+            operation_id=operation_id,
+            from_state=state,
+            to_state=state,
+            actor=actor,
+            reason=note,
+            evidence=evidence,
+            at=db_now(),
+        )
+    )

@@ -17,7 +17,7 @@ from outbox.kinds import default_registry
 from outbox.settings import Settings
 from tests.support import services
 
-pytest_plugins = ["tests.support.sim"]
+pytest_plugins = ["tests.support.sim", "tests.support.rig"]
 
 TABLES = "review_items, operation_events, attempts, operations, runs"
 

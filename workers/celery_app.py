@@ -15,6 +15,7 @@ from celery.signals import worker_process_shutdown
 
 from outbox.settings import Settings
 from workers.runtime import Runtime, build_runtime
+from workers.sweeper import sweep
 
 SUBMIT = "settled.submit"
 SWEEP = "settled.sweep"
@@ -76,6 +77,11 @@ def create_app(settings: Settings) -> Celery:
                 # A sweep that waited longer than two periods is stale: drop it.
                 "options": {"expires": max(2 * settings.sweep_seconds, 1.0)},
             },
+            "reconcile": {
+                "task": RECONCILE,
+                "schedule": settings.reconcile_seconds,
+                "options": {"expires": max(2 * settings.reconcile_seconds, 1.0)},
+            },
         },
         beat_schedule_filename=settings.beat_schedule_file,
     )
@@ -86,9 +92,15 @@ def create_app(settings: Settings) -> Celery:
 
     @app.task(name=SWEEP, ignore_result=True)
     def sweep_task() -> None:
-        from workers.sweeper import sweep
-
         sweep(runtime(settings).sessions, hint_publisher(app))
+
+    @app.task(name=RECONCILE, ignore_result=True)
+    def reconcile_task() -> None:
+        rt = runtime(settings)
+        report = rt.reconciler.run_once()
+        if report.outcomes.get("requeued"):
+            # Requeued operations are due now: the sweeper would find them, a hint is faster.
+            sweep(rt.sessions, hint_publisher(app))
 
     return app
 

@@ -14,6 +14,8 @@ from outbox.db import make_engine
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings
+from reconciler.reconcile import Reconciler
+from reconciler.review import ReviewQueue
 from workers.executor import Executor
 from workers.gateway import Gateway
 from workers.http_client import HttpGateway
@@ -28,6 +30,8 @@ class Runtime:
     outbox: Outbox
     gateway: Gateway
     executor: Executor
+    reconciler: Reconciler
+    review: ReviewQueue
 
     def close(self) -> None:
         self.executor.close()
@@ -67,4 +71,16 @@ def build_runtime(
         lease_seconds=settings.lease_seconds,
         batch_extra=settings.claim_batch,
     )
-    return Runtime(settings, engine, sessions, registry, outbox, gateway, executor)
+    reconciler = Reconciler(
+        sessions=sessions,
+        gateway=gateway,
+        registry=registry,
+        worker=f"reconciler:{worker_name()}",
+        lease_seconds=settings.lease_seconds,
+        client_timeout=settings.downstream_timeout,
+        review_after=settings.review_after_seconds,
+    )
+    review = ReviewQueue(sessions, gateway, registry, lookup_timeout=settings.downstream_timeout)
+    return Runtime(
+        settings, engine, sessions, registry, outbox, gateway, executor, reconciler, review
+    )

@@ -1,0 +1,151 @@
+"""The reconcile decision: a pure function of the operation, its attempts, the lookup result,
+the downstream contract and the time. No database, clock or network in here.
+
+It only ever settles from evidence: a receipt found by a lookup settles; "not found" is
+trusted only after quiescence, inside the key retention window, with an idempotent
+downstream, and then only sends the operation back to ``planned`` with the *same* key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from outbox.kinds import DownstreamContract
+from outbox.states import Event, RejectReason, State
+from workers.gateway import Found, LookupMisuse, LookupOutcome, NotFound, Unavailable
+
+#: Longest the reconciler waits between two looks at one operation.
+MAX_RECHECK = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Situation:
+    state: State  # UNKNOWN, or SUBMITTED with an expired lease (its worker died mid-send)
+    contract: DownstreamContract
+    now: datetime
+    deadline: datetime
+    first_sent_at: datetime | None
+    last_sent_at: datetime | None  # start of the newest attempt
+    unknown_since: datetime | None
+    lookups: int  # lookups tried before this one
+    client_timeout: timedelta
+    review_after: timedelta
+    in_review: bool
+
+    @property
+    def quiet_at(self) -> datetime:
+        """When a "not found" becomes trustworthy: nothing sent can still land after it."""
+        sent = self.last_sent_at or self.first_sent_at or self.now
+        return sent + self.client_timeout + self.contract.processing_time
+
+    @property
+    def past_retention(self) -> bool:
+        return (
+            self.first_sent_at is not None
+            and self.now >= self.first_sent_at + self.contract.key_retention
+        )
+
+    @property
+    def overdue(self) -> bool:
+        """Unknown for longer than the review threshold, or past the operation's deadline."""
+        since = self.unknown_since or self.last_sent_at or self.now
+        return self.now >= self.deadline or self.now - since >= self.review_after
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to write. ``event`` None: no state change, look again at ``recheck_at``."""
+
+    outcome: str  # a stable code, counted per pass
+    event: Event | None = None
+    to: State | None = None
+    reason: RejectReason | None = None
+    receipt: dict[str, Any] | None = None
+    review: str | None = None  # open a review item with this reason code
+    recheck_at: datetime | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def backoff(s: Situation) -> datetime:
+    """Next look: doubling from 1 s with the number of lookups, at most MAX_RECHECK."""
+    delay = min(MAX_RECHECK, timedelta(seconds=2 ** min(s.lookups, 16)))
+    return s.now + delay
+
+
+def decide(s: Situation, lookup: LookupOutcome | None) -> Decision:
+    """Decide from one lookup (``None`` where the downstream has no lookup API)."""
+    if isinstance(lookup, Found):
+        receipt = lookup.receipt.as_dict()
+        evidence = {"lookup": "found", "reference": lookup.receipt.reference}
+        if lookup.receipt.status == "succeeded":
+            return Decision(
+                "found", Event.FIND, State.SUCCEEDED, receipt=receipt, evidence=evidence
+            )
+        reason = lookup.reason or RejectReason.BUSINESS_REJECTED
+        return Decision(
+            "found",
+            Event.FIND,
+            State.REJECTED,
+            reason=reason,
+            receipt=receipt,
+            evidence={**evidence, "code": lookup.code},
+        )
+    if s.state is State.SUBMITTED:
+        # The worker died mid-send and nothing was found: the send may still land. First
+        # record that the outcome is unknown; the next pass applies the rules below.
+        return Decision(
+            "abandoned",
+            Event.ABANDON,
+            State.UNKNOWN,
+            recheck_at=s.now,
+            evidence={"detail": "worker lost during send", "lookup": _name(lookup)},
+        )
+    if isinstance(lookup, LookupMisuse):
+        return _review(s, "lookup_mismatch", {"code": lookup.code, "detail": lookup.detail})
+    if lookup is None:
+        why = (
+            "no_lookup_without_idempotency"
+            if not s.contract.idempotent
+            else "no_lookup_replay_cannot_settle"
+        )
+        return _review(s, why, {"lookup": "none"})
+    if not s.contract.idempotent:
+        return _review(s, "ambiguous_without_idempotency", {"lookup": _name(lookup)})
+    if isinstance(lookup, NotFound):
+        if s.now < s.quiet_at:
+            return Decision(
+                "wait_quiescence", recheck_at=s.quiet_at, evidence={"lookup": "not_found"}
+            )
+        if s.past_retention:
+            return _review(s, "past_key_retention", {"lookup": "not_found"})
+        return Decision(
+            "requeued",
+            Event.REQUEUE,
+            State.PLANNED,
+            evidence={"lookup": "not_found", "quiet_since": s.quiet_at.isoformat()},
+        )
+    assert isinstance(lookup, Unavailable)
+    if s.overdue:
+        return _review(s, "lookup_unavailable", {"lookup": "unavailable", "detail": lookup.detail})
+    return Decision("lookup_unavailable", recheck_at=backoff(s), evidence={"lookup": "unavailable"})
+
+
+def _review(s: Situation, reason: str, evidence: dict[str, Any]) -> Decision:
+    """Undeterminable: stays unknown, in the review queue (opened once), looked at again later."""
+    return Decision(
+        "in_review" if s.in_review else "to_review",
+        review=None if s.in_review else reason,
+        recheck_at=backoff(s),
+        evidence={**evidence, "review": reason},
+    )
+
+
+def _name(lookup: LookupOutcome | None) -> str:
+    return {
+        Found: "found",
+        NotFound: "not_found",
+        Unavailable: "unavailable",
+        LookupMisuse: "mismatch",
+    }.get(type(lookup), "none")

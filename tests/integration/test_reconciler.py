@@ -1,0 +1,258 @@
+"""The reconciler against the simulator and a real database (PostgreSQL and SQLite).
+
+Every operation ends succeeded, rejected or in review with evidence; the simulator's ledger
+confirms each settled one.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from outbox.kinds import default_registry
+from outbox.models import OperationEvent
+from outbox.states import State
+from reconciler.reconcile import PassReport
+from tests.support.rig import Rig
+
+
+def lost_after_commit(rig: Rig) -> int:
+    """An operation whose response was lost after the downstream committed it."""
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=5)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    assert rig.op(op).state == "unknown"
+    return op
+
+
+def test_commit_then_timeout_is_reconciled_to_succeeded_with_one_effect(rig: Rig) -> None:
+    op = lost_after_commit(rig)
+    report = rig.reconciler().run_once()
+    assert report.outcomes == {"found": 1}
+    row = rig.op(op)
+    assert row.state == "succeeded"
+    assert row.receipt is not None and row.downstream_ref == row.receipt["reference"]
+    assert row.lookups == 1
+    assert rig.effects(op) == 1
+    assert rig.sends(op) == 1
+    assert rig.reviews(op) == []
+
+
+def test_business_refusal_found_by_lookup_is_rejected_with_the_receipt(rig: Rig) -> None:
+    rig.control.add_rule("commit_then_reset", times=1)
+    op = rig.enqueue(params={"order_id": "A1042", "amount_minor": 10**9, "currency": "CNY",
+                             "payee": "P-7"})  # fmt: skip
+    rig.executor().execute([op])
+    assert rig.op(op).state == "unknown"
+    rig.reconciler().run_once()
+    row = rig.op(op)
+    assert (row.state, row.reason) == ("rejected", "business_rejected")
+    assert row.receipt is not None and row.receipt["status"] == "rejected"
+    assert rig.control.refunded("acme", "A1042") == 0
+
+
+def test_lookup_unavailable_past_the_threshold_goes_to_review_and_stays_unknown(
+    rig: Rig,
+) -> None:
+    op = lost_after_commit(rig)
+    rig.control.add_rule("lookup_unavailable")
+    reconciler = rig.reconciler(review_after=600)
+    assert reconciler.run_once().outcomes == {"lookup_unavailable": 1}
+    assert rig.reviews(op) == []
+    # Time passes (moved in the database, not slept): unknown for longer than the threshold.
+    rig.set(
+        op,
+        unknown_since=datetime.now(UTC) - timedelta(seconds=700),
+        next_attempt_at=datetime.now(UTC) - timedelta(seconds=1),
+    )
+    assert reconciler.run_once().outcomes == {"to_review": 1}
+    row = rig.op(op)
+    assert row.state == "unknown"
+    (item,) = rig.reviews(op)
+    assert item.reason == "lookup_unavailable"
+    assert item.evidence["lookups"] == 2
+    assert [a["proof"] for a in item.evidence["attempts"]] == ["unknown"]
+    assert rig.effects(op) == 1  # it did happen; nobody claims otherwise
+
+
+def test_idempotency_off_and_ambiguous_send_goes_to_review_without_a_second_send(
+    rig: Rig,
+) -> None:
+    registry = default_registry().with_contract("refund", idempotent=False)
+    rig.control.set_switches(idempotency=False)
+    rig.control.add_rule("reset_before", times=1)
+    op = rig.enqueue()
+    rig.executor(registry).execute([op])
+    assert rig.op(op).state == "unknown"
+    rig.age_attempts(op, 3600)  # long quiet: with idempotency a resend would be allowed now
+    report = rig.reconciler(registry).run_once()
+    assert report.outcomes == {"to_review": 1}
+    assert [r.reason for r in rig.reviews(op)] == ["ambiguous_without_idempotency"]
+    assert rig.op(op).state == "unknown"
+    rig.executor(registry).execute([op])
+    assert rig.sends(op) == 1
+    assert rig.effects(op) == 0
+
+
+def test_idempotency_off_but_found_by_lookup_is_settled_from_the_receipt(rig: Rig) -> None:
+    registry = default_registry().with_contract("refund", idempotent=False)
+    rig.control.set_switches(idempotency=False)
+    rig.control.add_rule("commit_then_reset", times=1)
+    op = rig.enqueue()
+    rig.executor(registry).execute([op])
+    assert rig.reconciler(registry).run_once().outcomes == {"found": 1}
+    assert rig.op(op).state == "succeeded"
+    assert rig.sends(op) == 1
+    assert rig.effects(op) == 1
+
+
+def test_not_found_inside_quiescence_takes_no_action(rig: Rig) -> None:
+    rig.control.add_rule("reset_before", times=1)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    before = rig.op(op)
+    assert before.state == "unknown"
+    report = rig.reconciler().run_once()
+    assert report.outcomes == {"wait_quiescence": 1}
+    after = rig.op(op)
+    assert after.state == "unknown"
+    assert after.next_attempt_at > datetime.now(UTC)  # looks again once quiet
+    assert rig.sends(op) == 1
+    # Not due yet: the next pass does not even look.
+    assert rig.reconciler().run_once().claimed == 0
+
+
+def test_not_found_after_quiescence_is_sent_again_with_the_same_key(rig: Rig) -> None:
+    rig.control.add_rule("reset_before", times=1)
+    op = rig.enqueue()
+    key = rig.op(op).idempotency_key
+    rig.executor().execute([op])
+    rig.age_attempts(op, 60)  # quiet for longer than client timeout + processing time
+    assert rig.reconciler().run_once().outcomes == {"requeued": 1}
+    assert rig.op(op).state == "planned"
+    assert rig.executor().execute([op]) == {op: State.SUCCEEDED}
+    assert rig.op(op).idempotency_key == key
+    assert rig.effects(op) == 1
+
+
+def test_past_key_retention_nothing_is_sent_again(rig: Rig) -> None:
+    rig.control.add_rule("reset_before", times=1)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    rig.age_attempts(op, 25 * 3600)
+    rig.set(
+        op,
+        first_sent_at=datetime.now(UTC) - timedelta(hours=25),
+        deadline=datetime.now(UTC) + timedelta(hours=48),
+    )
+    assert rig.reconciler().run_once().outcomes == {"to_review": 1}
+    assert [r.reason for r in rig.reviews(op)] == ["past_key_retention"]
+    assert rig.op(op).state == "unknown"
+    assert rig.sends(op) == 1
+
+
+def test_mismatched_lookup_stays_in_review(rig: Rig) -> None:
+    rig.control.add_rule("mismatched_receipt")
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    assert [r.reason for r in rig.reviews(op)] == ["receipt_mismatch"]
+    report = rig.reconciler().run_once()
+    assert report.outcomes == {"in_review": 1}
+    assert rig.op(op).state == "unknown"
+    assert len(rig.reviews(op)) == 1
+
+
+def test_worker_died_mid_send_is_found_by_the_reconciler(rig: Rig) -> None:
+    from outbox import store
+
+    op = rig.enqueue()
+    with rig.sessions.begin() as s:
+        (claimed,) = store.claim_for_send(s, worker="dead", lease_seconds=60, ids=[op])
+        store.start_attempt(s, claimed, worker="dead")
+    rig.gateway().submit(
+        tenant="acme",
+        kind=default_registry().get("refund"),
+        idempotency_key=rig.op(op).idempotency_key,
+        params=rig.op(op).params,
+        deadline=datetime.now(UTC) + timedelta(seconds=5),
+    )
+    assert rig.reconciler().run_once().claimed == 0  # the lease is still live
+    rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    assert rig.op(op).state == "succeeded"
+    assert rig.effects(op) == 1
+
+
+def test_found_later_closes_the_open_review_item(rig: Rig) -> None:
+    op = lost_after_commit(rig)
+    rig.control.add_rule("lookup_unavailable", times=1)
+    rig.set(op, unknown_since=datetime.now(UTC) - timedelta(hours=1))
+    rig.reconciler().run_once()
+    (item,) = rig.reviews(op)
+    assert item.resolved_at is None
+    rig.set(op, next_attempt_at=datetime.now(UTC) - timedelta(seconds=1))
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    (item,) = rig.reviews(op)
+    assert item.resolved_at is not None
+    assert item.resolution is not None and item.resolution["by"] == "reconciler"
+
+
+def test_two_reconcilers_at_once_resolve_each_operation_once(rig: Rig) -> None:
+    rig.control.add_rule("commit_then_reset")
+    params = {"order_id": "A1042", "currency": "CNY", "payee": "P-7"}
+    ops = [rig.enqueue(f"op-{i}", {**params, "amount_minor": 100 + i}) for i in range(20)]
+    rig.executor().execute(ops)
+    assert {rig.op(o).state for o in ops} == {"unknown"}
+    rig.control.clear_rules()
+    barrier = threading.Barrier(2)
+    reports: list[PassReport] = []
+
+    def run(name: str) -> None:
+        reconciler = rig.reconciler(worker=name, batch=20)
+        barrier.wait()
+        reports.append(reconciler.run_once())
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("r1", "r2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(r.outcomes.get("found", 0) for r in reports) == 20
+    assert {rig.op(o).state for o in ops} == {"succeeded"}
+    with rig.sessions() as s:
+        finds = s.scalar(
+            select(func.count())
+            .select_from(OperationEvent)
+            .where(OperationEvent.to_state == "succeeded")
+        )
+    assert finds == 20
+    assert all(rig.effects(o) == 1 for o in ops)
+
+
+def test_pass_report_shows_the_oldest_unknown(rig: Rig) -> None:
+    op = lost_after_commit(rig)
+    rig.control.add_rule("lookup_unavailable")
+    rig.set(op, unknown_since=datetime.now(UTC) - timedelta(seconds=120))
+    report = rig.reconciler().run_once()
+    assert report.oldest_unknown_seconds is not None
+    assert 119 < report.oldest_unknown_seconds < 300
+
+
+@pytest.mark.parametrize("fault", ["commit_then_timeout", "reset_before"])
+def test_unknown_from_either_side_of_the_commit_ends_succeeded_once(rig: Rig, fault: str) -> None:
+    if fault == "commit_then_timeout":
+        op = lost_after_commit(rig)
+    else:
+        rig.control.add_rule("reset_before", times=1)
+        op = rig.enqueue()
+        rig.executor().execute([op])
+        rig.age_attempts(op, 60)
+    reconciler = rig.reconciler()
+    for _ in range(3):
+        reconciler.run_once()
+        rig.executor().execute([op])
+    assert rig.op(op).state == "succeeded"
+    assert rig.effects(op) == 1

@@ -1,0 +1,127 @@
+"""The executor/reconciler test rig: a real database, the simulator over HTTP, helpers that
+read both our rows and the simulator's ledger. A pytest plugin module (``rig`` fixture)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.intake import Outbox
+from outbox.kinds import KindRegistry
+from outbox.models import Attempt, Operation, ReviewItem
+from reconciler.reconcile import Reconciler
+from tests.support.simtools import SimTenant
+from workers.executor import Executor
+from workers.http_client import HttpGateway
+from workers.simulator import SimulatorControl, SimulatorHandle
+
+GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+
+
+@dataclass
+class Rig:
+    engine: Engine
+    outbox: Outbox
+    control: SimulatorControl
+    tenant: SimTenant
+    url: str
+    sessions: sessionmaker[Session]
+
+    def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
+        gateway = HttpGateway(self.url, {self.tenant.name: self.tenant.api_key}, timeout=1.0)
+        kw.setdefault("rand", lambda: 0.0)
+        return Executor(
+            sessions=self.sessions,
+            gateway=gateway,
+            registry=registry or self.outbox.registry,
+            fingerprinter=self.outbox.fingerprinter,
+            worker=kw.pop("worker", "w1"),
+            **kw,
+        )
+
+    def gateway(self) -> HttpGateway:
+        return HttpGateway(self.url, {self.tenant.name: self.tenant.api_key}, timeout=1.0)
+
+    def reconciler(self, registry: KindRegistry | None = None, **kw: Any) -> Reconciler:
+        kw.setdefault("client_timeout", 1.0)
+        return Reconciler(
+            sessions=self.sessions,
+            gateway=self.gateway(),
+            registry=registry or self.outbox.registry,
+            worker=kw.pop("worker", "r1"),
+            **kw,
+        )
+
+    def set(self, op_id: int, **values: Any) -> None:
+        """Move an operation's timestamps (no sleeping: the test makes time pass)."""
+        with self.sessions.begin() as s:
+            s.execute(update(Operation).where(Operation.id == op_id).values(**values))
+
+    def age_attempts(self, op_id: int, seconds: float) -> None:
+        with self.sessions.begin() as s:
+            s.execute(
+                update(Attempt)
+                .where(Attempt.operation_id == op_id)
+                .values(started_at=datetime.now(UTC) - timedelta(seconds=seconds))
+            )
+
+    def enqueue(self, op_id: str = "op-1", params: dict[str, Any] | None = None, **kw: Any) -> int:
+        with self.sessions.begin() as s:
+            got = self.outbox.enqueue(
+                s, tenant="acme", op_id=op_id, kind="refund", params=params or GOOD, **kw
+            )
+            return got.operation.id
+
+    def op(self, op_id: int) -> Operation:
+        with self.sessions() as s:
+            op = s.get(Operation, op_id)
+            assert op is not None
+            return op
+
+    def attempts(self, op_id: int) -> list[Attempt]:
+        with self.sessions() as s:
+            stmt = select(Attempt).where(Attempt.operation_id == op_id).order_by(Attempt.number)
+            return list(s.scalars(stmt))
+
+    def effects(self, op_id: int) -> int:
+        return self.control.effects("acme", self.op(op_id).idempotency_key)
+
+    def sends(self, op_id: int) -> int:
+        return self.control.requests("acme", self.op(op_id).idempotency_key)
+
+    def reviews(self, op_id: int) -> list[ReviewItem]:
+        with self.sessions() as s:
+            return list(s.scalars(select(ReviewItem).where(ReviewItem.operation_id == op_id)))
+
+    def make_due(self, op_id: int) -> None:
+        with self.sessions.begin() as s:
+            s.execute(
+                update(Operation)
+                .where(Operation.id == op_id)
+                .values(next_attempt_at=datetime.now(UTC) - timedelta(seconds=1))
+            )
+
+
+@pytest.fixture
+def rig(
+    engine: Engine,
+    outbox: Outbox,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    simulator: SimulatorHandle,
+) -> Iterator[Rig]:
+    sim_control.create_order("acme", "A1042", 100000)
+    return Rig(
+        engine,
+        outbox,
+        sim_control,
+        sim_tenant,
+        simulator.url,
+        sessionmaker(engine, expire_on_commit=False),
+    )

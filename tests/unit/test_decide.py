@@ -1,0 +1,143 @@
+"""The reconcile decision as an exhaustive table."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from outbox.kinds import DownstreamContract
+from outbox.states import Event, RejectReason, State
+from reconciler.decide import MAX_RECHECK, Situation, decide
+from workers.gateway import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, Unavailable
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+OK = Found(Receipt("re_1", "succeeded", {"amount_minor": 1}))
+REFUSED = Found(Receipt("re_2", "rejected", {}), RejectReason.BUSINESS_REJECTED, "closed")
+LOOKUPS: dict[str, LookupOutcome | None] = {
+    "found_ok": OK,
+    "found_refused": REFUSED,
+    "not_found": NotFound(),
+    "unavailable": Unavailable("503"),
+    "mismatch": LookupMisuse("receipt_mismatch", "amount differs"),
+    "no_lookup_api": None,
+}
+CONTRACTS = {
+    "idempotent": DownstreamContract(),
+    "not_idempotent": DownstreamContract(idempotent=False),
+}
+TIMING = {
+    # (seconds since the last send, seconds since first send, unknown for, deadline in)
+    "fresh": (1, 1, 1, 3600),
+    "quiet": (60, 60, 60, 3600),
+    "overdue": (900, 900, 900, 3600),
+    "past_deadline": (60, 60, 60, -1),
+    "past_retention": (60, 25 * 3600, 60, 48 * 3600),
+}
+
+
+def situation(state: State, contract: str, timing: str, in_review: bool = False) -> Situation:
+    last, first, unknown, deadline = TIMING[timing]
+    return Situation(
+        state=state,
+        contract=CONTRACTS[contract],
+        now=NOW,
+        deadline=NOW + timedelta(seconds=deadline),
+        first_sent_at=NOW - timedelta(seconds=first),
+        last_sent_at=NOW - timedelta(seconds=last),
+        unknown_since=NOW - timedelta(seconds=unknown),
+        lookups=3,
+        client_timeout=timedelta(seconds=10),
+        review_after=timedelta(seconds=600),
+        in_review=in_review,
+    )
+
+
+def expected(state: State, contract: str, timing: str, lookup: str) -> str:
+    """The rules of issue 5, written independently of decide()."""
+    if lookup in ("found_ok", "found_refused"):
+        return "found"
+    if state is State.SUBMITTED:
+        return "abandoned"
+    if lookup == "mismatch":
+        return "review:lookup_mismatch"
+    if lookup == "no_lookup_api":
+        return (
+            "review:no_lookup_without_idempotency"
+            if contract == "not_idempotent"
+            else "review:no_lookup_replay_cannot_settle"
+        )
+    if contract == "not_idempotent":
+        return "review:ambiguous_without_idempotency"
+    if lookup == "not_found":
+        if timing == "fresh":
+            return "wait_quiescence"
+        if timing == "past_retention":
+            return "review:past_key_retention"
+        return "requeued"
+    assert lookup == "unavailable"
+    if timing in ("overdue", "past_deadline"):
+        return "review:lookup_unavailable"
+    return "lookup_unavailable"
+
+
+CASES = list(itertools.product([State.UNKNOWN, State.SUBMITTED], CONTRACTS, TIMING, LOOKUPS))
+
+
+@pytest.mark.parametrize(("state", "contract", "timing", "lookup"), CASES)
+def test_decision_table(state: State, contract: str, timing: str, lookup: str) -> None:
+    s = situation(state, contract, timing)
+    d = decide(s, LOOKUPS[lookup])
+    want = expected(state, contract, timing, lookup)
+    if want.startswith("review:"):
+        assert (d.outcome, d.review) == ("to_review", want.split(":", 1)[1])
+        assert d.event is None  # stays unknown: never rejected without evidence
+        assert d.recheck_at is not None and NOW < d.recheck_at <= NOW + MAX_RECHECK
+    else:
+        assert d.outcome == want
+        assert d.review is None
+    if want == "found":
+        assert d.event is Event.FIND
+        assert d.receipt is not None
+        if lookup == "found_ok":
+            assert (d.to, d.reason) == (State.SUCCEEDED, None)
+        else:
+            assert (d.to, d.reason) == (State.REJECTED, RejectReason.BUSINESS_REJECTED)
+    elif want == "abandoned":
+        assert (d.event, d.to) == (Event.ABANDON, State.UNKNOWN)
+    elif want == "requeued":
+        assert (d.event, d.to) == (Event.REQUEUE, State.PLANNED)
+    elif want == "wait_quiescence":
+        assert d.event is None
+        assert d.recheck_at == s.quiet_at
+        assert d.recheck_at > NOW
+    elif want == "lookup_unavailable":
+        assert d.event is None
+        assert d.recheck_at == NOW + timedelta(seconds=8)  # 2 ** lookups
+
+
+def test_nothing_but_a_receipt_ever_settles_as_rejected_or_succeeded() -> None:
+    for state, contract, timing, lookup in CASES:
+        d = decide(situation(state, contract, timing), LOOKUPS[lookup])
+        if d.to in (State.SUCCEEDED, State.REJECTED):
+            assert lookup.startswith("found")
+            assert d.receipt is not None
+        assert d.to is not State.CANCELLED
+
+
+def test_review_is_opened_once() -> None:
+    s = situation(State.UNKNOWN, "not_idempotent", "quiet", in_review=True)
+    d = decide(s, NotFound())
+    assert (d.outcome, d.review, d.event) == ("in_review", None, None)
+
+
+def test_quiescence_is_longer_than_the_client_timeout_plus_processing_time() -> None:
+    s = situation(State.UNKNOWN, "idempotent", "fresh")
+    assert s.quiet_at == s.last_sent_at + timedelta(seconds=10) + s.contract.processing_time  # type: ignore[operator]
+
+
+def test_recheck_backoff_is_capped() -> None:
+    s = situation(State.UNKNOWN, "idempotent", "quiet")
+    many = Situation(**{**s.__dict__, "lookups": 40})
+    assert decide(many, Unavailable("x")).recheck_at == NOW + MAX_RECHECK
