@@ -1,0 +1,243 @@
+"""The manual review queue: the service and the ``settled review`` CLI, end to end."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import select
+
+from outbox.cli import main
+from outbox.errors import Forbidden, InvalidInput, ReviewConflict
+from outbox.kinds import default_registry
+from outbox.models import Operation, OperationEvent
+from reconciler.review import ReviewQueue, Staff
+from tests.support.rig import Rig
+
+ALICE = Staff.parse("alice", "support")
+BOB = Staff.parse("bob", "supervisor")
+VIEWER = Staff.parse("vera", "viewer")
+
+
+def in_review(rig: Rig, fault: str = "commit_then_timeout") -> tuple[int, int]:
+    """An operation stuck in unknown with an open review item (lookup down for too long)."""
+    rig.control.add_rule(fault, times=1, hold_seconds=5)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    assert rig.op(op).state == "unknown"
+    rig.control.add_rule("lookup_unavailable", times=1)
+    rig.set(op, unknown_since=datetime.now(UTC) - timedelta(hours=1))
+    assert rig.reconciler().run_once().outcomes == {"to_review": 1}
+    (item,) = rig.reviews(op)
+    return op, item.id
+
+
+def queue(rig: Rig, registry: Any = None) -> ReviewQueue:
+    return ReviewQueue(rig.sessions, rig.gateway(), registry or default_registry())
+
+
+def receipt_reference(rig: Rig, op: int) -> str:
+    found = rig.gateway().lookup(
+        tenant="acme",
+        kind=default_registry().get("refund"),
+        idempotency_key=rig.op(op).idempotency_key,
+        params=rig.op(op).params,
+        deadline=datetime.now(UTC) + timedelta(seconds=5),
+    )
+    return found.receipt.reference  # type: ignore[union-attr]
+
+
+def test_list_and_show_give_the_evidence(rig: Rig) -> None:
+    _op, item = in_review(rig)
+    q = queue(rig)
+    (row,) = q.list(VIEWER)
+    assert (row["id"], row["reason"], row["op_id"], row["state"]) == (
+        item,
+        "lookup_unavailable",
+        "op-1",
+        "unknown",
+    )
+    assert q.list(VIEWER, tenant="globex") == []
+    assert q.list(VIEWER, reason="past_key_retention") == []
+    assert q.list(VIEWER, older_than=timedelta(hours=1)) == []
+    shown = q.show(VIEWER, item)
+    assert [a["proof"] for a in shown["attempts"]] == ["unknown"]
+    assert shown["operation"]["lookups"] == 1
+    assert [e["to"] for e in shown["events"]] == ["planned", "submitted", "unknown", "unknown"]
+
+
+def test_resolve_as_succeeded_is_verified_by_lookup_and_recorded(rig: Rig) -> None:
+    op, item = in_review(rig)
+    ref = receipt_reference(rig, op)
+    result = queue(rig).resolve(ALICE, item, outcome="succeeded", version=1, reference=ref)
+    assert result["state"] == "succeeded"
+    row = rig.op(op)
+    assert row.state == "succeeded"
+    assert row.downstream_ref == ref
+    assert row.params["amount_minor"] == 10000  # staff cannot change anything else
+    (review,) = rig.reviews(op)
+    assert review.resolved_by == "staff:alice"
+    with rig.sessions() as s:
+        last = s.scalars(
+            select(OperationEvent)
+            .where(OperationEvent.operation_id == op)
+            .order_by(OperationEvent.id.desc())
+        ).first()
+    assert last is not None
+    assert (last.actor, last.to_state) == ("staff:alice", "succeeded")
+    assert last.evidence is not None and last.evidence["role"] == "support"
+    assert rig.effects(op) == 1
+
+
+def test_a_resolution_that_contradicts_the_lookup_is_refused(rig: Rig) -> None:
+    op, item = in_review(rig)
+    with pytest.raises(ReviewConflict) as info:
+        queue(rig).resolve(
+            ALICE,
+            item,
+            outcome="rejected",
+            version=1,
+            justification="customer says the refund never arrived",
+        )
+    assert info.value.code == "contradicts_downstream"
+    with pytest.raises(ReviewConflict) as info:
+        queue(rig).resolve(ALICE, item, outcome="succeeded", version=1, reference="re_made_up")
+    assert info.value.code == "contradicts_downstream"
+    assert rig.op(op).state == "unknown"
+    assert rig.reviews(op)[0].resolved_at is None
+
+
+def test_rejected_needs_a_justification_and_not_found_evidence(rig: Rig) -> None:
+    op, item = in_review(rig, fault="reset_before")  # never executed downstream
+    q = queue(rig)
+    with pytest.raises(InvalidInput) as info:
+        q.resolve(ALICE, item, outcome="rejected", version=1, justification="no")
+    assert info.value.code == "justification_required"
+    q.resolve(
+        ALICE,
+        item,
+        outcome="rejected",
+        version=1,
+        justification="downstream has no record after 1 h; customer informed",
+    )
+    row = rig.op(op)
+    assert (row.state, row.reason) == ("rejected", "not_executed")
+    assert rig.effects(op) == 0
+
+
+def test_viewer_may_not_resolve_or_requery(rig: Rig) -> None:
+    op, item = in_review(rig)
+    q = queue(rig)
+    with pytest.raises(Forbidden):
+        q.resolve(VIEWER, item, outcome="succeeded", version=1, reference="x")
+    with pytest.raises(Forbidden):
+        q.requery(VIEWER, item)
+    assert rig.op(op).state == "unknown"
+
+
+@pytest.mark.parametrize(("staff", "role"), [("", "support"), ("alice", "admin"), (None, None)])
+def test_staff_identity_and_role_are_required(staff: Any, role: Any) -> None:
+    with pytest.raises(InvalidInput):
+        Staff.parse(staff, role)
+
+
+def test_two_staff_resolving_at_once_one_wins_the_other_gets_a_conflict(rig: Rig) -> None:
+    op, item = in_review(rig)
+    ref = receipt_reference(rig, op)
+    barrier = threading.Barrier(2)
+    results: list[str] = []
+
+    def resolve(staff: Staff) -> None:
+        q = queue(rig)
+        barrier.wait()
+        try:
+            q.resolve(staff, item, outcome="succeeded", version=1, reference=ref)
+            results.append("won")
+        except ReviewConflict as exc:
+            results.append(exc.code)
+
+    threads = [threading.Thread(target=resolve, args=(s,)) for s in (ALICE, BOB)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results) in (["lost_race", "won"], ["settled", "won"])
+    with rig.sessions() as s:
+        resolutions = s.scalars(
+            select(OperationEvent.actor).where(
+                OperationEvent.operation_id == op, OperationEvent.to_state == "succeeded"
+            )
+        ).all()
+    assert len(resolutions) == 1
+
+
+def test_requery_settles_when_the_lookup_is_back(rig: Rig) -> None:
+    op, item = in_review(rig)
+    result = queue(rig).requery(ALICE, item)
+    assert (result["lookup"], result["state"]) == ("found", "succeeded")
+    assert rig.op(op).state == "succeeded"
+    assert rig.reviews(op)[0].resolved_by == "staff:alice"
+
+
+def test_requery_that_finds_nothing_is_recorded(rig: Rig) -> None:
+    _op, item = in_review(rig)
+    rig.control.add_rule("lookup_unavailable", times=1)
+    result = queue(rig).requery(BOB, item)
+    assert (result["lookup"], result["state"]) == ("unavailable", "unknown")
+    with rig.sessions() as s:
+        actors = s.scalars(
+            select(OperationEvent.actor).where(OperationEvent.reason == "staff_requery")
+        ).all()
+    assert actors == ["staff:bob"]
+
+
+# -- the CLI, end to end -------------------------------------------------------------------
+
+
+def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> Any:
+    env = {
+        "SETTLED_DATABASE_URL": rig.engine.url.render_as_string(hide_password=False),
+        "SETTLED_DOWNSTREAM_URL": rig.url,
+        "SETTLED_DOWNSTREAM_API_KEYS": json.dumps({"acme": rig.tenant.api_key.get_secret_value()}),
+        "SETTLED_DOWNSTREAM_TIMEOUT": "2",
+        "SETTLED_STAFF_ID": staff,
+        "SETTLED_STAFF_ROLE": role,
+    }
+    return CliRunner().invoke(main, ["review", *args], env=env, catch_exceptions=False)
+
+
+def test_review_cli_end_to_end(rig: Rig) -> None:
+    op, item = in_review(rig)
+    listed = cli(rig, "list", "--json", role="viewer")
+    assert listed.exit_code == 0, listed.output
+    assert [i["id"] for i in json.loads(listed.output)] == [item]
+    text = cli(rig, "list", role="viewer")
+    assert "lookup_unavailable" in text.output and "1 item(s)" in text.output
+    shown = json.loads(cli(rig, "show", str(item)).output)
+    version = shown["item"]["version"]
+    refused = cli(rig, "resolve", str(item), "--as", "rejected", "--version", str(version),
+                  "--justification", "customer called: nothing arrived")  # fmt: skip
+    assert refused.exit_code == 1
+    assert "contradicts_downstream" in refused.output
+    ref = receipt_reference(rig, op)
+    ok = cli(rig, "resolve", str(item), "--as", "succeeded", "--version", str(version),
+             "--reference", ref)  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["state"] == "succeeded"
+    again = cli(rig, "resolve", str(item), "--as", "succeeded", "--version", str(version),
+                "--reference", ref, staff="bob")  # fmt: skip
+    assert again.exit_code == 1
+    assert "already_resolved" in again.output
+    viewer = cli(rig, "requery", str(item), role="viewer")
+    assert viewer.exit_code == 1 and "forbidden" in viewer.output
+    with rig.sessions() as s:
+        assert s.get(Operation, op).state == "succeeded"  # type: ignore[union-attr]
+
+
+def test_review_cli_refuses_without_staff_identity(rig: Rig) -> None:
+    result = CliRunner().invoke(main, ["review", "list"], env={"SETTLED_STAFF_ID": ""})
+    assert result.exit_code != 0
