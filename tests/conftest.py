@@ -19,7 +19,7 @@ from tests.support import services
 
 pytest_plugins = ["tests.support.sim", "tests.support.rig"]
 
-TABLES = "review_items, operation_events, attempts, operations, runs"
+TABLES = "review_items, operation_events, attempts, operations, runs, api_keys"
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from workers.simulator import SimulatorControl, SimulatorHandle
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
 GOOD = {"order_id": "A1042", "amount_minor": 100, "currency": "CNY", "payee": "P-7"}
-SETTLED = {"succeeded", "rejected", "cancelled", "unknown"}
+TERMINAL = {"succeeded", "rejected", "cancelled"}
 
 
 class App:
@@ -64,6 +64,16 @@ class App:
         with self.sessions() as s:
             stmt = select(Operation.idempotency_key).where(Operation.id.in_(ids))
             return list(s.scalars(stmt))
+
+    def path(self, op: int) -> list[str]:
+        """The states an operation went through (state-changing events only)."""
+        with self.sessions() as s:
+            rows = s.execute(
+                select(OperationEvent.from_state, OperationEvent.to_state)
+                .where(OperationEvent.operation_id == op)
+                .order_by(OperationEvent.id)
+            ).all()
+        return [to for frm, to in rows if frm != to]
 
     def close(self) -> None:
         self.celery.close()
@@ -110,7 +120,7 @@ def app(stack: Stack, pg: Engine, outbox: Outbox) -> Iterator[App]:
 
 def wait_settled(app: App, stack: Stack, ids: list[int], timeout: float = 60.0) -> dict[int, str]:
     try:
-        wait_until(lambda: set(app.states(ids).values()) <= SETTLED, timeout, "operations settle")
+        wait_until(lambda: set(app.states(ids).values()) <= TERMINAL, timeout, "operations settle")
     except BaseException:
         print(stack.logs())
         raise
@@ -126,7 +136,7 @@ def assert_at_most_one_effect(app: App, control: SimulatorControl, ids: list[int
 def test_operations_enqueued_in_a_transaction_are_sent_by_a_real_worker(
     app: App, stack: Stack, sim_control: SimulatorControl
 ) -> None:
-    stack.start_worker(pool="prefork", concurrency=2)
+    stack.start_worker(pool="prefork", concurrency=2, beat=True)
     ids = app.enqueue(20)
     states = wait_settled(app, stack, ids)
     assert set(states.values()) == {"succeeded"}
@@ -166,7 +176,7 @@ def test_two_workers_racing_give_one_effect_per_operation(
     for op in ids:  # every hint three times over, spread over both workers
         app.publish(op)
         app.publish(op)
-    stack.start_worker(pool="prefork", concurrency=2, name="a")
+    stack.start_worker(pool="prefork", concurrency=2, name="a", beat=True)
     stack.start_worker(pool="prefork", concurrency=2, name="b")
     states = wait_settled(app, stack, ids)
     assert set(states.values()) == {"succeeded"}
@@ -175,11 +185,15 @@ def test_two_workers_racing_give_one_effect_per_operation(
 
 
 @pytest.mark.parametrize(
-    ("step", "expected", "effect"),
+    ("step", "path"),
     [
-        ("after_claim", "unknown", 0),  # never sent: the lookup finds nothing
-        ("after_send", "succeeded", 1),  # sent, not recorded: the lookup finds it
-        ("after_outcome", "succeeded", 1),  # recorded, not acked: the redelivery is a no-op
+        # never sent: the lookup finds nothing, so unknown; after quiescence the reconciler
+        # requeues it with the same key and it is sent once
+        ("after_claim", ["planned", "submitted", "unknown", "planned", "submitted", "succeeded"]),
+        # sent, not recorded: the lookup finds the receipt
+        ("after_send", ["planned", "submitted", "succeeded"]),
+        # recorded, not acked: the redelivered hint is a no-op
+        ("after_outcome", ["planned", "submitted", "succeeded"]),
     ],
 )
 def test_worker_sigkill_at_each_step_loses_nothing_and_duplicates_nothing(
@@ -188,8 +202,7 @@ def test_worker_sigkill_at_each_step_loses_nothing_and_duplicates_nothing(
     sim_control: SimulatorControl,
     tmp_path: Path,
     step: str,
-    expected: str,
-    effect: int,
+    path: list[str],
 ) -> None:
     marker = tmp_path / "failpoint-fired"
     victim = stack.start_worker(SETTLED_FAILPOINT=step, SETTLED_FAILPOINT_MARKER=str(marker))
@@ -197,12 +210,23 @@ def test_worker_sigkill_at_each_step_loses_nothing_and_duplicates_nothing(
     victim.wait(60)
     assert victim.returncode == -signal.SIGKILL
     assert marker.exists()
-    stack.start_worker(beat=True)  # the sweeper brings the operation back
-    states = wait_settled(app, stack, ids)
-    assert states == {ids[0]: expected}
+    stack.start_worker(beat=True)  # the sweeper and the reconciler bring the operation back
+    wait_until(lambda: app.states(ids)[ids[0]] == "succeeded", 60, "operation succeeds")
     (key,) = app.keys(ids)
-    assert sim_control.effects("acme", key) == effect
-    assert sim_control.requests("acme", key) == effect
+    assert sim_control.effects("acme", key) == 1
+    assert sim_control.requests("acme", key) == 1
+    assert app.path(ids[0]) == path
+
+
+def test_response_lost_after_commit_is_reconciled_on_beat(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    sim_control.add_rule("commit_then_timeout", hold_seconds=30, times=2)
+    stack.start_worker(beat=True)
+    ids = app.enqueue(2)
+    wait_until(lambda: set(app.states(ids).values()) == {"succeeded"}, 60, "reconciled")
+    assert [app.path(i) for i in ids] == [["planned", "submitted", "unknown", "succeeded"]] * 2
+    assert assert_at_most_one_effect(app, sim_control, ids) == [1, 1]
 
 
 def test_prefork_child_killed_mid_send_is_recovered_without_a_second_send(

@@ -35,11 +35,12 @@ class Stack:
             SETTLED_BROKER_URL=self.broker_url,
             SETTLED_DOWNSTREAM_URL=self.downstream_url,
             SETTLED_DOWNSTREAM_API_KEYS=json.dumps(self.api_keys),
-            SETTLED_DOWNSTREAM_TIMEOUT="1.0",
+            SETTLED_DOWNSTREAM_TIMEOUT="5.0",  # generous: a loaded CI machine must not time out
             SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "test-fingerprint-key-0001"}),
             SETTLED_IDEMPOTENCY_SECRET="test-idempotency-secret",
             SETTLED_LEASE_SECONDS="2",
             SETTLED_SWEEP_SECONDS="0.5",
+            SETTLED_RECONCILE_SECONDS="0.5",
             SETTLED_BEAT_SCHEDULE_FILE=str(self.workdir / f"beat-{len(self.procs)}"),
             PYTHONUNBUFFERED="1",
         )

@@ -1,0 +1,267 @@
+"""The status API over a real database (PostgreSQL and SQLite): keys, tenants, reports."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox import runs
+from outbox.apikeys import create_api_key, revoke_api_key
+from outbox.intake import Outbox
+from outbox.models import ApiKey, Operation, Run
+from tests.support.rig import GOOD
+from tests.support.simtools import wait_until
+from workers.web import NOT_FOUND, UNAUTHORIZED, create_web_app
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[httpx.Client]:
+    """Serve ``app`` with uvicorn on a free 127.0.0.1 port; a client for it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, what="the web server to start")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@dataclass
+class Tenant:
+    name: str
+    key: str
+    handle: str
+    op_id: str
+
+
+@dataclass
+class Api:
+    client: httpx.Client
+    sessions: sessionmaker[Session]
+    acme: Tenant
+    globex: Tenant
+
+    def get(self, path: str, key: str | None) -> tuple[int, dict[str, object]]:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        r = self.client.get(path, headers=headers)
+        return r.status_code, r.json()
+
+    def post(self, path: str, key: str | None) -> tuple[int, dict[str, object]]:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        r = self.client.post(path, headers=headers)
+        return r.status_code, r.json()
+
+    def state(self, op_id: str, tenant: str) -> str:
+        with self.sessions() as s:
+            return str(
+                s.scalar(
+                    select(Operation.state).where(
+                        Operation.tenant == tenant, Operation.op_id == op_id
+                    )
+                )
+            )
+
+
+def make_tenant(sessions: sessionmaker[Session], outbox: Outbox, name: str) -> Tenant:
+    with sessions.begin() as s:
+        _, key = create_api_key(s, tenant=name)
+        run = runs.open_run(s, tenant=name)
+        outbox.enqueue(s, tenant=name, op_id=f"op-{name}-1", kind="refund", params=GOOD, run=run)
+        sent = outbox.enqueue(
+            s, tenant=name, op_id=f"op-{name}-2", kind="refund",
+            params={**GOOD, "amount_minor": 5}, run=run,
+        ).operation  # fmt: skip
+        # As if a worker had sent it and the answer was lost.
+        s.execute(update(Operation).where(Operation.id == sent.id).values(state="unknown"))
+        return Tenant(name, key, run.handle, f"op-{name}-1")
+
+
+@pytest.fixture
+def api(engine: Engine, outbox: Outbox) -> Iterator[Api]:
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    acme = make_tenant(sessions, outbox, "acme")
+    globex = make_tenant(sessions, outbox, "globex")
+    with serving(create_web_app(sessions)) as client:
+        yield Api(client, sessions, acme, globex)
+
+
+def endpoints(t: Tenant) -> list[tuple[str, str]]:
+    return [
+        ("GET", f"/v1/runs/{t.handle}"),
+        ("GET", f"/v1/runs/{t.handle}?lang=zh"),
+        ("POST", f"/v1/runs/{t.handle}/cancel"),
+        ("GET", f"/v1/operations/{t.op_id}"),
+    ]
+
+
+def call(api: Api, method: str, path: str, key: str | None) -> tuple[int, dict[str, object]]:
+    return api.get(path, key) if method == "GET" else api.post(path, key)
+
+
+def test_cross_tenant_matrix_over_every_endpoint(api: Api) -> None:
+    made_up = Tenant("nobody", "", runs.new_handle(), "op-nobody-1")
+    for owner in (api.acme, api.globex):
+        caller = api.globex if owner is api.acme else api.acme
+        for (method, path), (_, missing) in zip(endpoints(owner), endpoints(made_up), strict=True):
+            status, body = call(api, method, path, caller.key)
+            assert (status, body) == (404, NOT_FOUND), (method, path)
+            # Exactly what a handle or op_id that does not exist answers.
+            assert call(api, method, missing, caller.key) == (status, body)
+            for key in (None, "stk_0000000000000000_" + "A" * 43, caller.key + "x", "garbage"):
+                assert call(api, method, path, key) == (401, UNAUTHORIZED), (method, key)
+    # Nobody's run was cancelled by another tenant's attempts.
+    for t in (api.acme, api.globex):
+        assert api.state(t.op_id, t.name) == "planned"
+        with api.sessions() as s:
+            assert s.scalar(select(Run.cancel_requested_at).where(Run.handle == t.handle)) is None
+    # And each tenant reaches its own.
+    for t in (api.acme, api.globex):
+        for method, path in endpoints(t):
+            status, _ = call(api, method, path, t.key)
+            assert status == 200, (t.name, method, path)
+
+
+def test_unauthorized_answers_carry_a_bearer_challenge(api: Api) -> None:
+    r = api.client.get(f"/v1/runs/{api.acme.handle}")
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert api.acme.key not in r.text
+
+
+def test_revoked_key_is_refused(api: Api) -> None:
+    with api.sessions.begin() as s:
+        key_id = s.scalar(select(ApiKey.key_id).where(ApiKey.tenant == "acme"))
+        assert key_id is not None
+        revoke_api_key(s, key_id)
+    assert api.get(f"/v1/runs/{api.acme.handle}", api.acme.key) == (401, UNAUTHORIZED)
+
+
+def test_keys_are_stored_hashed(api: Api) -> None:
+    with api.sessions() as s:
+        rows = list(s.scalars(select(ApiKey)))
+    assert len(rows) == 2
+    for row in rows:
+        assert row.secret_hash not in (api.acme.key, api.globex.key)
+        assert row.secret_hash not in api.acme.key + api.globex.key
+        assert len(row.secret_hash) == 64
+
+
+def test_enumerating_random_handles_yields_only_identical_404s(api: Api) -> None:
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
+    bodies = set()
+    for i in range(200):
+        if i % 2:
+            handle = runs.new_handle()
+        else:
+            handle = "".join(secrets.choice(alphabet) for _ in range(1 + i % 50))
+        r = api.client.get(
+            f"/v1/runs/{handle}", headers={"Authorization": f"Bearer {api.acme.key}"}
+        )
+        assert r.status_code == 404, handle
+        bodies.add(r.text)
+    assert bodies == {api.client.get(
+        f"/v1/runs/{api.globex.handle}", headers={"Authorization": f"Bearer {api.acme.key}"}
+    ).text}  # fmt: skip
+
+
+def test_report_in_english_and_chinese_through_http(api: Api) -> None:
+    t = api.acme
+    status, body = api.get(f"/v1/runs/{t.handle}?lang=en", t.key)
+    assert status == 200
+    assert body["cancelled"] is False
+    assert body["counts"] == {"done": 0, "not_done": 1, "uncertain": 1}
+    assert "The result of operation op-acme-2 (refund) is still pending confirmation." in str(
+        body["text"]
+    )
+
+    status, cancelled = api.post(f"/v1/runs/{t.handle}/cancel?lang=en", t.key)
+    assert status == 200
+    assert (cancelled["cancelled_now"], cancelled["already_requested"]) == (1, False)
+    assert api.state("op-acme-1", "acme") == "cancelled"
+    assert api.state("op-acme-2", "acme") == "unknown"  # already sent: stays as it is
+
+    status, en = api.get(f"/v1/runs/{t.handle}?lang=en", t.key)
+    assert status == 200 and en["cancelled"] is True
+    assert (
+        "Stopped further processing, but the result of operation op-acme-2 (refund) "
+        "is still pending confirmation." in str(en["text"])
+    )
+    assert "Operation op-acme-1 (refund) was cancelled before it was sent." in str(en["text"])
+    status, zh = api.get(f"/v1/runs/{t.handle}?lang=zh", t.key)
+    assert status == 200
+    assert "已停止继续处理，但操作 op-acme-2（refund）的结果仍待确认。" in str(zh["text"])
+    assert "操作 op-acme-1（refund）在发送前已取消。" in str(zh["text"])
+    (uncertain,) = zh["uncertain"]  # type: ignore[misc]
+    assert uncertain["op_id"] == "op-acme-2"
+    assert uncertain["text"] == "已停止继续处理，但操作 op-acme-2（refund）的结果仍待确认。"
+
+    status, plain = api.get(f"/v1/runs/{t.handle}", t.key)
+    assert status == 200 and "text" not in plain
+    assert plain["counts"] == {"done": 0, "not_done": 1, "uncertain": 1}
+
+    # Cancelling again changes nothing.
+    status, again = api.post(f"/v1/runs/{t.handle}/cancel", t.key)
+    assert (status, again["cancelled_now"], again["already_requested"]) == (200, 0, True)
+    # The other tenant's identical run is untouched.
+    assert api.state("op-globex-1", "globex") == "planned"
+
+
+def test_one_operation_by_op_id(api: Api) -> None:
+    status, body = api.get("/v1/operations/op-acme-2", api.acme.key)
+    assert status == 200
+    assert (body["op_id"], body["state"], body["group"], body["run"]) == (
+        "op-acme-2", "unknown", "uncertain", api.acme.handle,
+    )  # fmt: skip
+    assert "params" not in body and "P-7" not in str(body)  # no payee
+
+
+def test_bad_language_is_a_typed_422(api: Api) -> None:
+    status, body = api.get(f"/v1/runs/{api.acme.handle}?lang=fr", api.acme.key)
+    assert status == 422
+    assert body["error"]["code"] == "invalid_request"  # type: ignore[index]
+
+
+def test_openapi_document_is_served(api: Api) -> None:
+    r = api.client.get("/openapi.json")
+    assert r.status_code == 200
+    doc = r.json()
+    assert set(doc["paths"]) == {
+        "/v1/runs/{handle}",
+        "/v1/runs/{handle}/cancel",
+        "/v1/operations/{op_id}",
+    }
+    assert "HTTPBearer" in doc["components"]["securitySchemes"]
+    assert "401" in doc["paths"]["/v1/runs/{handle}"]["get"]["responses"]
+
+
+def test_unknown_route_is_a_json_404(api: Api) -> None:
+    r = api.client.get("/v1/nothing", headers={"Authorization": f"Bearer {api.acme.key}"})
+    assert (r.status_code, r.json()) == (404, NOT_FOUND)
+
+
+def test_app_from_settings_builds_no_engine_until_called(sqlite: Engine) -> None:
+    from outbox.settings import Settings
+
+    app = create_web_app(Settings(database_url=str(sqlite.url)))
+    with serving(app) as client:
+        assert client.get("/v1/runs/x").status_code == 401

@@ -1,0 +1,227 @@
+"""The run report: every state x compensation state x cancel flag, in both languages."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import pytest
+
+from outbox.errors import InvalidInput
+from outbox.report import (
+    MESSAGES,
+    Compensation,
+    Group,
+    OpFacts,
+    RunFacts,
+    build_report,
+    render,
+    render_line,
+)
+from outbox.states import RejectReason, State
+
+RESTORED = {"en": re.compile("restored", re.IGNORECASE), "zh": re.compile("已恢复")}
+STOPPED_PENDING = {
+    "en": "Stopped further processing, but the result of operation {op} ({kind}) is still "
+    "pending confirmation.",
+    "zh": "已停止继续处理，但操作 {op}（{kind}）的结果仍待确认。",
+}
+GROUP = {
+    State.PLANNED: Group.NOT_DONE,
+    State.SUBMITTED: Group.UNCERTAIN,
+    State.UNKNOWN: Group.UNCERTAIN,
+    State.SUCCEEDED: Group.DONE,
+    State.REJECTED: Group.NOT_DONE,
+    State.CANCELLED: Group.NOT_DONE,
+}
+
+
+def op(
+    op_id: str,
+    state: State,
+    *,
+    kind: str = "after_sales_ticket",
+    compensates: str | None = None,
+    reference: str | None = "auto",
+    receipt_status: str | None = "auto",
+    in_review: bool = False,
+) -> OpFacts:
+    """Facts as the store would give them: a receipt exactly when succeeded."""
+    done = state is State.SUCCEEDED
+    return OpFacts(
+        op_id=op_id,
+        kind=kind,
+        state=state,
+        reason=RejectReason.BUSINESS_REJECTED.value if state is State.REJECTED else None,
+        code="declined" if state is State.REJECTED else None,
+        reference=(f"ref_{op_id}" if done else None) if reference == "auto" else reference,
+        receipt_status=("succeeded" if done else None)
+        if receipt_status == "auto"
+        else receipt_status,
+        in_review=in_review,
+        compensates=compensates,
+    )
+
+
+def run(*ops: OpFacts, cancelled: bool = False) -> RunFacts:
+    return RunFacts(handle="run_x", cancelled=cancelled, operations=ops)
+
+
+#: compensation variants: absent, or in a state with or without its receipt
+COMPENSATIONS: list[tuple[State, bool] | None] = [
+    None,
+    *((s, False) for s in State),
+    (State.SUCCEEDED, True),
+]
+
+
+def comp_facts(variant: tuple[State, bool]) -> OpFacts:
+    state, with_receipt = variant
+    if state is State.SUCCEEDED and not with_receipt:
+        # recorded done, but no receipt: never "restored"
+        return op("op-c", state, kind="ticket_cancel", compensates="op-1", reference=None,
+                  receipt_status=None)  # fmt: skip
+    return op("op-c", state, kind="ticket_cancel", compensates="op-1")
+
+
+def expected_comp_status(variant: tuple[State, bool]) -> Compensation:
+    state, with_receipt = variant
+    if state is State.SUCCEEDED:
+        return Compensation.RESTORED if with_receipt else Compensation.PENDING
+    if state in (State.SUBMITTED, State.UNKNOWN):
+        return Compensation.PENDING
+    if state is State.PLANNED:
+        return Compensation.NOT_SENT
+    return Compensation.NOT_DONE
+
+
+def section(text: str, lang: str, group: Group) -> str:
+    """The lines of ``text`` under ``group``'s heading, up to the next heading."""
+    headings = [MESSAGES[lang][f"heading.{g.value}"] for g in Group]
+    out: list[str] = []
+    inside = False
+    for row in text.splitlines():
+        if row in headings:
+            inside = row == MESSAGES[lang][f"heading.{group.value}"]
+        elif inside:
+            out.append(row)
+    return "\n".join(out)
+
+
+CASES = list(itertools.product(State, COMPENSATIONS, [False, True], ["en", "zh"]))
+
+
+@pytest.mark.parametrize(
+    ("state", "comp", "cancelled", "lang"),
+    CASES,
+    ids=[f"{s.value}-{c[0].value + ('+r' if c[1] else '') if c else 'nocomp'}-"
+         f"{'cancelled' if x else 'open'}-{lang}" for s, c, x, lang in CASES],
+)  # fmt: skip
+def test_every_state_compensation_and_cancel_flag_is_reported_truthfully(
+    state: State, comp: tuple[State, bool] | None, cancelled: bool, lang: str
+) -> None:
+    ops = [op("op-1", state)]
+    if comp is not None:
+        ops.append(comp_facts(comp))
+    report = build_report(run(*ops, cancelled=cancelled))
+    line = report.line("op-1")
+    assert line.group is GROUP[state]
+    text = render(report, lang)  # type: ignore[arg-type]
+    sentence = render_line(line, cancelled, lang)  # type: ignore[arg-type]
+    assert sentence in text
+    assert "op-1" in sentence
+    # The line sits under the heading of its state's group, and under no other.
+    for group in Group:
+        assert (f"- {sentence}" in section(text, lang, group)) is (group is GROUP[state])
+
+    restored = comp is not None and expected_comp_status(comp) is Compensation.RESTORED
+    # Never "restored" without the compensation's receipt; always with it.
+    assert bool(RESTORED[lang].search(text)) is restored
+    if comp is None:
+        assert line.compensation is None
+    else:
+        assert line.compensation is not None
+        assert line.compensation.status is expected_comp_status(comp)
+        assert "op-c" in sentence
+        if restored:
+            assert "ref_op-c" in sentence
+            assert line.compensation.reference == "ref_op-c"
+        else:
+            assert line.compensation.reference is None
+        comp_line = report.line("op-c")
+        assert comp_line.compensates == "op-1"
+        assert comp_line.group is GROUP[comp[0]]
+
+    if state is State.SUCCEEDED:
+        assert "ref_op-1" in sentence and line.evidence["reference"] == "ref_op-1"
+    if state is State.REJECTED:
+        assert line.evidence == {"reason": "business_rejected", "code": "declined",
+                                 "in_review": False}  # fmt: skip
+        assert "declined" in sentence
+    stopped = STOPPED_PENDING[lang].format(op="op-1", kind="after_sales_ticket")
+    assert (stopped in text) is (cancelled and state in (State.SUBMITTED, State.UNKNOWN))
+    assert (MESSAGES[lang]["stopped"] in text) is cancelled
+
+    data = report.as_dict(lang)
+    json.dumps(data)  # JSON-safe
+    assert [row["op_id"] for row in data[GROUP[state].value] if row["op_id"] == "op-1"]
+    assert data["counts"][GROUP[state].value] >= 1
+    assert sum(data["counts"].values()) == len(ops)
+
+
+def test_issue_wording_for_a_stopped_run_in_both_languages() -> None:
+    report = build_report(run(op("op-9", State.UNKNOWN, kind="refund"), cancelled=True))
+    assert "Stopped further processing, but the result of operation op-9 (refund) is still " \
+           "pending confirmation." in render(report, "en")  # fmt: skip
+    assert "已停止继续处理，但操作 op-9（refund）的结果仍待确认" in render(report, "zh")
+
+
+def test_succeeded_compensation_whose_receipt_says_rejected_is_not_restored() -> None:
+    comp = op("op-c", State.SUCCEEDED, compensates="op-1", receipt_status="rejected")
+    report = build_report(run(op("op-1", State.SUCCEEDED), comp))
+    assert report.line("op-1").compensation is not None
+    assert report.line("op-1").compensation.status is Compensation.PENDING  # type: ignore[union-attr]
+    for lang in ("en", "zh"):
+        assert not RESTORED[lang].search(render(report, lang))  # type: ignore[arg-type]
+
+
+def test_best_of_several_compensations_is_cited() -> None:
+    failed = op("op-c1", State.REJECTED, kind="ticket_cancel", compensates="op-1")
+    good = op("op-c2", State.SUCCEEDED, kind="ticket_cancel", compensates="op-1")
+    report = build_report(run(op("op-1", State.SUCCEEDED), failed, good))
+    note = report.line("op-1").compensation
+    assert note is not None
+    assert (note.op_id, note.status, note.reference) == (
+        "op-c2",
+        Compensation.RESTORED,
+        "ref_op-c2",
+    )
+    assert report.line("op-c1").group is Group.NOT_DONE
+
+
+def test_operation_in_review_says_staff_are_checking() -> None:
+    report = build_report(run(op("op-1", State.UNKNOWN, in_review=True)))
+    assert "support staff are checking it" in render(report, "en")
+    assert "客服人员正在核查" in render(report, "zh")
+    assert report.line("op-1").evidence["in_review"] is True
+
+
+def test_report_text_never_contains_receipt_params() -> None:
+    # Only the reference is carried: a payee cannot reach the report.
+    report = build_report(run(op("op-1", State.SUCCEEDED, kind="refund")))
+    assert set(report.line("op-1").evidence) == {"reference", "in_review"}
+
+
+def test_unsupported_language_is_a_typed_error() -> None:
+    report = build_report(run(op("op-1", State.PLANNED)))
+    with pytest.raises(InvalidInput) as err:
+        report.as_dict("fr")
+    assert err.value.code == "unsupported_language"
+
+
+def test_every_message_exists_in_both_languages() -> None:
+    assert set(MESSAGES["en"]) == set(MESSAGES["zh"])
+    for key in MESSAGES["en"]:
+        en, zh = (set(re.findall(r"{(\w+)}", MESSAGES[lang][key])) for lang in ("en", "zh"))
+        assert en == zh, key
