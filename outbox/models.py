@@ -1,4 +1,4 @@
-"""Tables: operations, attempts, operation events (append-only), runs, review items."""
+"""Tables: operations, attempts, operation events (append-only), runs, review items, API keys."""
 
 from __future__ import annotations
 
@@ -197,3 +197,17 @@ class ReviewItem(Base):
     resolved_by: Mapped[str | None] = mapped_column(String(100))
     resolution: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     note: Mapped[str | None] = mapped_column(Text)
+
+
+class ApiKey(Base):
+    """A tenant's key for the status API; only a SHA-256 hash of the secret is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(63), index=True)
+    #: the public part of the key (``stk_<key_id>_<secret>``), used to find the row
+    key_id: Mapped[str] = mapped_column(String(32), unique=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+    revoked_at: Mapped[datetime | None]

@@ -17,7 +17,7 @@ from outbox.errors import IdempotencyConflict
 from outbox.models import Operation
 from outbox.report import Compensation, Group, Report
 from outbox.states import State
-from tests.support.rig import Rig
+from tests.support.rig import HOLD, Rig
 
 TICKET = {"ticket_id": "T-1", "order_id": "A1042", "reason": "damaged"}
 PICKUP = {"ticket_id": "T-1", "day": "2026-03-02", "slot": "morning"}
@@ -134,7 +134,7 @@ def test_compensation_fails_and_the_report_says_not_restored(rig: Rig) -> None:
 def test_compensation_ends_unknown_then_the_reconciler_finds_it(rig: Rig) -> None:
     flow = ticket_then_failed_pickup(rig)
     undo = compensate(rig, flow)
-    rig.control.add_rule("commit_then_timeout", kind="ticket_cancel", times=1, hold_seconds=3)
+    rig.control.add_rule("commit_then_timeout", kind="ticket_cancel", times=1, hold_seconds=HOLD)
     assert rig.executor().execute([undo]) == {undo: State.UNKNOWN}
     rig.control.release_holds()
 

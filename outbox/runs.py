@@ -1,0 +1,248 @@
+"""Runs: the operations one user task creates, under an opaque random handle.
+
+The app opens a run in its own transaction and enqueues operations into it
+(``Outbox.enqueue(..., run=run)``); like intake, nothing here commits. Every read by handle is
+authorised by tenant: another tenant's handle is "not found", exactly like a made-up one.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from outbox import store
+from outbox.errors import IdempotencyConflict, InvalidInput, NotFound
+from outbox.ids import validate_tenant
+from outbox.intake import Enqueued, Outbox
+from outbox.models import Operation, OperationEvent, ReviewItem, Run
+from outbox.report import OpFacts, Report, RunFacts, build_line, build_report
+from outbox.states import State
+
+HANDLE_PREFIX = "run_"
+HANDLE_RE = re.compile(r"run_[A-Za-z0-9_-]{32}")
+MAX_TITLE = 200
+MAX_ACTOR = 100
+
+
+def new_handle() -> str:
+    """An opaque, unguessable handle (192 random bits)."""
+    return HANDLE_PREFIX + secrets.token_urlsafe(24)
+
+
+def open_run(session: Session, *, tenant: str, title: str | None = None) -> Run:
+    """Create a run in ``session`` (flushed, never committed)."""
+    tenant = validate_tenant(tenant)
+    if title is not None and (not isinstance(title, str) or not 0 < len(title) <= MAX_TITLE):
+        raise InvalidInput(
+            f"title must be a string of 1 to {MAX_TITLE} characters",
+            code="invalid_title",
+            field="title",
+        )
+    run = Run(tenant=tenant, handle=new_handle(), title=title)
+    session.add(run)
+    session.flush()
+    return run
+
+
+def find_run(session: Session, tenant: str, handle: str) -> Run:
+    """The run ``handle`` of ``tenant``; NotFound (the same error) for any other handle."""
+    if not isinstance(handle, str) or HANDLE_RE.fullmatch(handle) is None:
+        raise NotFound("no such run", code="run_not_found")
+    run = session.scalar(select(Run).where(Run.tenant == tenant, Run.handle == handle))
+    if run is None:
+        raise NotFound("no such run", code="run_not_found")
+    return run
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What a cancel did: the operations it stopped, and whether the run was already stopped."""
+
+    run: Run
+    cancelled_ids: Sequence[int]
+    already_requested: bool
+
+
+def cancel_run(session: Session, tenant: str, handle: str, *, actor: str) -> Cancelled:
+    """Stop a run: set its flag and cancel its planned operations (nothing sent for them).
+
+    Operations already sent stay as they are until a lookup settles them; the executor
+    re-checks the flag before every send. Cancelling twice is harmless. Never commits.
+    """
+    if not isinstance(actor, str) or not 0 < len(actor) <= MAX_ACTOR:
+        raise InvalidInput(
+            f"actor must be a string of 1 to {MAX_ACTOR} characters",
+            code="invalid_actor",
+            field="actor",
+        )
+    run = find_run(session, tenant, handle)
+    first = store.request_run_cancel(session, run.id, actor=actor)
+    ids = store.cancel_planned(session, run.id, actor=actor)
+    session.expire(run)
+    return Cancelled(run, ids, already_requested=not first)
+
+
+_NOTHING_TO_OFFSET = frozenset({State.REJECTED.value, State.CANCELLED.value})
+
+
+def compensate(
+    outbox: Outbox,
+    session: Session,
+    original: Operation,
+    *,
+    op_id: str,
+    kind: str,
+    params: Mapping[str, Any],
+    correlation_id: str | None = None,
+) -> Enqueued:
+    """Enqueue a new operation that offsets ``original``, in the same run and tenant.
+
+    It has its own op_id and fingerprint and goes through the same pipeline (it can fail, end
+    unknown, land in review). A replay with the same op_id returns the stored compensation.
+    """
+    if original.state in _NOTHING_TO_OFFSET:
+        raise InvalidInput(
+            "a rejected or cancelled operation had no effect to compensate",
+            code="nothing_to_compensate",
+        )
+    run: Run | None = None
+    if original.run_id is not None:
+        run = session.get(Run, original.run_id)
+        if run is not None and run.cancel_requested_at is not None:
+            # The executor sends nothing in a cancelled run: the compensation would only be
+            # cancelled. Refuse now, writing nothing, rather than pretend it will run.
+            raise InvalidInput(
+                "the run was cancelled; nothing more is sent in it", code="run_cancelled"
+            )
+    got = outbox.enqueue(
+        session,
+        tenant=original.tenant,
+        op_id=op_id,
+        kind=kind,
+        params=params,
+        run=run,
+        correlation_id=correlation_id,
+        compensates=original,
+    )
+    if not got.created and got.operation.compensates_id != original.id:
+        raise IdempotencyConflict(
+            "op_id already names an operation that does not compensate this one",
+            code="idempotency_conflict",
+            op_id=op_id,
+        )
+    return got
+
+
+# -- reading for reports -------------------------------------------------------------------
+
+
+def run_facts(session: Session, run: Run) -> RunFacts:
+    """Snapshots of a run's operations, and of compensations enqueued for them elsewhere."""
+    in_run = select(Operation.id).where(Operation.run_id == run.id).scalar_subquery()
+    ops = list(
+        session.scalars(
+            select(Operation)
+            .where(
+                Operation.tenant == run.tenant,
+                or_(Operation.run_id == run.id, Operation.compensates_id.in_(in_run)),
+            )
+            .order_by(Operation.id)
+        )
+    )
+    return RunFacts(
+        handle=run.handle,
+        cancelled=run.cancel_requested_at is not None,
+        operations=_facts(session, ops),
+        title=run.title,
+        cancel_requested_at=run.cancel_requested_at,
+    )
+
+
+def run_report(session: Session, tenant: str, handle: str) -> Report:
+    """The report of run ``handle`` (NotFound for another tenant's or a made-up handle)."""
+    return build_report(run_facts(session, find_run(session, tenant, handle)))
+
+
+def operation_status(session: Session, tenant: str, op_id: str) -> dict[str, Any]:
+    """One operation of ``tenant`` as the status API shows it (NotFound otherwise)."""
+    stmt = select(Operation).where(Operation.tenant == tenant, Operation.op_id == op_id)
+    op = session.scalar(stmt) if isinstance(op_id, str) else None
+    if op is None:
+        raise NotFound("no such operation", code="operation_not_found")
+    comps = list(
+        session.scalars(
+            select(Operation)
+            .where(Operation.tenant == tenant, Operation.compensates_id == op.id)
+            .order_by(Operation.id)
+        )
+    )
+    facts = _facts(session, [op, *comps])
+    run = session.get(Run, op.run_id) if op.run_id is not None else None
+    cancelled = run is not None and run.cancel_requested_at is not None
+    line = build_line(facts[0], facts[1:], cancelled=cancelled)
+    return {
+        **line.as_dict(),
+        "run": run.handle if run is not None else None,
+        "compensated_by": [f.op_id for f in facts[1:]],
+        "created_at": op.created_at.isoformat(),
+        "updated_at": op.updated_at.isoformat(),
+    }
+
+
+def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
+    ids = [op.id for op in ops]
+    codes: dict[int, str] = {}
+    in_review: set[int] = set()
+    if ids:
+        rows = session.execute(
+            select(OperationEvent.operation_id, OperationEvent.evidence)
+            .where(
+                OperationEvent.operation_id.in_(ids),
+                OperationEvent.to_state == State.REJECTED.value,
+            )
+            .order_by(OperationEvent.id)
+        )
+        for operation_id, evidence in rows:
+            code = (evidence or {}).get("code")
+            if isinstance(code, str):
+                codes[operation_id] = code
+        in_review = set(
+            session.scalars(
+                select(ReviewItem.operation_id).where(
+                    ReviewItem.operation_id.in_(ids), ReviewItem.resolved_at.is_(None)
+                )
+            )
+        )
+    op_ids = {op.id: op.op_id for op in ops}
+    missing = {op.compensates_id for op in ops if op.compensates_id is not None} - set(op_ids)
+    if missing:
+        op_ids.update(
+            session.execute(
+                select(Operation.id, Operation.op_id).where(Operation.id.in_(missing))
+            ).tuples()
+        )
+    return [
+        OpFacts(
+            op_id=op.op_id,
+            kind=op.kind,
+            state=State(op.state),
+            reason=op.reason,
+            code=codes.get(op.id),
+            reference=op.downstream_ref,
+            receipt_status=_receipt_status(op.receipt),
+            in_review=op.id in in_review,
+            compensates=op_ids.get(op.compensates_id) if op.compensates_id else None,
+        )
+        for op in ops
+    ]
+
+
+def _receipt_status(receipt: Mapping[str, Any] | None) -> str | None:
+    status = (receipt or {}).get("status")
+    return status if isinstance(status, str) else None

@@ -1,0 +1,173 @@
+"""The status API (``settled web``): run reports by handle, cancel, one operation.
+
+Every request needs a tenant's API key (``Authorization: Bearer stk_...``): none or a bad one
+answers 401. A handle or op_id of another tenant answers 404 with exactly the body of one that
+does not exist. Endpoints are sync and use the sync session; the app is built by a factory,
+so importing this module creates no engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from outbox import runs
+from outbox.apikeys import Principal, authenticate
+from outbox.db import make_engine
+from outbox.errors import InvalidInput, NotFound, SettledError
+from outbox.settings import Settings
+
+NOT_FOUND = {"error": {"code": "not_found", "message": "not found"}}
+UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "missing or invalid API key"}}
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Unauthorized(Exception):
+    """No API key, or one that is not valid."""
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or invalid API key"},
+    404: {"model": ErrorBody, "description": "no such run or operation for this tenant"},
+    422: {"model": ErrorBody, "description": "invalid request"},
+}
+
+_bearer = HTTPBearer(auto_error=False, description="a tenant API key: stk_<id>_<secret>")
+
+
+def _session(request: Request) -> Iterator[Session]:
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    with sessions() as s:
+        yield s
+
+
+DB = Annotated[Session, Depends(_session)]
+
+
+def _principal(
+    s: DB, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    who = authenticate(s, creds.credentials if creds is not None else None)
+    if who is None:
+        raise Unauthorized
+    return who
+
+
+# Module level: with postponed annotations FastAPI resolves these names in module globals.
+Auth = Annotated[Principal, Depends(_principal)]
+LangQuery = Annotated[
+    Literal["en", "zh"] | None, Query(description="add the report rendered as text")
+]
+
+
+def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
+    """The status API over ``source``: settings (an engine is made here and disposed on
+    shutdown), a sessionmaker, or anything with a ``sessions`` attribute (a Runtime)."""
+    owned = None
+    if isinstance(source, Settings):
+        owned = make_engine(source.database_url)
+        sessions: sessionmaker[Session] = sessionmaker(owned, expire_on_commit=False)
+    elif isinstance(source, sessionmaker):
+        sessions = source
+    else:
+        sessions = source.sessions
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owned is not None:
+            owned.dispose()
+
+    app = FastAPI(
+        title="Settled status API",
+        version="1",
+        description="What a run has done, has not done, and what is still uncertain.",
+        lifespan=lifespan,
+    )
+
+    app.state.sessions = sessions
+
+    @app.exception_handler(Unauthorized)
+    def _unauthorized(_request: Request, _exc: Unauthorized) -> JSONResponse:
+        return JSONResponse(UNAUTHORIZED, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(NotFound)
+    def _not_found(_request: Request, _exc: NotFound) -> JSONResponse:
+        # One body for "does not exist" and "belongs to another tenant": no oracle.
+        return JSONResponse(NOT_FOUND, status_code=404)
+
+    @app.exception_handler(InvalidInput)
+    def _invalid(_request: Request, exc: InvalidInput) -> JSONResponse:
+        return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=422)
+
+    @app.exception_handler(SettledError)
+    def _conflict(_request: Request, exc: SettledError) -> JSONResponse:
+        return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=409)
+
+    @app.exception_handler(RequestValidationError)
+    def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [".".join(str(p) for p in e.get("loc", ())) for e in exc.errors()]
+        return JSONResponse(
+            {"error": {"code": "invalid_request", "message": "invalid request", "fields": fields}},
+            status_code=422,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return JSONResponse(NOT_FOUND, status_code=404)
+        code = "method_not_allowed" if exc.status_code == 405 else "http_error"
+        return JSONResponse(
+            {"error": {"code": code, "message": str(exc.detail)}},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    @app.get("/v1/runs/{handle}", responses=ERRORS, summary="The report of a run")
+    def get_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
+        """Done / not done / uncertain, from states and receipts; ``lang`` adds the text."""
+        return runs.run_report(s, who.tenant, handle).as_dict(lang)
+
+    @app.post("/v1/runs/{handle}/cancel", responses=ERRORS, summary="Stop a run")
+    def cancel_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
+        """Cancel the run's unsent operations; already-sent ones stay pending confirmation."""
+        done = runs.cancel_run(s, who.tenant, handle, actor=f"api_key:{who.key_id}")
+        cancelled = len(done.cancelled_ids)
+        s.commit()  # on any error the session closes and rolls back: nothing is written
+        report = runs.run_report(s, who.tenant, handle)
+        return {
+            "cancelled_now": cancelled,
+            "already_requested": done.already_requested,
+            "report": report.as_dict(lang),
+        }
+
+    @app.get("/v1/operations/{op_id}", responses=ERRORS, summary="One operation")
+    def get_operation(op_id: str, who: Auth, s: DB) -> dict[str, Any]:
+        """One operation of the key's tenant: state, group, evidence, compensations."""
+        return runs.operation_status(s, who.tenant, op_id)
+
+    return app
+
+
+def serve(settings: Settings, *, host: str, port: int) -> None:
+    """Run the status API with uvicorn (blocking)."""
+    import uvicorn
+
+    uvicorn.run(create_web_app(settings), host=host, port=port, log_level="info")
