@@ -72,10 +72,15 @@ def simulator(host: str, port: int, ledger: str, test_mode: bool, tenants: tuple
 @click.option("--hostname", default=None, help="Celery node name")
 def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str | None) -> None:
     """Run a Celery worker on the submit queue (claim, send, record)."""
+    from outbox import logs
     from outbox.settings import Settings
     from workers.celery_app import create_app, worker_argv
 
-    app = create_app(Settings())
+    settings = Settings()
+    logs.configure(loglevel)
+    if settings.metrics_port is not None:
+        _serve_metrics(settings)
+    app = create_app(settings)
     app.worker_main(
         worker_argv(
             beat=beat, pool=pool, concurrency=concurrency, loglevel=loglevel, hostname=hostname
@@ -83,13 +88,31 @@ def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str
     )
 
 
+def _serve_metrics(settings: Any) -> None:
+    """Serve Prometheus metrics from this (the worker's main) process, read from the database."""
+    import os
+
+    from prometheus_client import start_http_server
+    from sqlalchemy.orm import sessionmaker
+
+    from outbox.db import make_engine
+    from workers.metrics import registry
+
+    engine = make_engine(settings.database_url, pool_size=1, max_overflow=0)
+    # Pool children must not share this engine's connections.
+    os.register_at_fork(after_in_child=lambda: engine.dispose(close=False))
+    start_http_server(settings.metrics_port, registry=registry(sessionmaker(engine)))
+
+
 @main.command()
 @click.option("--loglevel", default="INFO", show_default=True)
 def beat(loglevel: str) -> None:
     """Run celery beat: the sweeper and the reconciler on their schedules (run one)."""
+    from outbox import logs
     from outbox.settings import Settings
     from workers.celery_app import create_app
 
+    logs.configure(loglevel)
     create_app(Settings()).start(["beat", f"--loglevel={loglevel}"])
 
 
@@ -260,6 +283,91 @@ def review_resolve(
         finally:
             rt.close()
     _emit(result, True)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8800, show_default=True, type=int)
+def web(host: str, port: int) -> None:
+    """Run the status API (run reports, cancel, operations; OpenAPI at /openapi.json)."""
+    from outbox.settings import Settings
+    from workers.web import serve
+
+    click.echo(f"status API on http://{host}:{port}")
+    serve(Settings(), host=host, port=port)
+
+
+@main.group()
+def apikey() -> None:
+    """API keys of the status API (one tenant per key; stored hashed)."""
+
+
+@apikey.command("create")
+@click.option("--tenant", required=True)
+def apikey_create(tenant: str) -> None:
+    """Create a key for TENANT and print it once (it cannot be shown again)."""
+    from sqlalchemy.orm import Session
+
+    from outbox.apikeys import create_api_key
+    from outbox.db import make_engine
+    from outbox.settings import Settings
+
+    engine = make_engine(Settings().database_url)
+    try:
+        with _errors(), Session(engine) as session, session.begin():
+            row, key = create_api_key(session, tenant=tenant)
+            key_id = row.key_id
+    finally:
+        engine.dispose()
+    click.echo(f"key id: {key_id}", err=True)
+    click.echo(key)
+
+
+@apikey.command("revoke")
+@click.argument("key_id")
+def apikey_revoke(key_id: str) -> None:
+    """Revoke the key whose id is KEY_ID."""
+    from sqlalchemy.orm import Session
+
+    from outbox.apikeys import revoke_api_key
+    from outbox.db import make_engine
+    from outbox.settings import Settings
+
+    engine = make_engine(Settings().database_url)
+    try:
+        with _errors(), Session(engine) as session, session.begin():
+            revoke_api_key(session, key_id)
+    finally:
+        engine.dispose()
+    click.echo("revoked")
+
+
+@main.command()
+@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True)
+@click.option("--keep", default=None, help="keep the demo's files in this folder")
+def demo(lang: str, keep: str | None) -> None:
+    """Play the cases a payment team meets, on the embedded default (nothing to install)."""
+    from workers.demo import run_demo
+
+    raise SystemExit(run_demo(lang=lang, keep=keep, echo=click.echo))
+
+
+@main.command("run")
+@click.option("--web-port", default=8000, show_default=True, type=int)
+@click.option("--concurrency", default=2, show_default=True, type=int)
+def run_stack(web_port: int, concurrency: int) -> None:
+    """Worker, beat and web for a single machine, against the configured PostgreSQL and Redis."""
+    from workers.supervise import settled_command, supervise
+
+    raise SystemExit(
+        supervise(
+            [
+                settled_command("worker", "--pool=prefork", f"--concurrency={concurrency}"),
+                settled_command("beat"),
+                settled_command("web", "--host=0.0.0.0", f"--port={web_port}"),
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

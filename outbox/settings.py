@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -46,6 +48,27 @@ class Settings(BaseSettings):
     #: How often the reconciler runs, and how long "unknown" may last before review.
     reconcile_seconds: float = 10.0
     review_after_seconds: float = 600.0
+
+    #: Port of the worker's Prometheus endpoint (None: not served).
+    metrics_port: int | None = None
+
+    def as_environment(self) -> dict[str, str]:
+        """These settings as ``SETTLED_*`` variables, to configure a child process."""
+        env: dict[str, str] = {}
+        for name, value in self:
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, dict):
+                value = json.dumps(
+                    {
+                        k: v.get_secret_value() if isinstance(v, SecretStr) else v
+                        for k, v in value.items()
+                    }
+                )
+            env[f"SETTLED_{name.upper()}"] = str(value)
+        return env
 
     def fingerprint_key_bytes(self) -> dict[str, bytes]:
         return {v: k.get_secret_value().encode() for v, k in self.fingerprint_keys.items()}

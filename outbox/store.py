@@ -536,3 +536,52 @@ def record_note(
             at=db_now(),
         )
     )
+
+
+# -- runs: cancellation ------------------------------------------------------------------
+
+
+def request_run_cancel(session: Session, run_id: int, *, actor: str) -> bool:
+    """Set the run's cancel flag once; False (nothing written) if it was already set."""
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.cancel_requested_at.is_(None))
+        .values(cancel_requested_at=db_now(), cancelled_by=actor)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def cancel_planned(session: Session, run_id: int, *, actor: str) -> list[int]:
+    """Move every ``planned`` operation of a run to ``cancelled``; returns their ids.
+
+    One conditional UPDATE (``WHERE state = 'planned'``): an operation a worker has already
+    moved to ``submitted`` is left alone. The fencing version is bumped, so a claim taken
+    before this write can no longer record anything. One event row per operation.
+    """
+    transition(State.PLANNED, Event.CANCEL)  # the state table allows it, or this raises
+    rows = session.execute(
+        update(ops)
+        .where(ops.c.run_id == run_id, ops.c.state == State.PLANNED.value)
+        .values(
+            state=State.CANCELLED.value,
+            lease_version=ops.c.lease_version + 1,
+            lease_owner=None,
+            lease_until=None,
+            updated_at=db_now(),
+        )
+        .returning(ops.c.id, ops.c.lease_version)
+    ).all()
+    for row in rows:
+        session.execute(
+            insert(OperationEvent).values(
+                operation_id=row.id,
+                from_state=State.PLANNED.value,
+                to_state=State.CANCELLED.value,
+                actor=actor,
+                lease_version=row.lease_version,
+                reason="run_cancelled",
+                evidence={"sent": False},
+                at=db_now(),
+            )
+        )
+    return sorted(row.id for row in rows)

@@ -56,11 +56,16 @@ class Reconciler:
     batch: int = 100
     totals: Counter[str] = field(default_factory=Counter)
 
+    @property
+    def actor(self) -> str:
+        """Lease owner and event actor: marks every write as the reconciler's."""
+        return f"reconciler:{self.worker}"
+
     def run_once(self) -> PassReport:
         """One pass over at most ``batch`` operations."""
         with self.sessions.begin() as session:
             claims = store.claim_unresolved(
-                session, worker=self.worker, lease_seconds=self.lease_seconds, limit=self.batch
+                session, worker=self.actor, lease_seconds=self.lease_seconds, limit=self.batch
             )
         outcomes: Counter[str] = Counter()
         for claimed in claims:
@@ -125,7 +130,7 @@ class Reconciler:
             store.touch(
                 session,
                 claimed,
-                actor=self.worker,
+                actor=self.actor,
                 note=d.outcome,
                 recheck_at=d.recheck_at,
                 looked=looked,
@@ -146,7 +151,7 @@ class Reconciler:
             claimed,
             d.event,
             d.to,
-            actor=self.worker,
+            actor=self.actor,
             reason=d.reason,
             evidence=evidence,
             values=values,
@@ -156,6 +161,6 @@ class Reconciler:
             store.close_reviews(
                 session,
                 claimed.id,
-                by=self.worker,
+                by=self.actor,
                 resolution={"state": d.to.value, "by": "reconciler", **d.evidence},
             )

@@ -53,6 +53,11 @@ def build_runtime(
     **engine_kwargs: Any,
 ) -> Runtime:
     registry = registry or default_registry()
+    # No pre-ping: it costs a round trip and a commit per checkout (two per operation). The
+    # executor runs a transaction again when its pooled connection turns out to be dead
+    # (``workers.executor.in_transaction``); other users of these sessions fail once and the
+    # pool, invalidated by SQLAlchemy on the disconnect, hands out fresh connections after.
+    engine_kwargs.setdefault("pool_pre_ping", False)
     engine = make_engine(settings.database_url, **engine_kwargs)
     sessions = sessionmaker(engine, expire_on_commit=False)
     outbox = Outbox.from_settings(settings, registry)
@@ -75,7 +80,7 @@ def build_runtime(
         sessions=sessions,
         gateway=gateway,
         registry=registry,
-        worker=f"reconciler:{worker_name()}",
+        worker=worker_name(),
         lease_seconds=settings.lease_seconds,
         client_timeout=settings.downstream_timeout,
         review_after=settings.review_after_seconds,

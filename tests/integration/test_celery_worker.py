@@ -299,18 +299,21 @@ def test_paused_worker_cannot_overwrite_the_newer_claims_result(
         # The lease expires; the fresh worker finds the send unrecorded, queries, finds
         # nothing yet (still held before commit) and records "unknown".
         wait_until(lambda: app.states(ids)[ids[0]] == "unknown", 30, "fresh claim settles")
-        sim_control.release_holds()
-        wait_until(lambda: sim_control.effects("acme", key) == 1, 10, "held request commits")
     finally:
         os.kill(paused.pid, signal.SIGCONT)
+        sim_control.release_holds()  # the held request commits and answers the paused worker
     wait_until(lambda: "stale write refused" in stack.logs(), 30, "stale write refused")
-    assert app.states(ids)[ids[0]] == "unknown"
+    # The reconciler then finds the receipt the paused worker could not record.
+    wait_until(lambda: app.states(ids)[ids[0]] == "succeeded", 30, "reconciled")
     with Session(app.sessions.kw["bind"]) as s:
-        actors = s.scalars(
-            select(OperationEvent.actor)
+        events = s.execute(
+            select(OperationEvent.actor, OperationEvent.to_state)
             .where(OperationEvent.operation_id == ids[0])
             .order_by(OperationEvent.id)
         ).all()
-    assert len(actors) == 3  # intake, the paused worker's claim, the fresh worker's verdict
-    assert actors[1] != actors[2]
+    paused_actor = events[1].actor  # it claimed the operation and sent it
+    assert events[1].to_state == "submitted"
+    assert all(e.actor != paused_actor for e in events[2:]), events
+    assert events[-1].to_state == "succeeded"
     assert sim_control.effects("acme", key) == 1
+    assert sim_control.requests("acme", key) == 1

@@ -17,7 +17,7 @@ from outbox.errors import StaleLease
 from outbox.kinds import default_registry
 from outbox.models import Attempt, Operation, OperationEvent, Run
 from outbox.states import Event, State
-from tests.support.rig import GOOD, Rig
+from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import CLIENT_TIMEOUT
 from workers.executor import Executor
 from workers.http_client import HttpGateway
@@ -58,7 +58,7 @@ def test_one_hint_delivered_five_times_sends_once(rig: Rig) -> None:
 
 def test_commit_then_timeout_marks_unknown_with_one_effect(rig: Rig) -> None:
     op_id = rig.enqueue()
-    rig.control.add_rule("commit_then_timeout", hold_seconds=5)
+    rig.control.add_rule("commit_then_timeout", hold_seconds=HOLD)
     rig.executor().execute([op_id])
     op = rig.op(op_id)
     assert (op.state, op.attempts) == ("unknown", 1)

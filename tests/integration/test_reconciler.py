@@ -16,12 +16,12 @@ from outbox.kinds import default_registry
 from outbox.models import OperationEvent
 from outbox.states import State
 from reconciler.reconcile import PassReport
-from tests.support.rig import Rig
+from tests.support.rig import HOLD, Rig
 
 
 def lost_after_commit(rig: Rig) -> int:
     """An operation whose response was lost after the downstream committed it."""
-    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=5)
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
     op = rig.enqueue()
     rig.executor().execute([op])
     assert rig.op(op).state == "unknown"

@@ -16,7 +16,7 @@ from outbox.errors import Forbidden, InvalidInput, ReviewConflict
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent
 from reconciler.review import ReviewQueue, Staff
-from tests.support.rig import Rig
+from tests.support.rig import HOLD, Rig
 
 ALICE = Staff.parse("alice", "support")
 BOB = Staff.parse("bob", "supervisor")
@@ -25,7 +25,7 @@ VIEWER = Staff.parse("vera", "viewer")
 
 def in_review(rig: Rig, fault: str = "commit_then_timeout") -> tuple[int, int]:
     """An operation stuck in unknown with an open review item (lookup down for too long)."""
-    rig.control.add_rule(fault, times=1, hold_seconds=5)
+    rig.control.add_rule(fault, times=1, hold_seconds=HOLD)
     op = rig.enqueue()
     rig.executor().execute([op])
     assert rig.op(op).state == "unknown"

@@ -21,6 +21,11 @@ from workers.executor import Executor
 from workers.http_client import HttpGateway
 from workers.simulator import SimulatorControl, SimulatorHandle
 
+#: Client timeout of the rig's gateways: long enough for a loaded machine; faults that hold a
+#: response hold it for longer (HOLD).
+RIG_CLIENT_TIMEOUT = 2.0
+HOLD = 8.0
+
 GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
 
 
@@ -34,7 +39,7 @@ class Rig:
     sessions: sessionmaker[Session]
 
     def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
-        gateway = HttpGateway(self.url, {self.tenant.name: self.tenant.api_key}, timeout=1.0)
+        gateway = self.gateway()
         kw.setdefault("rand", lambda: 0.0)
         return Executor(
             sessions=self.sessions,
@@ -46,7 +51,9 @@ class Rig:
         )
 
     def gateway(self) -> HttpGateway:
-        return HttpGateway(self.url, {self.tenant.name: self.tenant.api_key}, timeout=1.0)
+        return HttpGateway(
+            self.url, {self.tenant.name: self.tenant.api_key}, timeout=RIG_CLIENT_TIMEOUT
+        )
 
     def reconciler(self, registry: KindRegistry | None = None, **kw: Any) -> Reconciler:
         kw.setdefault("client_timeout", 1.0)

@@ -1,0 +1,356 @@
+"""``settled demo``: the whole job on the embedded default, live, in well under a minute.
+
+An SQLite file, Celery's filesystem broker, a real worker (solo pool) with beat, and the
+payment simulator on a local port; all started and stopped here. It plays the cases a payment
+team meets, prints the report of every run, and the simulator's ledger beside it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from sqlalchemy import select
+
+from outbox.db import upgrade
+from outbox.errors import IdempotencyConflict
+from outbox.ids import derive_idempotency_key, new_op_id
+from outbox.models import Operation, OperationEvent, ReviewItem
+from outbox.report import Lang, check_lang, render
+from outbox.runs import cancel_run, compensate, open_run, run_report
+from outbox.settings import Settings
+from workers import relay
+from workers.celery_app import create_app, hint_publisher
+from workers.runtime import Runtime, build_runtime
+from workers.simulator import SimulatorControl, start_in_thread
+
+TENANT = "acme"
+API_KEY = "sk_test_demo_acme"
+TERMINAL = ("succeeded", "rejected", "cancelled")
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Demo:
+    rt: Runtime
+    control: SimulatorControl
+    publish: Callable[[int], None]
+    echo: Echo
+    started: float = field(default_factory=time.monotonic)
+    lang: Lang = "en"
+    handles: list[tuple[str, str]] = field(default_factory=list)  # (title, handle)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        self.echo(f"[{time.monotonic() - self.started:5.1f}s] {text}")
+
+    def key(self, op_id: str) -> str:
+        return derive_idempotency_key(self.rt.outbox.idempotency_secret, TENANT, op_id)
+
+    def refund(
+        self, session: Any, order: str, amount: int, *, op_id: str | None = None, run: Any = None
+    ) -> Operation:
+        params = {"order_id": order, "amount_minor": amount, "currency": "CNY", "payee": "P-7"}
+        return self.rt.outbox.enqueue(
+            session,
+            tenant=TENANT,
+            op_id=op_id or new_op_id(),
+            kind="refund",
+            params=params,
+            run=run,
+        ).operation
+
+    def state(self, op_id: str) -> Operation:
+        with self.rt.sessions() as s:
+            op = s.scalar(
+                select(Operation).where(Operation.tenant == TENANT, Operation.op_id == op_id)
+            )
+            assert op is not None
+            return op
+
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > end:
+                raise TimeoutError(f"demo: timed out waiting for {what}")
+            time.sleep(0.1)
+
+    def wait_state(self, op_id: str, *states: str, timeout: float = 30.0) -> Operation:
+        self.wait(f"{op_id} to be {'/'.join(states)}", lambda: self.state(op_id).state in states,
+                  timeout)  # fmt: skip
+        return self.state(op_id)
+
+    def path(self, operation_id: int) -> list[str]:
+        """The states an operation went through, from its event log."""
+        with self.rt.sessions() as s:
+            rows = s.execute(
+                select(OperationEvent.from_state, OperationEvent.to_state)
+                .where(OperationEvent.operation_id == operation_id)
+                .order_by(OperationEvent.id)
+            ).all()
+        return [to for frm, to in rows if frm != to]
+
+    def show(self, op: Operation, label: str) -> None:
+        ref = f" (receipt {op.downstream_ref})" if op.downstream_ref else ""
+        reason = f" [{op.reason}]" if op.reason else ""
+        self.say(f"  {label}: {op.op_id} -> {op.state}{reason}{ref}")
+
+    # -- the cases -------------------------------------------------------------------------
+
+    def two_refunds(self) -> None:
+        self.say("1. Order A1042 is refunded 100.00 and then 50.00 CNY: two operations")
+        self.control.create_order(TENANT, "A1042", 30000, "CNY")
+        with self.rt.sessions.begin() as s:
+            run = open_run(s, tenant=TENANT, title="Refunds on order A1042")
+            first = self.refund(s, "A1042", 10000, run=run).op_id
+            second = self.refund(s, "A1042", 5000, run=run).op_id
+            self.handles.append(("Refunds on order A1042", run.handle))
+        for op_id, label in ((first, "refund 100.00"), (second, "refund 50.00")):
+            self.show(self.wait_state(op_id, *TERMINAL), label)
+
+    def replay_and_conflict(self) -> None:
+        self.say("2. op-9 is sent, replayed, then re-sent with another amount")
+        self.control.create_order(TENANT, "B2001", 30000, "CNY")
+        with self.rt.sessions.begin() as s:
+            run = open_run(s, tenant=TENANT, title="Refund op-9 on order B2001")
+            self.refund(s, "B2001", 10000, op_id="op-9", run=run)
+            self.handles.append(("Refund op-9 on order B2001", run.handle))
+        self.show(self.wait_state("op-9", *TERMINAL), "op-9 (10000)")
+        with self.rt.sessions.begin() as s:
+            replay = self.rt.outbox.enqueue(
+                s,
+                tenant=TENANT,
+                op_id="op-9",
+                kind="refund",
+                params={"order_id": "B2001", "amount_minor": 10000, "currency": "CNY",
+                        "payee": "P-7"},
+            )  # fmt: skip
+            self.say(
+                f"  replay of op-9: same operation (created={replay.created}), "
+                f"state {replay.operation.state}, receipt {replay.operation.downstream_ref}"
+            )
+        try:
+            with self.rt.sessions.begin() as s:
+                self.refund(s, "B2001", 20000, op_id="op-9")
+        except IdempotencyConflict as exc:
+            self.say(f"  op-9 with 20000 instead of 10000: refused [{exc.code}]")
+        op = self.state("op-9")
+        self.say(f"  original untouched: amount {op.params['amount_minor']}, state {op.state}")
+
+    def lost_response(self) -> None:
+        self.say("3. A refund whose response is lost after the payment service committed it")
+        self.control.create_order(TENANT, "D4004", 30000, "CNY")
+        op_id = new_op_id()
+        self.control.add_rule("commit_then_timeout", self.key(op_id), hold_seconds=10)
+        with self.rt.sessions.begin() as s:
+            run = open_run(s, tenant=TENANT, title="Refund on order D4004 (response lost)")
+            self.refund(s, "D4004", 8000, op_id=op_id, run=run)
+            self.handles.append(("Refund on order D4004 (response lost)", run.handle))
+        op = self.wait_state(op_id, *TERMINAL)
+        self.say(f"  path: {' -> '.join(self.path(op.id))}")
+        self.show(op, "settled by the reconciler's lookup")
+
+    def lookup_down(self) -> None:
+        self.say("4. The same, but the lookup API is down: the operation goes to review")
+        self.control.create_order(TENANT, "E5005", 30000, "CNY")
+        op_id = new_op_id()
+        key = self.key(op_id)
+        self.control.add_rule("commit_then_timeout", key, hold_seconds=10)
+        self.control.add_rule("lookup_unavailable", key)
+        with self.rt.sessions.begin() as s:
+            run = open_run(s, tenant=TENANT, title="Refund on order E5005 (lookup down)")
+            op = self.refund(s, "E5005", 6000, op_id=op_id, run=run)
+            self.handles.append(("Refund on order E5005 (lookup down)", run.handle))
+            op_pk = op.id
+
+        def in_review() -> bool:
+            with self.rt.sessions() as s:
+                stmt = select(ReviewItem.reason).where(ReviewItem.operation_id == op_pk)
+                return s.scalar(stmt) is not None
+
+        self.wait("a review item", in_review)
+        with self.rt.sessions() as s:
+            reason = s.scalar(select(ReviewItem.reason).where(ReviewItem.operation_id == op_pk))
+        self.show(self.state(op_id), f"in the review queue ({reason})")
+
+    def stop_button(self) -> None:
+        self.say("5. A run of three refunds; the user presses stop while the first is in flight")
+        self.control.create_order(TENANT, "C3003", 30000, "CNY")
+        ids = [new_op_id() for _ in range(3)]
+        self.control.add_rule("hold_before_commit", self.key(ids[0]), hold_seconds=2, times=1)
+        with self.rt.sessions.begin() as s:
+            run = open_run(s, tenant=TENANT, title="Refund three items on order C3003")
+            for op_id, amount in zip(ids, (3000, 2000, 1000), strict=True):
+                self.refund(s, "C3003", amount, op_id=op_id, run=run)
+            handle = run.handle
+            self.handles.append(("Refund three items on order C3003", handle))
+        self.wait(
+            "the first refund in flight", lambda: self.control.in_flight(TENANT, self.key(ids[0]))
+        )
+        with self.rt.sessions.begin() as s:
+            stopped = cancel_run(s, TENANT, handle, actor="user")
+        self.say(f"  stop pressed: {len(stopped.cancelled_ids)} planned refund(s) cancelled")
+        with self.rt.sessions() as s:
+            self.echo(_indent(render(run_report(s, TENANT, handle), self.lang)))
+        self.show(self.wait_state(ids[0], *TERMINAL), "the refund in flight, settled later")
+
+    def after_sales(self) -> None:
+        self.say("6. After-sales: ticket created, pickup scheduling fails, compensation cancels it")
+        self.control.create_order(TENANT, "F6006", 30000, "CNY")
+        self.control.add_rule("business_reject", kind="pickup", code="no_courier_slot")
+        with self.rt.sessions.begin() as s:
+            run = open_run(s, tenant=TENANT, title="After-sales for order F6006")
+            ticket = self.rt.outbox.enqueue(
+                s, tenant=TENANT, op_id=new_op_id(), kind="after_sales_ticket", run=run,
+                params={"ticket_id": "T-F6006", "order_id": "F6006", "reason": "damaged"},
+            ).operation.op_id  # fmt: skip
+            self.handles.append(("After-sales for order F6006", run.handle))
+            run_id = run.id
+        self.show(self.wait_state(ticket, *TERMINAL), "ticket")
+        with self.rt.sessions.begin() as s:
+            run_obj = s.get(type(run), run_id)
+            pickup = self.rt.outbox.enqueue(
+                s, tenant=TENANT, op_id=new_op_id(), kind="pickup", run=run_obj,
+                params={"ticket_id": "T-F6006", "day": "2026-12-02", "slot": "morning"},
+            ).operation.op_id  # fmt: skip
+        self.show(self.wait_state(pickup, *TERMINAL), "pickup")
+        with self.rt.sessions.begin() as s:
+            original = s.scalar(select(Operation).where(Operation.op_id == ticket))
+            assert original is not None
+            undo = compensate(
+                self.rt.outbox, s, original, op_id=new_op_id(), kind="ticket_cancel",
+                params={"ticket_id": "T-F6006", "reason": "pickup_failed"},
+            ).operation.op_id  # fmt: skip
+        self.show(self.wait_state(undo, *TERMINAL), "compensation (cancel the ticket)")
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def reports(self) -> None:
+        self.echo("")
+        self.echo("=" * 78)
+        with self.rt.sessions() as s:
+            for title, handle in self.handles:
+                self.echo(f"Run: {title}")
+                self.echo(_indent(render(run_report(s, TENANT, handle), self.lang)))
+                self.echo("")
+
+    def ledger(self) -> bool:
+        """Print every operation beside the simulator's ledger; True when they agree."""
+        self.echo("Operations beside the payment service's ledger (effects per idempotency key):")
+        self.echo(f"  {'op_id':<30} {'kind':<20} {'state':<10} {'effects':>7}  check")
+        agree = True
+        with self.rt.sessions() as s:
+            ops = s.scalars(select(Operation).order_by(Operation.id)).all()
+        for op in ops:
+            effects = self.control.effects(TENANT, op.idempotency_key)
+            if op.state == "succeeded":
+                ok = effects == 1
+            elif op.state in ("rejected", "cancelled"):
+                ok = effects == 0
+            else:  # uncertain: the ledger may hold it or not, but never twice
+                ok = effects <= 1
+            agree &= ok
+            self.echo(
+                f"  {op.op_id:<30} {op.kind:<20} {op.state:<10} {effects:>7}  "
+                f"{'ok' if ok else 'MISMATCH'}"
+            )
+        refunded = {o["order_id"]: o["refunded_minor"] for o in self.control.ledger()["orders"]}
+        self.echo(f"  refunded per order (minor units): {refunded}")
+        self.echo("Nothing happened twice; the report matches the ledger." if agree
+                  else "MISMATCH between the report and the ledger.")  # fmt: skip
+        return agree
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+@contextmanager
+def _worker(settings: Settings, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
+    log = (folder / "worker.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", "worker", "--pool=solo", "--beat",
+         "--loglevel=WARNING"],
+        env={**_base_env(), **settings.as_environment()},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=folder,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+
+
+def run_demo(*, lang: str = "en", keep: str | None = None, echo: Echo = print) -> int:
+    """Play every case; return 0 when the reports match the simulator's ledger."""
+    folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="settled-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    sim = start_in_thread(
+        ledger=str(folder / "simulator.sqlite3"), test_mode=True, tenants={TENANT: API_KEY}
+    )
+    db_url = f"sqlite:///{folder / 'settled.sqlite3'}"
+    settings = Settings(
+        database_url=db_url,
+        broker_url="filesystem://",
+        broker_folder=str(folder / "broker"),
+        beat_schedule_file=str(folder / "celerybeat-schedule"),
+        downstream_url=sim.url,
+        downstream_api_keys={TENANT: SecretStr(API_KEY)},
+        downstream_timeout=1.0,
+        lease_seconds=5.0,
+        sweep_seconds=0.3,
+        reconcile_seconds=0.5,
+        review_after_seconds=3.0,
+    )
+    echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")
+    try:
+        upgrade(db_url)
+        rt = build_runtime(settings)
+        celery = create_app(settings)
+        relay.install(rt.sessions, hint_publisher(celery))
+        control = SimulatorControl(sim.url)
+        try:
+            with _worker(settings, folder):
+                demo = Demo(rt, control, hint_publisher(celery), echo, lang=check_lang(lang))
+                demo.two_refunds()
+                demo.replay_and_conflict()
+                demo.lost_response()
+                demo.lookup_down()
+                demo.stop_button()
+                demo.after_sales()
+                demo.reports()
+                agree = demo.ledger()
+        finally:
+            control.close()
+            celery.close()
+            rt.close()
+    finally:
+        sim.stop()
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    echo("Review queue: settled review list --staff ID --role support (see README).")
+    return 0 if agree else 1
