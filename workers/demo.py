@@ -188,7 +188,8 @@ class Demo:
         self.say("5. A run of three refunds; the user presses stop while the first is in flight")
         self.control.create_order(TENANT, "C3003", 30000, "CNY")
         ids = [new_op_id() for _ in range(3)]
-        self.control.add_rule("hold_before_commit", self.key(ids[0]), hold_seconds=2, times=1)
+        # The first refund is held by the payment service until the user has pressed stop.
+        self.control.add_rule("hold_before_commit", self.key(ids[0]), hold_seconds=30, times=1)
         with self.rt.sessions.begin() as s:
             run = open_run(s, tenant=TENANT, title="Refund three items on order C3003")
             for op_id, amount in zip(ids, (3000, 2000, 1000), strict=True):
@@ -201,6 +202,7 @@ class Demo:
         with self.rt.sessions.begin() as s:
             stopped = cancel_run(s, TENANT, handle, actor="user")
         self.say(f"  stop pressed: {len(stopped.cancelled_ids)} planned refund(s) cancelled")
+        self.control.release_holds()
         with self.rt.sessions() as s:
             self.echo(_indent(render(run_report(s, TENANT, handle), self.lang)))
         self.show(self.wait_state(ids[0], *TERMINAL), "the refund in flight, settled later")
@@ -320,7 +322,7 @@ def run_demo(*, lang: str = "en", keep: str | None = None, echo: Echo = print) -
         beat_schedule_file=str(folder / "celerybeat-schedule"),
         downstream_url=sim.url,
         downstream_api_keys={TENANT: SecretStr(API_KEY)},
-        downstream_timeout=1.0,
+        downstream_timeout=2.0,
         lease_seconds=5.0,
         sweep_seconds=0.3,
         reconcile_seconds=0.5,

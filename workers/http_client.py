@@ -2,7 +2,7 @@
 
 Never retries (the executor owns retries), never spends past the operation's deadline, and
 splits transport errors by phase: nothing sent (connect, pool) vs maybe sent (read, write,
-protocol). The protocol is documented in docs/wire-protocol.md.
+protocol). The protocol is documented in README.md, "Wire protocol".
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _utcnow() -> datetime:
 
 
 class HttpGateway:
-    """The ``Gateway`` port over the Stripe-like HTTP protocol of docs/wire-protocol.md."""
+    """The ``Gateway`` port over the Stripe-like HTTP protocol of README.md, "Wire protocol"."""
 
     def __init__(
         self,

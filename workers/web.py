@@ -14,9 +14,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -25,6 +27,7 @@ from outbox.apikeys import Principal, authenticate
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.settings import Settings
+from workers import metrics
 
 NOT_FOUND = {"error": {"code": "not_found", "message": "not found"}}
 UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "missing or invalid API key"}}
@@ -162,6 +165,19 @@ def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
     def get_operation(op_id: str, who: Auth, s: DB) -> dict[str, Any]:
         """One operation of the key's tenant: state, group, evidence, compensations."""
         return runs.operation_status(s, who.tenant, op_id)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz(s: DB) -> dict[str, str]:
+        """Liveness and database reachability, for the orchestrator's health check."""
+        s.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
+    metrics_registry = metrics.registry(sessions)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        """Prometheus metrics, read from the database."""
+        return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

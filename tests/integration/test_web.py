@@ -265,3 +265,14 @@ def test_app_from_settings_builds_no_engine_until_called(sqlite: Engine) -> None
     app = create_web_app(Settings(database_url=str(sqlite.url)))
     with serving(app) as client:
         assert client.get("/v1/runs/x").status_code == 401
+
+
+def test_health_and_metrics_need_no_key_and_follow_the_database(api: Api) -> None:
+    health = api.client.get("/healthz")
+    assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    metrics = api.client.get("/metrics")
+    assert metrics.status_code == 200
+    lines = metrics.text.splitlines()
+    # make_tenant left one operation of each tenant unknown and one planned
+    assert 'settled_operations{state="unknown"} 2.0' in lines
+    assert "settled_review_queue_depth 0.0" in lines

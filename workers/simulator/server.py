@@ -3,7 +3,7 @@
 Order of a submit: authenticate, draw a fault, the faults that act before the idempotency layer
 (429, 503_before, reset_before), validate, the idempotency layer (replay, conflict, in flight),
 execute and save, then the faults that act on the answer (hold, reset). See
-docs/wire-protocol.md for the protocol and the control API.
+README.md, "Wire protocol" for the protocol and the control API.
 """
 
 from __future__ import annotations

@@ -1,0 +1,66 @@
+"""``settled demo`` end to end: the embedded default, a real worker with beat, the simulator."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def running_with(path: str) -> list[str]:
+    """Command lines of live processes that mention ``path``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if path in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(tmp_path: Path, lang: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "demo", "--lang", lang],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "Nothing happened twice; the report matches the ledger." in out
+    assert "MISMATCH" not in out
+    # The cases, each with its verdict.
+    assert "op-9 with 20000 instead of 10000: refused [idempotency_conflict]" in out
+    assert "original untouched: amount 10000, state succeeded" in out
+    assert "path: planned -> submitted -> unknown -> succeeded" in out
+    assert "in the review queue (lookup_unavailable)" in out
+    stopped = re.search(r"stop pressed: (\d) planned refund\(s\) cancelled", out)
+    assert stopped is not None
+    assert int(stopped.group(1)) >= 1  # 2 unless the machine stalled past the client timeout
+    assert "compensation (cancel the ticket)" in out
+    if lang == "en":
+        assert "Stopped further processing, but the result of operation" in out
+    else:
+        assert "已停止继续处理，但操作" in out
+    # The ledger beside the report: A1042 refunded 100 + 50, exactly once each.
+    assert "'A1042': 15000" in out
+    # It leaves nothing running and nothing behind.
+    folder = re.search(r"in (\S*settled-demo-\S+)", out)
+    assert folder is not None
+    assert not Path(folder.group(1)).exists()
+    assert running_with(folder.group(1)) == []
