@@ -149,12 +149,18 @@ def _errors() -> Iterator[None]:
 
 
 @main.command()
-@click.option("--once", is_flag=True, required=True, help="run one pass and print its report")
+@click.option("--once", is_flag=True, help="run one pass, print its report and exit")
 def reconcile(once: bool) -> None:
-    """Run a reconcile pass now (beat runs it on a schedule)."""
+    """Run reconcile passes now (beat runs them on a schedule); ``--once`` for operators."""
+    import time
+
     rt = _runtime()
     try:
-        click.echo(json.dumps(rt.reconciler.run_once().as_dict(), indent=2))
+        while True:
+            click.echo(json.dumps(rt.reconciler.run_once().as_dict()))
+            if once:
+                return
+            time.sleep(rt.settings.reconcile_seconds)
     finally:
         rt.close()
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from sqlalchemy import Engine, select
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent
+from tests.support.services import free_port
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import Stack
 from workers import relay
@@ -136,11 +138,16 @@ def assert_at_most_one_effect(app: App, control: SimulatorControl, ids: list[int
 def test_operations_enqueued_in_a_transaction_are_sent_by_a_real_worker(
     app: App, stack: Stack, sim_control: SimulatorControl
 ) -> None:
-    stack.start_worker(pool="prefork", concurrency=2, beat=True)
+    port = free_port()
+    stack.start_worker(pool="prefork", concurrency=2, beat=True, SETTLED_METRICS_PORT=str(port))
     ids = app.enqueue(20)
     states = wait_settled(app, stack, ids)
     assert set(states.values()) == {"succeeded"}
     assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 20
+    # The worker serves metrics read from the database.
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines()
+    assert 'settled_operations{state="succeeded"} 20.0' in metrics
+    assert 'settled_attempts_total{outcome="done"} 20.0' in metrics
 
 
 def test_rolled_back_intake_publishes_no_hint(app: App, stack: Stack, broker_url: str) -> None:

@@ -241,3 +241,20 @@ def test_review_cli_end_to_end(rig: Rig) -> None:
 def test_review_cli_refuses_without_staff_identity(rig: Rig) -> None:
     result = CliRunner().invoke(main, ["review", "list"], env={"SETTLED_STAFF_ID": ""})
     assert result.exit_code != 0
+
+
+def test_reconcile_once_prints_the_pass_report(rig: Rig) -> None:
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    env = {
+        "SETTLED_DATABASE_URL": rig.engine.url.render_as_string(hide_password=False),
+        "SETTLED_DOWNSTREAM_URL": rig.url,
+        "SETTLED_DOWNSTREAM_API_KEYS": json.dumps({"acme": rig.tenant.api_key.get_secret_value()}),
+    }
+    result = CliRunner().invoke(main, ["reconcile", "--once"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["claimed"] == 1
+    assert report["outcomes"] == {"found": 1}
+    assert rig.op(op).state == "succeeded"
