@@ -188,6 +188,19 @@ def review() -> None:
     """The manual review queue (support staff)."""
 
 
+def _as_staff(staff: str, role: str, action: Any) -> Any:
+    """Run ``action(review_queue, staff)`` with the staff's identity checked first."""
+    from reconciler.review import Staff
+
+    with _errors():
+        who = Staff.parse(staff, role)
+        rt = _runtime()
+        try:
+            return action(rt.review, who)
+        finally:
+            rt.close()
+
+
 @review.command("list")
 @click.option("--tenant", default=None)
 @click.option("--reason", default=None)
@@ -204,21 +217,14 @@ def review_list(
     as_json: bool,
 ) -> None:
     """Open review items, oldest first."""
-    from reconciler.review import Staff
-
-    with _errors():
-        who = Staff.parse(staff, role)
-        rt = _runtime()
-        try:
-            items = rt.review.list(
-                who,
-                tenant=tenant,
-                reason=reason,
-                older_than=timedelta(seconds=older_than) if older_than is not None else None,
-                include_resolved=include_resolved,
-            )
-        finally:
-            rt.close()
+    age = timedelta(seconds=older_than) if older_than is not None else None
+    items = _as_staff(
+        staff,
+        role,
+        lambda q, who: q.list(
+            who, tenant=tenant, reason=reason, older_than=age, include_resolved=include_resolved
+        ),
+    )
     _emit(items, as_json)
 
 
@@ -227,15 +233,7 @@ def review_list(
 @with_staff
 def review_show(item: int, staff: str, role: str, as_json: bool) -> None:
     """One item: the operation, its attempts, lookups and events."""
-    from reconciler.review import Staff
-
-    with _errors():
-        who = Staff.parse(staff, role)
-        rt = _runtime()
-        try:
-            _emit(rt.review.show(who, item), True)
-        finally:
-            rt.close()
+    _emit(_as_staff(staff, role, lambda q, who: q.show(who, item)), True)
 
 
 @review.command("requery")
@@ -243,15 +241,7 @@ def review_show(item: int, staff: str, role: str, as_json: bool) -> None:
 @with_staff
 def review_requery(item: int, staff: str, role: str, as_json: bool) -> None:
     """Ask the downstream again now."""
-    from reconciler.review import Staff
-
-    with _errors():
-        who = Staff.parse(staff, role)
-        rt = _runtime()
-        try:
-            _emit(rt.review.requery(who, item), True)
-        finally:
-            rt.close()
+    _emit(_as_staff(staff, role, lambda q, who: q.requery(who, item)), True)
 
 
 @review.command("resolve")
@@ -272,80 +262,19 @@ def review_resolve(
     as_json: bool,
 ) -> None:
     """Settle an item's operation as succeeded or rejected, with evidence."""
-    from reconciler.review import Staff
-
-    with _errors():
-        who = Staff.parse(staff, role)
-        rt = _runtime()
-        try:
-            result = rt.review.resolve(
-                who,
-                item,
-                outcome=outcome,
-                version=version,
-                reference=reference,
-                justification=justification,
-            )
-        finally:
-            rt.close()
+    result = _as_staff(
+        staff,
+        role,
+        lambda q, who: q.resolve(
+            who,
+            item,
+            outcome=outcome,
+            version=version,
+            reference=reference,
+            justification=justification,
+        ),
+    )
     _emit(result, True)
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8800, show_default=True, type=int)
-def web(host: str, port: int) -> None:
-    """Run the status API (run reports, cancel, operations; OpenAPI at /openapi.json)."""
-    from outbox.settings import Settings
-    from workers.web import serve
-
-    click.echo(f"status API on http://{host}:{port}")
-    serve(Settings(), host=host, port=port)
-
-
-@main.group()
-def apikey() -> None:
-    """API keys of the status API (one tenant per key; stored hashed)."""
-
-
-@apikey.command("create")
-@click.option("--tenant", required=True)
-def apikey_create(tenant: str) -> None:
-    """Create a key for TENANT and print it once (it cannot be shown again)."""
-    from sqlalchemy.orm import Session
-
-    from outbox.apikeys import create_api_key
-    from outbox.db import make_engine
-    from outbox.settings import Settings
-
-    engine = make_engine(Settings().database_url)
-    try:
-        with _errors(), Session(engine) as session, session.begin():
-            row, key = create_api_key(session, tenant=tenant)
-            key_id = row.key_id
-    finally:
-        engine.dispose()
-    click.echo(f"key id: {key_id}", err=True)
-    click.echo(key)
-
-
-@apikey.command("revoke")
-@click.argument("key_id")
-def apikey_revoke(key_id: str) -> None:
-    """Revoke the key whose id is KEY_ID."""
-    from sqlalchemy.orm import Session
-
-    from outbox.apikeys import revoke_api_key
-    from outbox.db import make_engine
-    from outbox.settings import Settings
-
-    engine = make_engine(Settings().database_url)
-    try:
-        with _errors(), Session(engine) as session, session.begin():
-            revoke_api_key(session, key_id)
-    finally:
-        engine.dispose()
-    click.echo("revoked")
 
 
 @main.command()

@@ -209,13 +209,30 @@ def move(
     changes: dict[str, Any] = {
         "state": to.value,
         "reason": reason.value if reason else None,
-        "updated_at": db_now(),
         **(values or {}),
     }
     if to is State.UNKNOWN and claimed.state is not State.UNKNOWN:
         changes["unknown_since"] = db_now()
     if release:
         changes.update(lease_owner=None, lease_until=None)
+    note = (reason.value if reason else None) or (evidence or {}).get("stop") or review
+    _fenced_write(session, claimed, changes, to=to, actor=actor, note=note, evidence=evidence)
+    if review is not None:
+        open_review(session, claimed.id, claimed.tenant, review, evidence or {})
+
+
+def _fenced_write(
+    session: Session,
+    claimed: Claimed,
+    changes: dict[str, Any],
+    *,
+    to: State,
+    actor: str,
+    note: str | None,
+    evidence: dict[str, Any] | None,
+) -> None:
+    """UPDATE the operation only if the claim's lease version and state still hold, then
+    append its event row; StaleLease (nothing written) when a newer claim took over."""
     result = session.execute(
         update(ops)
         .where(
@@ -223,7 +240,7 @@ def move(
             ops.c.lease_version == claimed.lease_version,
             ops.c.state == claimed.state.value,
         )
-        .values(**changes)
+        .values(updated_at=db_now(), **changes)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
         log.warning(
@@ -238,13 +255,11 @@ def move(
             to_state=to.value,
             actor=actor,
             lease_version=claimed.lease_version,
-            reason=(reason.value if reason else None) or (evidence or {}).get("stop") or review,
+            reason=note,
             evidence=evidence or None,
             at=db_now(),
         )
     )
-    if review is not None:
-        open_review(session, claimed.id, claimed.tenant, review, evidence or {})
 
 
 def start_attempt(session: Session, claimed: Claimed, *, worker: str) -> Claimed:
@@ -375,32 +390,11 @@ def touch(
         "next_attempt_at": recheck_at,
         "lease_owner": None,
         "lease_until": None,
-        "updated_at": db_now(),
     }
     if looked:
         values["lookups"] = ops.c.lookups + 1
-    result = session.execute(
-        update(ops)
-        .where(
-            ops.c.id == claimed.id,
-            ops.c.lease_version == claimed.lease_version,
-            ops.c.state == claimed.state.value,
-        )
-        .values(**values)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
-    session.execute(
-        insert(OperationEvent).values(
-            operation_id=claimed.id,
-            from_state=claimed.state.value,
-            to_state=claimed.state.value,
-            actor=actor,
-            lease_version=claimed.lease_version,
-            reason=note,
-            evidence=evidence or None,
-            at=db_now(),
-        )
+    _fenced_write(
+        session, claimed, values, to=claimed.state, actor=actor, note=note, evidence=evidence
     )
     if review is not None:
         open_review(session, claimed.id, claimed.tenant, review, evidence or {})

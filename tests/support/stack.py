@@ -8,11 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from outbox.settings import Settings
 
@@ -90,8 +89,8 @@ class Stack:
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                with _suppress():
-                    os.kill(proc.pid, signal.SIGCONT)
+                with suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot terminate
                 proc.terminate()
         for proc in self.procs:
             try:
@@ -103,15 +102,3 @@ class Stack:
         for f in self.files:
             f.close()
         self.files.clear()
-
-
-@contextmanager
-def _suppress() -> Iterator[None]:
-    with suppress(ProcessLookupError):
-        yield
-
-
-def kill_group(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
