@@ -52,8 +52,8 @@ class Stack:
             database_url=self.database_url,
             broker_url=self.broker_url,
             downstream_url=self.downstream_url,
-            fingerprint_keys={"v1": "test-fingerprint-key-0001"},  # type: ignore[dict-item]
-            idempotency_secret="test-idempotency-secret",  # type: ignore[arg-type]
+            fingerprint_keys={"v1": "test-fingerprint-key-0001"},
+            idempotency_secret="test-idempotency-secret",
         )
 
     def start_worker(
