@@ -13,4 +13,11 @@ fi
 echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
-echo "== pytest"; .venv/bin/pytest "$@"
+if [ "$#" -gt 0 ]; then
+  .venv/bin/pytest "$@"  # a selection: no coverage floor
+  exit
+fi
+echo "== pytest: unit tests, with the coverage floor on the pure core"
+.venv/bin/pytest tests/unit --cov --cov-report=term
+echo "== pytest: integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
+.venv/bin/pytest tests/integration tests/e2e

@@ -1,0 +1,160 @@
+"""The executor's verdicts as tables: what each outcome proves; the checks before a send."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from outbox.kinds import DownstreamContract
+from outbox.states import Event, RejectReason, State
+from workers.gateway import (
+    Accepted,
+    Found,
+    Misuse,
+    NotExecuted,
+    NotFound,
+    NotSent,
+    Receipt,
+    Refused,
+    SubmitOutcome,
+    Unavailable,
+    Unknown,
+)
+from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+RECEIPT = Receipt("re_1", "succeeded", {"amount_minor": 100})
+OUTCOMES: dict[str, SubmitOutcome] = {
+    "accepted": Accepted(RECEIPT),
+    "business": Refused(RejectReason.BUSINESS_REJECTED, "order_closed", 402),
+    "invalid": Refused(RejectReason.INVALID_PARAMS, "invalid_request", 400),
+    "denied": Refused(RejectReason.PERMISSION_DENIED, "authentication_error", 401),
+    "not_sent": NotSent("connection refused"),
+    "rate_limited": NotExecuted(429, retry_after=5.0),
+    "not_executed": NotExecuted(503),
+    "unknown": Unknown("read timeout"),
+    "misuse": Misuse("receipt_mismatch", "amount differs", 200),
+}
+CONTRACTS = {
+    "idempotent": DownstreamContract(),
+    "not_idempotent": DownstreamContract(idempotent=False),
+    "no_lookup": DownstreamContract(queryable=False),
+    "neither": DownstreamContract(idempotent=False, queryable=False),
+}
+BUDGETS = {
+    "room": Budget(1, 5, NOW + timedelta(seconds=60)),
+    "last_attempt": Budget(5, 5, NOW + timedelta(seconds=60)),
+    "deadline_near": Budget(1, 5, NOW + timedelta(seconds=3)),
+}
+
+
+def expected(outcome: str, contract: str, budget: str) -> tuple[Event, State, str | None]:
+    """DESIGN.md's classification table, written out independently of judge_submit."""
+    if outcome == "accepted":
+        return Event.ACCEPT, State.SUCCEEDED, None
+    if outcome in ("business", "invalid", "denied"):
+        return Event.REFUSE, State.REJECTED, None
+    if outcome == "unknown":
+        review = "ambiguous_without_idempotency_or_lookup" if contract == "neither" else None
+        return Event.LOSE, State.UNKNOWN, review
+    if outcome == "misuse":
+        return Event.LOSE, State.UNKNOWN, "receipt_mismatch"
+    # not sent / not executed: retry within the budget, with the same key
+    if outcome != "not_sent" and contract in ("not_idempotent", "neither"):
+        return Event.GIVE_UP, State.REJECTED, None  # one automatic send only
+    if budget == "last_attempt":
+        return Event.GIVE_UP, State.REJECTED, None
+    if outcome == "rate_limited" and budget == "deadline_near":
+        return Event.GIVE_UP, State.REJECTED, None  # Retry-After does not fit
+    return Event.DEFER, State.PLANNED, None
+
+
+@pytest.mark.parametrize(
+    ("outcome", "contract", "budget"), list(itertools.product(OUTCOMES, CONTRACTS, BUDGETS))
+)
+def test_verdict_table(outcome: str, contract: str, budget: str) -> None:
+    v = judge_submit(
+        OUTCOMES[outcome],
+        budget=BUDGETS[budget],
+        contract=CONTRACTS[contract],
+        now=NOW,
+        rand=lambda: 0.5,
+    )
+    event, to, review = expected(outcome, contract, budget)
+    assert (v.event, v.to, v.review) == (event, to, review)
+    if to is State.REJECTED:
+        assert v.reason is not None
+        if event is Event.GIVE_UP:
+            assert v.reason is RejectReason.NOT_EXECUTED
+        else:
+            assert v.reason is OUTCOMES[outcome].reason  # type: ignore[union-attr]
+    else:
+        assert v.reason is None
+    if to is State.SUCCEEDED:
+        assert v.receipt == RECEIPT.as_dict()
+    if to is State.PLANNED:
+        assert v.next_attempt_at is not None
+        assert NOW <= v.next_attempt_at < BUDGETS[budget].deadline
+        if outcome == "rate_limited":
+            assert v.next_attempt_at == NOW + timedelta(seconds=5)  # Retry-After honoured
+
+
+def test_recovery_settles_only_from_a_found_receipt() -> None:
+    found = judge_recovery(Found(RECEIPT))
+    assert (found.event, found.to) == (Event.FIND, State.SUCCEEDED)
+    refused = judge_recovery(
+        Found(Receipt("re_2", "rejected", {}), RejectReason.BUSINESS_REJECTED, "closed")
+    )
+    assert (refused.to, refused.reason) == (State.REJECTED, RejectReason.BUSINESS_REJECTED)
+    for lookup in (NotFound(), Unavailable("down"), None):
+        v = judge_recovery(lookup)
+        assert (v.event, v.to) == (Event.ABANDON, State.UNKNOWN)
+
+
+CHECK_BASE: dict[str, object] = {
+    "now": NOW,
+    "deadline": NOW + timedelta(seconds=60),
+    "attempts": 1,
+    "max_attempts": 5,
+    "reached_downstream": 0,
+    "first_sent_at": NOW - timedelta(seconds=10),
+    "contract": DownstreamContract(),
+    "run_cancelled": False,
+    "fingerprint_ok": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({}, None),
+        ({"run_cancelled": True}, "run_cancelled"),
+        ({"fingerprint_ok": False}, "fingerprint_mismatch"),
+        ({"deadline": NOW}, "deadline_passed"),
+        ({"attempts": 5}, "attempts_exhausted"),
+        ({"first_sent_at": NOW - timedelta(hours=24)}, "key_retention_passed"),
+        (
+            {"contract": DownstreamContract(idempotent=False), "reached_downstream": 1},
+            "one_send_without_idempotency",
+        ),
+        ({"contract": DownstreamContract(idempotent=False), "reached_downstream": 0}, None),
+        ({"first_sent_at": None}, None),
+    ],
+)
+def test_checks_before_a_send(change: dict[str, object], why: str | None) -> None:
+    check = check_before_send(**{**CHECK_BASE, **change})  # type: ignore[arg-type]
+    if why is None:
+        assert check is None
+    elif why == "run_cancelled":
+        assert check is not None
+        assert (check.event, check.to, check.reason) == (Event.CANCEL, State.CANCELLED, None)
+    else:
+        assert check is not None
+        assert (check.event, check.to, check.reason, check.why) == (
+            Event.GIVE_UP,
+            State.REJECTED,
+            RejectReason.NOT_EXECUTED,
+            why,
+        )
