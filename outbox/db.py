@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, Float, bindparam, create_engine, event
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
@@ -44,28 +44,28 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 
 class db_now(FunctionElement[Any]):
-    """The database's clock plus ``offset`` seconds (leases and due times use database time)."""
+    """The database's clock plus ``offset`` seconds (leases and due times use database time).
+
+    The offset is a bound parameter, so one cached statement serves every offset.
+    """
 
     type = UTCDateTime()
     inherit_cache = True
 
     def __init__(self, offset: float = 0.0) -> None:
-        self.offset = float(offset)
-        super().__init__()
+        super().__init__(bindparam(None, float(offset), type_=Float()))
 
 
 @compiles(db_now, "postgresql")
 def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
-    if element.offset:
-        return f"(clock_timestamp() + interval '{element.offset:.6f} seconds')"
-    return "clock_timestamp()"
+    offset = compiler.process(element.clauses, **kw)
+    return f"(clock_timestamp() + make_interval(secs => {offset}))"
 
 
 @compiles(db_now, "sqlite")
 def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
-    if element.offset:
-        return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '{element.offset:+.3f} seconds')"
-    return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    offset = compiler.process(element.clauses, **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', {offset}))"
 
 
 def alembic_config(url: str) -> Any:
