@@ -3,10 +3,15 @@
 1. claim the hinted operations by a conditional update (lease in database time, fencing
    version bumped); re-check cancel flag, fingerprint and budget; write the attempt row and
    ``submitted``; commit.
-2. send each with the stored idempotency key and the remaining deadline, no transaction open.
-3. write the outcome under the lease version (a stale worker's write is refused), with the
-   event row; a not-sent / not-executed outcome schedules ``next_attempt_at`` or stops.
+2. send each with the stored idempotency key and the remaining deadline, no transaction open
+   (a batch is sent concurrently).
+3. write the outcomes of the batch in one transaction, each under its own lease version (a
+   stale worker's write is refused and skips that operation only), with the event rows; a
+   not-sent / not-executed outcome schedules ``next_attempt_at`` or stops.
 An operation found ``submitted`` with an expired lease may have been sent: it is only queried.
+
+The engine has no pre-ping (it costs a round trip and a commit per checkout): a transaction
+that finds its pooled connection dead runs once more on a fresh one (``in_transaction``).
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
@@ -32,6 +38,28 @@ from workers.gateway import Accepted, Gateway, Refused, SubmitOutcome
 from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery, judge_submit
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+    """Run ``work`` in one transaction; once more if the connection turned out to be dead.
+
+    Without pre-ping, a connection that died in the pool (PostgreSQL restarted) fails on its
+    first statement and SQLAlchemy invalidates the pool; the second run gets a fresh
+    connection. Only for work whose writes are all conditional and fenced: if the lost
+    connection did commit, running it again changes nothing (a claim finds the lease taken, an
+    outcome finds the state moved on and is refused as stale).
+    """
+    try:
+        with sessions.begin() as session:
+            return work(session)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        log.warning("database connection lost; running the transaction again")
+    with sessions.begin() as session:
+        return work(session)
 
 
 @dataclass(frozen=True)
@@ -63,65 +91,66 @@ class Executor:
         for claimed in to_recover:
             written.update(self._recover(claimed))
         failpoint("after_claim")
-        for sent in self._send(to_send):
+        sent = self._send(to_send)
+        if sent:
             failpoint("after_send")
-            state = self._record(sent)
-            if state is not None:
-                written[sent.claimed.id] = state
+            written.update(self._record(sent))
         failpoint("after_outcome")
         return written
 
     def _claim(
         self, ids: Sequence[int]
     ) -> tuple[list[tuple[store.Claimed, Kind]], list[store.Claimed], dict[int, State]]:
+        return in_transaction(self.sessions, lambda session: self._claim_in(session, ids))
+
+    def _claim_in(
+        self, session: Session, ids: Sequence[int]
+    ) -> tuple[list[tuple[store.Claimed, Kind]], list[store.Claimed], dict[int, State]]:
         to_send: list[tuple[store.Claimed, Kind]] = []
         to_recover: list[store.Claimed] = []
         written: dict[int, State] = {}
-        with self.sessions.begin() as session:
-            claims = store.claim_for_send(
-                session,
-                worker=self.worker,
-                lease_seconds=self.lease_seconds,
-                ids=ids,
-                extra=self.batch_extra,
+        claims = store.claim_for_send(
+            session,
+            worker=self.worker,
+            lease_seconds=self.lease_seconds,
+            ids=ids,
+            extra=self.batch_extra,
+        )
+        for claimed in claims:
+            if claimed.state is State.SUBMITTED:
+                to_recover.append(claimed)
+                continue
+            kind = self.registry.get(claimed.kind)
+            check = check_before_send(
+                now=claimed.now,
+                deadline=claimed.deadline,
+                attempts=claimed.attempts,
+                max_attempts=claimed.max_attempts,
+                reached_downstream=(
+                    0 if kind.contract.idempotent else store.reached_downstream(session, claimed.id)
+                ),
+                first_sent_at=claimed.first_sent_at,
+                contract=kind.contract,
+                run_cancelled=store.run_cancelled(session, claimed.run_id),
+                fingerprint_ok=self._fingerprint_ok(claimed, kind),
             )
-            for claimed in claims:
-                if claimed.state is State.SUBMITTED:
-                    to_recover.append(claimed)
-                    continue
-                kind = self.registry.get(claimed.kind)
-                check = check_before_send(
-                    now=claimed.now,
-                    deadline=claimed.deadline,
-                    attempts=claimed.attempts,
-                    max_attempts=claimed.max_attempts,
-                    reached_downstream=(
-                        0
-                        if kind.contract.idempotent
-                        else store.reached_downstream(session, claimed.id)
-                    ),
-                    first_sent_at=claimed.first_sent_at,
-                    contract=kind.contract,
-                    run_cancelled=store.run_cancelled(session, claimed.run_id),
-                    fingerprint_ok=self._fingerprint_ok(claimed, kind),
+            if check is not None:
+                store.move(
+                    session,
+                    claimed,
+                    check.event,
+                    check.to,
+                    actor=self.worker,
+                    reason=check.reason,
+                    evidence={"stop": check.why, "sent": False},
                 )
-                if check is not None:
-                    store.move(
-                        session,
-                        claimed,
-                        check.event,
-                        check.to,
-                        actor=self.worker,
-                        reason=check.reason,
-                        evidence={"stop": check.why, "sent": False},
-                    )
-                    written[claimed.id] = check.to
-                    log.info(
-                        "not sent",
-                        extra={"operation_id": claimed.id, "stop": check.why},
-                    )
-                    continue
-                to_send.append((store.start_attempt(session, claimed, worker=self.worker), kind))
+                written[claimed.id] = check.to
+                log.info(
+                    "not sent",
+                    extra={"operation_id": claimed.id, "stop": check.why},
+                )
+                continue
+            to_send.append((store.start_attempt(session, claimed, worker=self.worker), kind))
         return to_send, to_recover, written
 
     def _fingerprint_ok(self, claimed: store.Claimed, kind: Kind) -> bool:
@@ -151,39 +180,55 @@ class Executor:
         )
         return Sent(claimed, kind, outcome, time.monotonic() - started)
 
-    def _record(self, sent: Sent) -> State | None:
-        claimed, outcome = sent.claimed, sent.outcome
-        now = claimed.now + timedelta(seconds=sent.elapsed)
-        verdict = judge_submit(
-            outcome,
-            budget=Budget(claimed.attempts, claimed.max_attempts, claimed.deadline),
-            contract=sent.kind.contract,
-            now=now,
-            rand=self.rand,
-        )
-        status = _status(outcome)
-        try:
-            with self.sessions.begin() as session:
+    def _record(self, batch: list[Sent]) -> dict[int, State]:
+        """Write the outcomes of a batch in one transaction, each under its own lease version.
+
+        A stale lease (a newer claim took the operation over) skips that operation only: its
+        fenced UPDATE matched no row and nothing else of it is written; the others commit.
+        """
+        judged = [(sent, self._judge(sent)) for sent in batch]
+
+        def work(session: Session) -> dict[int, State]:
+            written: dict[int, State] = {}
+            for sent, verdict in judged:
+                claimed, outcome = sent.claimed, sent.outcome
+                try:
+                    self._write(session, claimed, verdict)
+                except StaleLease:
+                    continue
                 store.finish_attempt(
                     session,
                     claimed,
                     proof=outcome.proof.value,
-                    status_code=status,
+                    status_code=_status(outcome),
                     detail=_detail(outcome),
                 )
-                self._write(session, claimed, verdict)
-        except StaleLease:
-            return None
-        log.info(
-            "attempt recorded",
-            extra={
-                "operation_id": claimed.id,
-                "attempt": claimed.attempts,
-                "proof": outcome.proof.value,
-                "state": verdict.to.value,
-            },
+                written[claimed.id] = verdict.to
+            return written
+
+        written = in_transaction(self.sessions, work)
+        for sent, verdict in judged:
+            if sent.claimed.id in written:
+                log.info(
+                    "attempt recorded",
+                    extra={
+                        "operation_id": sent.claimed.id,
+                        "attempt": sent.claimed.attempts,
+                        "proof": sent.outcome.proof.value,
+                        "state": verdict.to.value,
+                    },
+                )
+        return written
+
+    def _judge(self, sent: Sent) -> Verdict:
+        claimed = sent.claimed
+        return judge_submit(
+            sent.outcome,
+            budget=Budget(claimed.attempts, claimed.max_attempts, claimed.deadline),
+            contract=sent.kind.contract,
+            now=claimed.now + timedelta(seconds=sent.elapsed),
+            rand=self.rand,
         )
-        return verdict.to
 
     def _recover(self, claimed: store.Claimed) -> dict[int, State]:
         """The worker that sent this died before recording: ask, never re-send."""
@@ -200,8 +245,12 @@ class Executor:
         else:
             verdict = judge_recovery(None)
         try:
-            with self.sessions.begin() as session:
-                self._write(session, claimed, verdict, lookups=kind.contract.queryable)
+            in_transaction(
+                self.sessions,
+                lambda session: self._write(
+                    session, claimed, verdict, lookups=kind.contract.queryable
+                ),
+            )
         except StaleLease:
             return {}
         return {claimed.id: verdict.to}

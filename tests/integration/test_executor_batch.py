@@ -1,0 +1,142 @@
+"""Batched claims and outcomes: one claim transaction, concurrent sends, one outcome transaction,
+each outcome still fenced by its own lease version; a dead pooled connection costs one retry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, event, select, update
+from sqlalchemy.orm import sessionmaker
+
+from outbox import store
+from outbox.db import make_engine
+from outbox.kinds import Kind
+from outbox.models import Operation, OperationEvent
+from outbox.states import Event, State
+from tests.support.rig import GOOD, Rig
+from workers.gateway import Gateway, SubmitOutcome
+
+
+def enqueue_many(rig: Rig, n: int) -> list[int]:
+    return [rig.enqueue(f"op-{i}", {**GOOD, "amount_minor": 100 + i}) for i in range(n)]
+
+
+class TakeOverDuring:
+    """Sends through ``inner``; while one key is in flight, another worker takes its lease over."""
+
+    def __init__(self, inner: Gateway, rig: Rig, victim: int) -> None:
+        self.inner = inner
+        self.rig = rig
+        self.victim = victim
+        self.key = rig.op(victim).idempotency_key
+
+    def submit(
+        self,
+        *,
+        tenant: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: datetime,
+    ) -> SubmitOutcome:
+        outcome = self.inner.submit(
+            tenant=tenant,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            params=params,
+            deadline=deadline,
+        )
+        if idempotency_key == self.key:  # the sender paused past its lease; a newer claim
+            with self.rig.sessions.begin() as s:
+                s.execute(
+                    update(Operation)
+                    .where(Operation.id == self.victim)
+                    .values(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+                )
+            with self.rig.sessions.begin() as s:
+                (new,) = store.claim_unresolved(s, worker="other", lease_seconds=60, limit=1)
+                store.move(s, new, Event.LOSE, State.UNKNOWN, actor="other")
+        return outcome
+
+    def lookup(self, **kw: Any) -> Any:
+        return self.inner.lookup(**kw)
+
+
+def test_a_stale_lease_in_a_batch_skips_that_operation_only(rig: Rig) -> None:
+    ids = enqueue_many(rig, 4)
+    victim = ids[2]
+    executor = rig.executor(batch_extra=3)
+    executor.gateway = TakeOverDuring(rig.gateway(), rig, victim)
+    written = executor.execute([ids[0]])
+    assert written == {i: State.SUCCEEDED for i in ids if i != victim}
+    for i in ids:
+        assert rig.effects(i) == 1 and rig.sends(i) == 1
+    assert all(rig.op(i).state == "succeeded" for i in ids if i != victim)
+    assert all(rig.attempts(i)[0].proof == "done" for i in ids if i != victim)
+    # The newer claim's verdict stands; the stale worker wrote nothing for it.
+    assert rig.op(victim).state == "unknown"
+    assert rig.attempts(victim)[0].proof is None
+    with rig.sessions() as s:
+        actors = s.scalars(
+            select(OperationEvent.actor)
+            .where(OperationEvent.operation_id == victim)
+            .order_by(OperationEvent.id)
+        ).all()
+    assert actors[1:] == ["w1", "other"]  # claim by w1, verdict by the newer claim
+
+
+@pytest.fixture
+def commits(engine: Engine) -> Iterator[list[int]]:
+    counted = [0]
+
+    def count(_conn: Any) -> None:
+        counted[0] += 1
+
+    event.listen(engine, "commit", count)
+    yield counted
+    event.remove(engine, "commit", count)
+
+
+def test_a_batch_costs_one_claim_and_one_outcome_transaction(rig: Rig, commits: list[int]) -> None:
+    ids = enqueue_many(rig, 5)
+    commits[0] = 0
+    written = rig.executor(batch_extra=4).execute([ids[0]])
+    assert written == dict.fromkeys(ids, State.SUCCEEDED)
+    assert commits[0] == 2
+    assert [rig.sends(i) for i in ids] == [1] * 5
+
+
+def test_hints_for_operations_a_batch_already_took_send_nothing(rig: Rig) -> None:
+    ids = enqueue_many(rig, 3)
+    executor = rig.executor(batch_extra=2)
+    assert executor.execute([ids[0]]) == dict.fromkeys(ids, State.SUCCEEDED)
+    assert [executor.execute([i]) for i in ids[1:]] == [{}, {}]
+    assert [rig.sends(i) for i in ids] == [1, 1, 1]
+
+
+@pytest.mark.postgres
+def test_a_dead_pooled_connection_costs_one_retry_not_the_operation(
+    rig: Rig, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if rig.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL backends only")
+    engine = make_engine(pg_url, pool_pre_ping=False, pool_size=1)
+    try:
+        executor = rig.executor()
+        executor.sessions = sessionmaker(engine, expire_on_commit=False)
+        first, second = enqueue_many(rig, 2)
+        assert executor.execute([first]) == {first: State.SUCCEEDED}
+        with engine.connect() as conn:  # the pooled connection the executor will get again
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        libpq = pg_url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(libpq, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert executor.execute([second]) == {second: State.SUCCEEDED}
+        assert "database connection lost" in caplog.text
+        assert rig.sends(second) == 1 and rig.effects(second) == 1
+    finally:
+        engine.dispose()
