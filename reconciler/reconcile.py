@@ -21,7 +21,7 @@ from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
 from outbox.states import State
 from reconciler.decide import Decision, Situation, decide
-from workers.gateway import Gateway, LookupOutcome
+from workers.gateway import Gateway, LookupOutcome, look_up
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,7 @@ class Reconciler:
         kind = self.registry.get(claimed.kind)
         lookup: LookupOutcome | None = None
         if kind.contract.queryable:
-            lookup = self.gateway.lookup(
-                tenant=claimed.tenant,
-                kind=kind,
-                idempotency_key=claimed.idempotency_key,
-                params=claimed.params,
-                deadline=claimed.now + timedelta(seconds=min(self.client_timeout, 30.0)),
-            )
+            lookup = look_up(self.gateway, claimed, kind, seconds=min(self.client_timeout, 30.0))
         with self.sessions.begin() as session:
             facts = store.facts(session, claimed.id)
             now = store.db_time(session)

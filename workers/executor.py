@@ -34,7 +34,7 @@ from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
 from outbox.states import State
 from workers.failpoints import failpoint
-from workers.gateway import Accepted, Gateway, Refused, SubmitOutcome
+from workers.gateway import Accepted, Gateway, Refused, SubmitOutcome, look_up
 from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery, judge_submit
 
 log = logging.getLogger(__name__)
@@ -234,13 +234,7 @@ class Executor:
         """The worker that sent this died before recording: ask, never re-send."""
         kind = self.registry.get(claimed.kind)
         if kind.contract.queryable:
-            found = self.gateway.lookup(
-                tenant=claimed.tenant,
-                kind=kind,
-                idempotency_key=claimed.idempotency_key,
-                params=claimed.params,
-                deadline=claimed.now + timedelta(seconds=self.lease_seconds / 2),
-            )
+            found = look_up(self.gateway, claimed, kind, seconds=self.lease_seconds / 2)
             verdict = judge_recovery(found)
         else:
             verdict = judge_recovery(None)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from outbox.kinds import Kind
 from outbox.states import RejectReason
+from outbox.store import Claimed
 
 
 class Proof(enum.StrEnum):
@@ -158,3 +159,14 @@ class Gateway(Protocol):
 def receipt_matches(params: Mapping[str, Any], receipt: Receipt) -> bool:
     """True when every intent field the downstream echoed back equals the intent's."""
     return all(receipt.params.get(name) == value for name, value in params.items())
+
+
+def look_up(gateway: Gateway, claimed: Claimed, kind: Kind, *, seconds: float) -> LookupOutcome:
+    """Ask the downstream about a claimed operation, spending at most ``seconds``."""
+    return gateway.lookup(
+        tenant=claimed.tenant,
+        kind=kind,
+        idempotency_key=claimed.idempotency_key,
+        params=claimed.params,
+        deadline=claimed.now + timedelta(seconds=seconds),
+    )
