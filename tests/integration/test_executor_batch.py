@@ -119,11 +119,10 @@ def test_hints_for_operations_a_batch_already_took_send_nothing(rig: Rig) -> Non
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)  # backend pids: PostgreSQL
 def test_a_dead_pooled_connection_costs_one_retry_not_the_operation(
     rig: Rig, pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    if rig.engine.dialect.name != "postgresql":
-        pytest.skip("PostgreSQL backends only")
     engine = make_engine(pg_url, pool_pre_ping=False, pool_size=1)
     try:
         executor = rig.executor()
