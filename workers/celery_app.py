@@ -47,7 +47,12 @@ def broker_options(settings: Settings) -> dict[str, Any]:
         folder = Path(settings.broker_folder)
         folder.mkdir(parents=True, exist_ok=True)
         # One folder for in and out: the worker reads what the app writes.
-        return {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+        return {
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+            "control_folder": str(folder / "control"),  # else kombu writes ./control
+            "processed_folder": str(folder / "processed"),
+        }
     # Far above the longest task (one HTTP attempt is bounded by downstream_timeout).
     return {"visibility_timeout": 6 * 3600}
 

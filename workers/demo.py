@@ -185,27 +185,31 @@ class Demo:
         self.show(self.state(op_id), f"in the review queue ({reason})")
 
     def stop_button(self) -> None:
-        self.say("5. A run of three refunds; the user presses stop while the first is in flight")
+        self.say("5. A run of three refunds; the user presses stop while one is in flight")
         self.control.create_order(TENANT, "C3003", 30000, "CNY")
         ids = [new_op_id() for _ in range(3)]
-        # The first refund is held by the payment service until the user has pressed stop.
-        self.control.add_rule("hold_before_commit", self.key(ids[0]), hold_seconds=30, times=1)
+        # Whichever refund is sent first is held by the payment service until stop is pressed.
+        self.control.add_rule("hold_before_commit", hold_seconds=30, times=1)
         with self.rt.sessions.begin() as s:
             run = open_run(s, tenant=TENANT, title="Refund three items on order C3003")
             for op_id, amount in zip(ids, (3000, 2000, 1000), strict=True):
                 self.refund(s, "C3003", amount, op_id=op_id, run=run)
             handle = run.handle
             self.handles.append(("Refund three items on order C3003", handle))
-        self.wait(
-            "the first refund in flight", lambda: self.control.in_flight(TENANT, self.key(ids[0]))
-        )
+
+        def in_flight() -> str | None:
+            return next((i for i in ids if self.control.in_flight(TENANT, self.key(i))), None)
+
+        self.wait("a refund in flight", lambda: in_flight() is not None)
+        held = in_flight()
+        assert held is not None
         with self.rt.sessions.begin() as s:
             stopped = cancel_run(s, TENANT, handle, actor="user")
         self.say(f"  stop pressed: {len(stopped.cancelled_ids)} planned refund(s) cancelled")
         self.control.release_holds()
         with self.rt.sessions() as s:
             self.echo(_indent(render(run_report(s, TENANT, handle), self.lang)))
-        self.show(self.wait_state(ids[0], *TERMINAL), "the refund in flight, settled later")
+        self.show(self.wait_state(held, *TERMINAL), "the refund in flight, settled later")
 
     def after_sales(self) -> None:
         self.say("6. After-sales: ticket created, pickup scheduling fails, compensation cancels it")

@@ -64,3 +64,4 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(tmp_path: Path, 
     assert folder is not None
     assert not Path(folder.group(1)).exists()
     assert running_with(folder.group(1)) == []
+    assert list(tmp_path.iterdir()) == []  # nothing written where it was started
