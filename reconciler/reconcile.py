@@ -109,16 +109,16 @@ class Reconciler:
                 in_review=facts.in_review,
             )
             decision = decide(situation, lookup)
-            self._write(session, claimed, decision, looked=lookup is not None)
+            self._write(session, claimed, decision, looked=lookup is not None, before=facts.lookups)
         return decision.outcome
 
     def _write(
-        self, session: Session, claimed: store.Claimed, d: Decision, *, looked: bool
+        self, session: Session, claimed: store.Claimed, d: Decision, *, looked: bool, before: int
     ) -> None:
         evidence = dict(d.evidence)
         if d.review is not None:
             evidence["attempts"] = store.attempt_history(session, claimed.id)
-            evidence["lookups"] = store.facts(session, claimed.id).lookups + int(looked)
+            evidence["lookups"] = before + int(looked)
         if d.event is None or d.to is None:
             assert d.recheck_at is not None
             store.touch(
