@@ -206,21 +206,30 @@ class Ledger:
     def begin(self, tenant: str, key: str, fingerprint: str, now: float) -> None:
         """Mark ``key`` in flight (replacing a forgotten or unsaved record)."""
         with self._lock, self._engine.begin() as conn:
-            self._forget(conn, tenant, key)
-            conn.execute(
-                records.insert().values(
-                    tenant=tenant,
-                    idempotency_key=key,
-                    fingerprint=fingerprint,
-                    state="in_flight",
-                    created=now,
-                )
-            )
+            self._save(conn, tenant, key, fingerprint, now, state="in_flight")
 
     def forget(self, tenant: str, key: str) -> None:
         """Drop the record of ``key`` (a request that ended before executing saves nothing)."""
         with self._lock, self._engine.begin() as conn:
             self._forget(conn, tenant, key)
+
+    @classmethod
+    def _save(
+        cls,
+        conn: sa.Connection,
+        tenant: str,
+        key: str,
+        fingerprint: str,
+        now: float,
+        **values: Any,
+    ) -> None:
+        """Replace the record of ``key`` (one record per key and tenant)."""
+        cls._forget(conn, tenant, key)
+        conn.execute(
+            records.insert().values(
+                tenant=tenant, idempotency_key=key, fingerprint=fingerprint, created=now, **values
+            )
+        )
 
     @staticmethod
     def _forget(conn: sa.Connection, tenant: str, key: str) -> None:
@@ -306,19 +315,17 @@ class Ledger:
                     "message": "an internal error happened after processing",
                 }
                 response = Response(503, {"error": error}, {})
-            self._forget(conn, tenant, key)
-            conn.execute(
-                records.insert().values(
-                    tenant=tenant,
-                    idempotency_key=key,
-                    fingerprint=fingerprint,
-                    state="done",
-                    created=now,
-                    response_status=response.status,
-                    response_body=json.dumps(response.body),
-                    response_headers=json.dumps(dict(response.headers)),
-                    outcome=json.dumps(outcome),
-                )
+            self._save(
+                conn,
+                tenant,
+                key,
+                fingerprint,
+                now,
+                state="done",
+                response_status=response.status,
+                response_body=json.dumps(response.body),
+                response_headers=json.dumps(dict(response.headers)),
+                outcome=json.dumps(outcome),
             )
         return Execution(response, outcome)
 
