@@ -200,9 +200,12 @@ def move(
     values: dict[str, Any] | None = None,
     review: str | None = None,
     release: bool = True,
+    receipt: dict[str, Any] | None = None,
+    looked: bool = False,
 ) -> None:
     """Apply one transition under the claim's lease, with its event row (and review item).
 
+    ``receipt`` is stored with its downstream reference; ``looked`` counts a lookup made.
     Raises StaleLease, writing nothing, when a newer claim holds the operation.
     """
     transition(claimed.state, event, to, reason)
@@ -211,6 +214,10 @@ def move(
         "reason": reason.value if reason else None,
         **(values or {}),
     }
+    if receipt is not None:
+        changes.update(receipt=receipt, downstream_ref=receipt.get("reference"))
+    if looked:
+        changes["lookups"] = ops.c.lookups + 1
     if to is State.UNKNOWN and claimed.state is not State.UNKNOWN:
         changes["unknown_since"] = db_now()
     if release:

@@ -133,11 +133,6 @@ class Reconciler:
             )
             return
         values: dict[str, Any] = {}
-        if looked:
-            values["lookups"] = store.ops.c.lookups + 1
-        if d.receipt is not None:
-            values["receipt"] = d.receipt
-            values["downstream_ref"] = d.receipt.get("reference")
         if d.recheck_at is not None or d.to is State.PLANNED:
             values["next_attempt_at"] = d.recheck_at or db_now()
         store.move(
@@ -150,6 +145,8 @@ class Reconciler:
             evidence=evidence,
             values=values,
             review=d.review,
+            receipt=d.receipt,
+            looked=looked,
         )
         if d.to.terminal:
             store.close_reviews(

@@ -255,11 +255,6 @@ class Executor:
         values: dict[str, Any] = {}
         if verdict.next_attempt_at is not None:
             values["next_attempt_at"] = verdict.next_attempt_at
-        if verdict.receipt is not None:
-            values["receipt"] = verdict.receipt
-            values["downstream_ref"] = verdict.receipt.get("reference")
-        if lookups:
-            values["lookups"] = store.ops.c.lookups + 1
         store.move(
             session,
             claimed,
@@ -270,6 +265,8 @@ class Executor:
             evidence=verdict.evidence or None,
             values=values,
             review=verdict.review,
+            receipt=verdict.receipt,
+            looked=lookups,
         )
 
     def close(self) -> None:
