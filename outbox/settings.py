@@ -41,8 +41,10 @@ class Settings(BaseSettings):
     lease_seconds: float = 60.0
     #: Period of the sweeper, which re-hints every due operation (beat).
     sweep_seconds: float = 1.0
-    #: Due operations a worker claims beside the hinted one, sent concurrently.
+    #: Due operations a worker claims beside the hinted ones, sent concurrently.
     claim_batch: int = 0
+    #: Operation ids per hint message (the sweeper's; the app passes its own to the relay).
+    hint_batch: int = Field(default=20, ge=1, le=500)
     #: Where beat keeps its schedule state.
     beat_schedule_file: str = "var/celerybeat-schedule"
     #: How often the reconciler runs, and how long "unknown" may last before review.

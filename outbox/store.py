@@ -8,13 +8,14 @@ and changes nothing if a newer claim has taken over. ``SKIP LOCKED`` only reduce
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, and_, func, insert, or_, select, update
+from sqlalchemy import Table, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import ClauseElement
 
 from outbox.db import db_now
 from outbox.errors import StaleLease
@@ -173,10 +174,16 @@ def due_ids(session: Session, *, limit: int) -> list[int]:
     return ids[:limit]
 
 
-def run_cancelled(session: Session, run_id: int | None) -> bool:
-    if run_id is None:
-        return False
-    return session.scalar(select(Run.cancel_requested_at).where(Run.id == run_id)) is not None
+def cancelled_runs(session: Session, run_ids: Iterable[int | None]) -> set[int]:
+    """Those of ``run_ids`` whose cancellation was requested (no statement when there are none)."""
+    wanted = {r for r in run_ids if r is not None}
+    if not wanted:
+        return set()
+    return set(
+        session.scalars(
+            select(Run.id).where(Run.id.in_(wanted), Run.cancel_requested_at.is_not(None))
+        )
+    )
 
 
 def reached_downstream(session: Session, operation_id: int) -> int:
@@ -186,6 +193,49 @@ def reached_downstream(session: Session, operation_id: int) -> int:
         or_(Attempt.proof.is_(None), Attempt.proof != "not_sent"),
     )
     return int(session.scalar(stmt) or 0)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One transition under a claim's lease, as a value (see ``move`` for the fields)."""
+
+    claimed: Claimed
+    event: Event
+    to: State
+    reason: RejectReason | None = None
+    evidence: dict[str, Any] | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
+    review: str | None = None
+    release: bool = True
+    receipt: dict[str, Any] | None = None
+    looked: bool = False
+
+    def changes(self) -> dict[str, Any]:
+        """The columns this transition writes (values or SQL expressions)."""
+        transition(self.claimed.state, self.event, self.to, self.reason)
+        changes: dict[str, Any] = {
+            "state": self.to.value,
+            "reason": self.reason.value if self.reason else None,
+            **self.values,
+        }
+        if self.receipt is not None:
+            changes.update(receipt=self.receipt, downstream_ref=self.receipt.get("reference"))
+        if self.looked:
+            changes["lookups"] = ops.c.lookups + 1
+        if self.to is State.UNKNOWN and self.claimed.state is not State.UNKNOWN:
+            changes["unknown_since"] = db_now()
+        if self.release:
+            changes.update(lease_owner=None, lease_until=None)
+        return changes
+
+    @property
+    def note(self) -> str | None:
+        """The event row's reason: the reject reason, else why it stopped, else the review."""
+        return (
+            (self.reason.value if self.reason else None)
+            or (self.evidence or {}).get("stop")
+            or self.review
+        )
 
 
 def move(
@@ -208,24 +258,90 @@ def move(
     ``receipt`` is stored with its downstream reference; ``looked`` counts a lookup made.
     Raises StaleLease, writing nothing, when a newer claim holds the operation.
     """
-    transition(claimed.state, event, to, reason)
-    changes: dict[str, Any] = {
-        "state": to.value,
-        "reason": reason.value if reason else None,
-        **(values or {}),
-    }
-    if receipt is not None:
-        changes.update(receipt=receipt, downstream_ref=receipt.get("reference"))
-    if looked:
-        changes["lookups"] = ops.c.lookups + 1
-    if to is State.UNKNOWN and claimed.state is not State.UNKNOWN:
-        changes["unknown_since"] = db_now()
-    if release:
-        changes.update(lease_owner=None, lease_until=None)
-    note = (reason.value if reason else None) or (evidence or {}).get("stop") or review
-    _fenced_write(session, claimed, changes, to=to, actor=actor, note=note, evidence=evidence)
-    if review is not None:
-        open_review(session, claimed.id, claimed.tenant, review, evidence or {})
+    apply(
+        session,
+        Move(claimed, event, to, reason, evidence, values or {}, review, release, receipt, looked),
+        actor=actor,
+    )
+
+
+def apply(session: Session, one: Move, *, actor: str) -> None:
+    """``move`` for a Move value."""
+    _fenced_write(
+        session, one.claimed, one.changes(), to=one.to, actor=actor, note=one.note,
+        evidence=one.evidence,
+    )  # fmt: skip
+    if one.review is not None:
+        open_review(session, one.claimed.id, one.claimed.tenant, one.review, one.evidence or {})
+
+
+class StaleBatch(Exception):
+    """A fence of ``move_many`` did not hold; the caller rolls back and moves one by one."""
+
+
+def move_many(session: Session, moves: Sequence[Move], *, actor: str) -> None:
+    """Apply several transitions in a few statements, each fenced by its own lease version.
+
+    One executemany UPDATE per shape of change (usually one), one multi-row event insert.
+    A single move is applied by ``move`` (StaleLease, logged, when its fence fails). For
+    several, the fences are checked by the total row count: when any failed, StaleBatch is
+    raised and the caller must roll the transaction back and apply the moves one by one with
+    ``move``, which tells exactly which operation a newer claim took over. The rows updated
+    stay locked until the commit, so the event rows written after the check describe them.
+    """
+    if len(moves) <= 1:
+        for one in moves:  # one operation: StaleLease says which, as ``move`` does
+            apply(session, one, actor=actor)
+        return
+    groups: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    for one in moves:
+        changes = one.changes()
+        exprs = {k: v for k, v in changes.items() if isinstance(v, ClauseElement)}
+        row = {f"m_{k}": v for k, v in changes.items() if k not in exprs}
+        row.update(m_id=one.claimed.id, m_version=one.claimed.lease_version)
+        row["m_from"] = one.claimed.state.value
+        for shape, rows in groups:
+            if (
+                shape.keys() == exprs.keys()
+                and rows[0].keys() == row.keys()
+                and all(shape[k].compare(v) for k, v in exprs.items())
+            ):
+                rows.append(row)
+                break
+        else:
+            groups.append((exprs, [row]))
+    conn = session.connection()
+    for exprs, rows in groups:
+        plain = [k[2:] for k in rows[0] if k not in ("m_id", "m_version", "m_from")]
+        stmt = (
+            update(ops)
+            .where(
+                ops.c.id == bindparam("m_id"),
+                ops.c.lease_version == bindparam("m_version"),
+                ops.c.state == bindparam("m_from"),
+            )
+            .values(updated_at=db_now(), **{k: bindparam(f"m_{k}") for k in plain}, **exprs)
+        )
+        if conn.execute(stmt, rows).rowcount != len(rows):
+            raise StaleBatch
+    conn.execute(
+        insert(OperationEvent).values(at=db_now()),
+        [
+            {
+                "operation_id": one.claimed.id,
+                "from_state": one.claimed.state.value,
+                "to_state": one.to.value,
+                "actor": actor,
+                "lease_version": one.claimed.lease_version,
+                "reason": one.note,
+                "evidence": one.evidence or None,
+            }
+            for one in moves
+        ],
+    )
+    for one in moves:
+        if one.review is not None:
+            open_review(session, one.claimed.id, one.claimed.tenant, one.review, one.evidence or {})
 
 
 def _fenced_write(
@@ -269,52 +385,103 @@ def _fenced_write(
     )
 
 
-def start_attempt(session: Session, claimed: Claimed, *, worker: str) -> Claimed:
-    """Move a claimed planned operation to ``submitted`` and write its attempt row (no commit)."""
-    number = claimed.attempts + 1
-    move(
+def start_attempts(session: Session, claims: Sequence[Claimed], *, worker: str) -> list[Claimed]:
+    """Move claimed planned operations to ``submitted`` and write their attempt rows.
+
+    A few statements for the whole batch, no commit. The claims were taken in this same
+    transaction, so their rows are locked and every fence holds (StaleBatch otherwise).
+    """
+    if not claims:
+        return []
+    move_many(
         session,
-        claimed,
-        Event.CLAIM,
-        State.SUBMITTED,
+        [
+            Move(
+                c,
+                Event.CLAIM,
+                State.SUBMITTED,
+                evidence={"attempt": c.attempts + 1},
+                values={
+                    "attempts": c.attempts + 1,
+                    "first_sent_at": func.coalesce(ops.c.first_sent_at, db_now()),
+                },
+                release=False,
+            )
+            for c in claims
+        ],
         actor=worker,
-        values={
-            "attempts": number,
-            "first_sent_at": func.coalesce(ops.c.first_sent_at, db_now()),
-        },
-        evidence={"attempt": number},
-        release=False,
     )
-    session.execute(
-        insert(Attempt).values(
-            operation_id=claimed.id,
-            number=number,
-            lease_version=claimed.lease_version,
-            worker=worker,
-            started_at=db_now(),
+    session.connection().execute(
+        insert(Attempt).values(started_at=db_now()),
+        [
+            {
+                "operation_id": c.id,
+                "number": c.attempts + 1,
+                "lease_version": c.lease_version,
+                "worker": worker,
+            }
+            for c in claims
+        ],
+    )
+    return [
+        replace(
+            c,
+            state=State.SUBMITTED,
+            attempts=c.attempts + 1,
+            first_sent_at=c.first_sent_at or c.now,
         )
-    )
-    first = claimed.first_sent_at or claimed.now
-    return replace(claimed, state=State.SUBMITTED, attempts=number, first_sent_at=first)
+        for c in claims
+    ]
 
 
-def finish_attempt(
-    session: Session,
-    claimed: Claimed,
-    *,
-    proof: str,
-    status_code: int | None,
-    detail: dict[str, Any] | None,
-) -> None:
-    """Complete the current attempt row with what came back (no commit)."""
-    session.execute(
-        update(Attempt)
-        .where(
-            Attempt.operation_id == claimed.id,
-            Attempt.number == claimed.attempts,
-            Attempt.lease_version == claimed.lease_version,
-        )
-        .values(finished_at=db_now(), proof=proof, status_code=status_code, detail=detail)
+def start_attempt(session: Session, claimed: Claimed, *, worker: str) -> Claimed:
+    """``start_attempts`` for one operation."""
+    return start_attempts(session, [claimed], worker=worker)[0]
+
+
+@dataclass(frozen=True)
+class Finish:
+    """What came back for the current attempt of a claimed operation."""
+
+    claimed: Claimed
+    proof: str
+    status_code: int | None
+    detail: dict[str, Any] | None
+
+
+_FINISH = (
+    update(Attempt)
+    .where(
+        Attempt.operation_id == bindparam("f_id"),
+        Attempt.number == bindparam("f_number"),
+        Attempt.lease_version == bindparam("f_version"),
+    )
+    .values(
+        finished_at=db_now(),
+        proof=bindparam("f_proof"),
+        status_code=bindparam("f_status"),
+        detail=bindparam("f_detail"),
+    )
+)
+
+
+def finish_attempts(session: Session, finishes: Sequence[Finish]) -> None:
+    """Complete the current attempt rows with what came back (one executemany, no commit)."""
+    if not finishes:
+        return
+    session.connection().execute(
+        _FINISH,
+        [
+            {
+                "f_id": f.claimed.id,
+                "f_number": f.claimed.attempts,
+                "f_version": f.claimed.lease_version,
+                "f_proof": f.proof,
+                "f_status": f.status_code,
+                "f_detail": f.detail,
+            }
+            for f in finishes
+        ],
     )
 
 

@@ -116,6 +116,8 @@ class Executor:
             ids=ids,
             extra=self.batch_extra,
         )
+        cancelled = store.cancelled_runs(session, (c.run_id for c in claims))
+        fresh: list[tuple[store.Claimed, Kind]] = []
         for claimed in claims:
             if claimed.state is State.SUBMITTED:
                 to_recover.append(claimed)
@@ -131,7 +133,7 @@ class Executor:
                 ),
                 first_sent_at=claimed.first_sent_at,
                 contract=kind.contract,
-                run_cancelled=store.run_cancelled(session, claimed.run_id),
+                run_cancelled=claimed.run_id in cancelled,
                 fingerprint_ok=self._fingerprint_ok(claimed, kind),
             )
             if check is not None:
@@ -150,7 +152,9 @@ class Executor:
                     extra={"operation_id": claimed.id, "stop": check.why},
                 )
                 continue
-            to_send.append((store.start_attempt(session, claimed, worker=self.worker), kind))
+            fresh.append((claimed, kind))
+        started = store.start_attempts(session, [c for c, _ in fresh], worker=self.worker)
+        to_send = [(c, k) for c, (_, k) in zip(started, fresh, strict=True)]
         return to_send, to_recover, written
 
     def _fingerprint_ok(self, claimed: store.Claimed, kind: Kind) -> bool:
@@ -187,26 +191,15 @@ class Executor:
         fenced UPDATE matched no row and nothing else of it is written; the others commit.
         """
         judged = [(sent, self._judge(sent)) for sent in batch]
-
-        def work(session: Session) -> dict[int, State]:
-            written: dict[int, State] = {}
-            for sent, verdict in judged:
-                claimed, outcome = sent.claimed, sent.outcome
-                try:
-                    self._write(session, claimed, verdict)
-                except StaleLease:
-                    continue
-                store.finish_attempt(
-                    session,
-                    claimed,
-                    proof=outcome.proof.value,
-                    status_code=_status(outcome),
-                    detail=_detail(outcome),
-                )
-                written[claimed.id] = verdict.to
-            return written
-
-        written = in_transaction(self.sessions, work)
+        try:
+            written = in_transaction(
+                self.sessions, lambda session: self._record_all(session, judged)
+            )
+        except store.StaleBatch:
+            # A newer claim took one of them over: one by one, to write all the others.
+            written = in_transaction(
+                self.sessions, lambda session: self._record_each(session, judged)
+            )
         for sent, verdict in judged:
             if sent.claimed.id in written:
                 log.info(
@@ -218,6 +211,26 @@ class Executor:
                         "state": verdict.to.value,
                     },
                 )
+        return written
+
+    def _record_all(self, session: Session, judged: list[tuple[Sent, Verdict]]) -> dict[int, State]:
+        """Every outcome in a few statements; StaleBatch if any fence failed."""
+        store.move_many(session, [self._move(s.claimed, v) for s, v in judged], actor=self.worker)
+        store.finish_attempts(session, [_finish(s) for s, _ in judged])
+        return {s.claimed.id: v.to for s, v in judged}
+
+    def _record_each(
+        self, session: Session, judged: list[tuple[Sent, Verdict]]
+    ) -> dict[int, State]:
+        """Outcome by outcome: a stale one is refused (and logged) and skipped."""
+        written: dict[int, State] = {}
+        for sent, verdict in judged:
+            try:
+                self._write(session, sent.claimed, verdict)
+            except StaleLease:
+                continue
+            store.finish_attempts(session, [_finish(sent)])
+            written[sent.claimed.id] = verdict.to
         return written
 
     def _judge(self, sent: Sent) -> Verdict:
@@ -249,18 +262,14 @@ class Executor:
             return {}
         return {claimed.id: verdict.to}
 
-    def _write(
-        self, session: Session, claimed: store.Claimed, verdict: Verdict, lookups: bool = False
-    ) -> None:
+    def _move(self, claimed: store.Claimed, verdict: Verdict, lookups: bool = False) -> store.Move:
         values: dict[str, Any] = {}
         if verdict.next_attempt_at is not None:
             values["next_attempt_at"] = verdict.next_attempt_at
-        store.move(
-            session,
+        return store.Move(
             claimed,
             verdict.event,
             verdict.to,
-            actor=self.worker,
             reason=verdict.reason,
             evidence=verdict.evidence or None,
             values=values,
@@ -269,9 +278,20 @@ class Executor:
             looked=lookups,
         )
 
+    def _write(
+        self, session: Session, claimed: store.Claimed, verdict: Verdict, lookups: bool = False
+    ) -> None:
+        """One fenced move; StaleLease (nothing written) when a newer claim holds it."""
+        store.apply(session, self._move(claimed, verdict, lookups), actor=self.worker)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+
+
+def _finish(sent: Sent) -> store.Finish:
+    outcome = sent.outcome
+    return store.Finish(sent.claimed, outcome.proof.value, _status(outcome), _detail(outcome))
 
 
 def _status(outcome: SubmitOutcome) -> int | None:

@@ -139,3 +139,65 @@ def test_a_dead_pooled_connection_costs_one_retry_not_the_operation(
         assert rig.sends(second) == 1 and rig.effects(second) == 1
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def statements(engine: Engine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def count(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if statement != "BEGIN":  # SQLite's explicit transaction start
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    yield seen
+    event.remove(engine, "before_cursor_execute", count)
+
+
+def test_a_batch_costs_the_same_statements_whatever_its_size(
+    rig: Rig, statements: list[str]
+) -> None:
+    """Claim, start and outcome writes are set-based: no statement per operation."""
+    counts = []
+    for size, prefix in ((2, "small"), (12, "large")):
+        ids = [rig.enqueue(f"{prefix}-{i}", {**GOOD, "amount_minor": 100 + i}) for i in range(size)]
+        statements.clear()
+        assert rig.executor().execute(ids) == dict.fromkeys(ids, State.SUCCEEDED)
+        counts.append(len(statements))
+        assert [rig.sends(i) for i in ids] == [1] * size
+        assert all(rig.attempts(i)[0].proof == "done" for i in ids)
+        assert all(rig.op(i).downstream_ref for i in ids)
+    # claim, to submitted, events, attempts; then outcomes, events, attempts
+    assert counts[0] == counts[1] == 7, statements
+
+
+def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(rig: Rig) -> None:
+    ids = enqueue_many(rig, 3)
+    with rig.sessions.begin() as s:
+        claims = store.claim_for_send(s, worker="w1", lease_seconds=60, ids=ids)
+        started = store.start_attempts(s, claims, worker="w1")
+    with rig.sessions.begin() as s:  # a newer claim bumps the fence of the middle one
+        s.execute(
+            update(Operation)
+            .where(Operation.id == ids[1])
+            .values(lease_version=Operation.lease_version + 1)
+        )
+    moves = [
+        store.Move(c, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": "r"}) for c in started
+    ]
+    with pytest.raises(store.StaleBatch), rig.sessions.begin() as s:
+        store.move_many(s, moves, actor="w1")
+    assert {rig.op(i).state for i in ids} == {"submitted"}  # rolled back: nothing written
+    with rig.sessions.begin() as s:
+        store.move_many(s, [moves[0], moves[2]], actor="w1")
+    assert [rig.op(i).state for i in ids] == ["succeeded", "submitted", "succeeded"]
+    with rig.sessions() as s:
+        last = {
+            i: s.scalars(
+                select(OperationEvent.to_state)
+                .where(OperationEvent.operation_id == i)
+                .order_by(OperationEvent.id.desc())
+            ).first()
+            for i in ids
+        }
+    assert last == {ids[0]: "succeeded", ids[1]: "submitted", ids[2]: "succeeded"}
