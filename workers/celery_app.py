@@ -6,7 +6,9 @@ countdown, ETA or autoretry anywhere: the executor owns retries through the data
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,11 @@ from celery import Celery
 from celery.signals import worker_process_shutdown
 
 from outbox.settings import Settings
+from workers.relay import Publish
 from workers.runtime import Runtime, build_runtime
 from workers.sweeper import sweep
+
+log = logging.getLogger(__name__)
 
 SUBMIT = "settled.submit"
 SWEEP = "settled.sweep"
@@ -92,12 +97,19 @@ def create_app(settings: Settings) -> Celery:
     )
 
     @app.task(name=SUBMIT, ignore_result=True)
-    def submit(operation_id: int) -> None:
-        runtime(settings).executor.execute([operation_id])
+    def submit(operation_ids: list[int] | int) -> None:
+        # A bare id is the hint format of earlier releases, still queued during an upgrade.
+        ids = [operation_ids] if isinstance(operation_ids, int) else operation_ids
+        if not isinstance(ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        ):
+            log.warning("malformed hint dropped")  # the sweeper finds due operations anyway
+            return
+        runtime(settings).executor.execute(ids)
 
     @app.task(name=SWEEP, ignore_result=True)
     def sweep_task() -> None:
-        sweep(runtime(settings).sessions, hint_publisher(app))
+        sweep(runtime(settings).sessions, hint_publisher(app), per_message=settings.hint_batch)
 
     @app.task(name=RECONCILE, ignore_result=True)
     def reconcile_task() -> None:
@@ -105,16 +117,16 @@ def create_app(settings: Settings) -> Celery:
         report = rt.reconciler.run_once()
         if report.outcomes.get("requeued"):
             # Requeued operations are due now: the sweeper would find them, a hint is faster.
-            sweep(rt.sessions, hint_publisher(app))
+            sweep(rt.sessions, hint_publisher(app), per_message=settings.hint_batch)
 
     return app
 
 
-def hint_publisher(app: Celery) -> Any:
-    """A ``publish(operation_id)`` callable for the relay and the sweeper."""
+def hint_publisher(app: Celery) -> Publish:
+    """A ``publish(operation_ids)`` callable for the relay and the sweeper: one message."""
 
-    def publish(operation_id: int) -> None:
-        app.send_task(SUBMIT, args=[operation_id], queue=QUEUE)
+    def publish(operation_ids: Sequence[int]) -> None:
+        app.send_task(SUBMIT, args=[list(operation_ids)], queue=QUEUE)
 
     return publish
 

@@ -30,6 +30,7 @@ from outbox.runs import cancel_run, compensate, open_run, run_report
 from outbox.settings import Settings
 from workers import relay
 from workers.celery_app import create_app, hint_publisher
+from workers.relay import Publish
 from workers.runtime import Runtime, build_runtime
 from workers.simulator import SimulatorControl, start_in_thread
 
@@ -44,7 +45,7 @@ Echo = Callable[[str], None]
 class Demo:
     rt: Runtime
     control: SimulatorControl
-    publish: Callable[[int], None]
+    publish: Publish
     echo: Echo
     started: float = field(default_factory=time.monotonic)
     lang: Lang = "en"

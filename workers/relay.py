@@ -1,13 +1,16 @@
 """The relay: wake-up hints published after the app's transaction commits, never inside it.
 
-A hint carries the operation's database id and nothing else. Losing one costs latency only:
-the sweeper re-hints every due operation.
+A hint carries operation database ids and nothing else: one message per committed transaction
+with the ids of the operations it created (split into messages of at most ``per_message``
+ids), so an app that enqueues many operations in one transaction pays for few messages and a
+worker claims them in one statement. Losing a hint costs latency only: the sweeper re-hints
+every due operation.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,29 +20,46 @@ from outbox.intake import CREATED_KEY as CREATED
 log = logging.getLogger(__name__)
 
 
-Publish = Callable[[int], None]
+#: Publishes one message carrying these operation ids.
+Publish = Callable[[Sequence[int]], None]
+
+#: Operation ids per hint message: enough to amortise a message over a batch, few enough that
+#: the operations of one large transaction spread over several worker processes.
+PER_MESSAGE = 20
 
 
-def publish_hints(publish: Publish, ids: Iterable[int]) -> int:
-    """Publish one hint per id; a broker error is logged, not raised. Returns how many went."""
+def publish_hints(publish: Publish, ids: Iterable[int], *, per_message: int = PER_MESSAGE) -> int:
+    """Publish hints for ``ids``, ``per_message`` to a message; a broker error is logged, not
+    raised (the sweeper brings those operations back). Returns how many ids went out."""
+    if per_message < 1:
+        raise ValueError("per_message must be at least 1")
+    todo = list(ids)
     sent = 0
-    for op in ids:
+    for start in range(0, len(todo), per_message):
+        chunk = todo[start : start + per_message]
         try:
-            publish(op)
-            sent += 1
-        except Exception:  # the sweeper brings the operation back; never fail the app here
+            publish(chunk)
+            sent += len(chunk)
+        except Exception:  # never fail the app here
             log.warning("hint not published; the sweeper will pick it up", exc_info=True)
     return sent
 
 
-def install(target: Session | sessionmaker[Session] | type[Session], publish: Publish) -> None:
+def install(
+    target: Session | sessionmaker[Session] | type[Session],
+    publish: Publish,
+    *,
+    per_message: int = PER_MESSAGE,
+) -> None:
     """Publish hints for the operations intake created, once their transaction commits."""
+    if per_message < 1:
+        raise ValueError("per_message must be at least 1")
 
     @event.listens_for(target, "after_commit")
     def _after_commit(session: Session) -> None:
         ids = session.info.pop(CREATED, None)
         if ids:
-            publish_hints(publish, ids)
+            publish_hints(publish, ids, per_message=per_message)
 
     @event.listens_for(target, "after_rollback")
     def _after_rollback(session: Session) -> None:

@@ -7,16 +7,22 @@ import logging
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
-from workers.relay import Publish, publish_hints
+from workers.relay import PER_MESSAGE, Publish, publish_hints
 
 log = logging.getLogger(__name__)
 
 
-def sweep(sessions: sessionmaker[Session], publish: Publish, *, limit: int = 1000) -> int:
-    """Publish a hint for each due operation (planned and due, or abandoned mid-send)."""
+def sweep(
+    sessions: sessionmaker[Session],
+    publish: Publish,
+    *,
+    limit: int = 1000,
+    per_message: int = PER_MESSAGE,
+) -> int:
+    """Publish hints for the due operations (planned and due, or abandoned mid-send)."""
     with sessions() as session:
         ids = store.due_ids(session, limit=limit)
-    sent = publish_hints(publish, ids)
+    sent = publish_hints(publish, ids, per_message=per_message)
     if ids:
         log.info("sweep", extra={"due": len(ids), "hinted": sent})
     return sent

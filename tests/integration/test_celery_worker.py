@@ -5,6 +5,8 @@ The judge is the simulator's ledger: at most one business effect per operation, 
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -17,13 +19,13 @@ import redis
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.intake import Outbox
+from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
 from tests.support.services import free_port
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import Stack
 from workers import relay
-from workers.celery_app import create_app, hint_publisher
+from workers.celery_app import QUEUE, SUBMIT, create_app, hint_publisher
 from workers.simulator import SimulatorControl, SimulatorHandle
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -150,6 +152,38 @@ def test_operations_enqueued_in_a_transaction_are_sent_by_a_real_worker(
     assert 'settled_attempts_total{outcome="done"} 20.0' in metrics
 
 
+def test_a_commit_publishes_its_hints_in_messages_of_bounded_size(
+    app: App, broker_url: str
+) -> None:
+    client = redis.Redis.from_url(broker_url)
+    try:
+        ids = app.enqueue(45)
+        messages = [json.loads(m) for m in client.lrange("settled", 0, -1)]
+    finally:
+        client.close()
+    carried = [json.loads(base64.b64decode(m["body"]))[0][0] for m in messages]
+    assert sorted(len(c) for c in carried) == [5, 20, 20]  # kombu pushes on the left
+    assert sorted(i for c in carried for i in c) == sorted(ids)
+    assert all(m["headers"]["task"] == SUBMIT for m in messages)
+
+
+def test_a_bare_id_hint_is_served_and_a_malformed_one_dropped(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    with app.sessions.begin() as s:  # no relay: the hints below are the only ones
+        got = app.outbox.enqueue(s, tenant="acme", op_id="op-old", kind="refund", params=GOOD)
+        s.info.pop(CREATED_KEY)
+    op = got.operation.id
+    app.celery.send_task(SUBMIT, args=["not-an-id"], queue=QUEUE)
+    app.celery.send_task(SUBMIT, args=[[op, True]], queue=QUEUE)
+    app.celery.send_task(SUBMIT, args=[op], queue=QUEUE)  # the format of earlier releases
+    stack.start_worker(pool="solo")
+    assert wait_settled(app, stack, [op]) == {op: "succeeded"}
+    wait_until(lambda: stack.logs().count("malformed hint dropped") == 2, 30, "both dropped")
+    (key,) = app.keys([op])
+    assert sim_control.requests("acme", key) == 1
+
+
 def test_rolled_back_intake_publishes_no_hint(app: App, stack: Stack, broker_url: str) -> None:
     with app.sessions() as s:
         app.outbox.enqueue(s, tenant="acme", op_id="op-x", kind="refund", params=GOOD)
@@ -167,7 +201,7 @@ def test_one_hint_delivered_five_times_sends_once(
 ) -> None:
     ids = app.enqueue(1)
     for _ in range(4):
-        app.publish(ids[0])
+        app.publish([ids[0]])
     stack.start_worker(pool="prefork", concurrency=2)
     assert wait_settled(app, stack, ids) == {ids[0]: "succeeded"}
     (key,) = app.keys(ids)
@@ -181,8 +215,8 @@ def test_two_workers_racing_give_one_effect_per_operation(
 ) -> None:
     ids = app.enqueue(40)
     for op in ids:  # every hint three times over, spread over both workers
-        app.publish(op)
-        app.publish(op)
+        app.publish([op])
+        app.publish([op])
     stack.start_worker(pool="prefork", concurrency=2, name="a", beat=True)
     stack.start_worker(pool="prefork", concurrency=2, name="b")
     states = wait_settled(app, stack, ids)
@@ -260,7 +294,7 @@ def test_redis_flushed_mid_run_costs_latency_only(
 ) -> None:
     ids = app.enqueue(30)
     client = redis.Redis.from_url(broker_url)
-    assert client.llen("settled") == 30
+    assert client.llen("settled") == 2  # 20 + 10 ids
     client.flushdb()  # every hint is lost
     client.close()
     stack.start_worker(beat=True, pool="prefork", concurrency=2)
