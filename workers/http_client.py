@@ -3,10 +3,17 @@
 Never retries (the executor owns retries), never spends past the operation's deadline, and
 splits transport errors by phase: nothing sent (connect, pool) vs maybe sent (read, write,
 protocol). The protocol is documented in README.md, "Wire protocol".
+
+Connections are kept alive in a pool shared by the threads that send a batch, and what does not
+change between calls (endpoint URLs, the tenants' Authorization values) is built once. An
+attempt builds its ``httpx.Request`` itself and hands it straight to the transport: there is no
+client layer (no auth flow, no redirects, no cookie jar), so the request goes out exactly as
+built.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -41,6 +48,20 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 
+#: Keep-alive connections the pool keeps: the executor sends a batch from up to 16 threads
+#: through one gateway.
+POOL_SIZE = 16
+#: An idle pooled connection is dropped after this many seconds. It must stay well below the
+#: downstream's idle timeout (the simulator's ``IDLE_TIMEOUT_SECONDS``, 20 s), so the client
+#: always drops an idle connection before the server does and practically never reuses one the
+#: server is closing. If that happens anyway, the attempt fails with a ReadError or
+#: RemoteProtocolError: "maybe sent", i.e. Unknown. That is safe, never a "not sent": the
+#: executor then looks the key up and never re-sends blindly.
+KEEPALIVE_EXPIRY_SECONDS = 5.0
+#: At most this many connections at once (more callers than this wait for one, within their
+#: timeout, and end as PoolTimeout: not sent).
+MAX_CONNECTIONS = 64
+
 #: Nothing left the client: the request provably never reached the downstream.
 _NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: The request may have reached the downstream: its outcome is unknown.
@@ -71,19 +92,27 @@ class HttpGateway:
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
-        self._api_keys = dict(api_keys)
+        #: tenant -> the Authorization value (a SecretStr: never in a repr or a log)
+        self._authorization = {
+            tenant: SecretStr(f"Bearer {key.get_secret_value()}")
+            for tenant, key in api_keys.items()
+        }
         self._timeout = timeout
         self._clock = clock
-        self._client = httpx.Client(
-            base_url=base_url,
-            transport=transport or httpx.HTTPTransport(retries=0),
-            follow_redirects=False,
-            trust_env=False,
+        # httpx's base_url semantics: the endpoint's path is appended to the base URL's path.
+        self._base_url = str(httpx.URL(base_url)).rstrip("/")
+        self._urls: dict[str, httpx.URL] = {}
+        limits = httpx.Limits(
+            max_connections=MAX_CONNECTIONS,
+            max_keepalive_connections=POOL_SIZE,
+            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
         )
+        # Never redirects (no client follows them), never retries, no proxy from the environment.
+        self._transport = transport or httpx.HTTPTransport(retries=0, limits=limits)
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._client.close()
+        self._transport.close()
 
     def __enter__(self) -> HttpGateway:
         return self
@@ -101,7 +130,7 @@ class HttpGateway:
         deadline: datetime,
     ) -> SubmitOutcome:
         """Send one attempt; never retries; never spends past ``deadline``."""
-        key = self._api_keys.get(tenant)
+        key = self._authorization.get(tenant)
         if key is None:
             log.warning(
                 "submit refused locally: no API key for tenant=%s key=%s", tenant, idempotency_key
@@ -111,13 +140,16 @@ class HttpGateway:
         if timeout is None:
             log.info("submit not sent: deadline passed tenant=%s key=%s", tenant, idempotency_key)
             return NotSent("deadline passed before sending")
+        url = self._urls.get(kind.endpoint)
+        if url is None:
+            url = self._urls[kind.endpoint] = httpx.URL(self._base_url + kind.endpoint)
+        headers = self._headers(key, deadline)
+        headers[wire.IDEMPOTENCY_KEY] = idempotency_key
+        headers["Content-Type"] = "application/json"
+        # As httpx encodes ``json=``: compact, UTF-8, no NaN.
+        body = json.dumps(dict(params), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         try:
-            response = self._client.post(
-                kind.endpoint,
-                json=dict(params),
-                headers=self._headers(key, deadline, idempotency_key),
-                timeout=timeout,
-            )
+            response = self._send("POST", url, headers, body.encode(), timeout)
         except _NOT_SENT_ERRORS as exc:
             log.info(
                 "submit not sent tenant=%s key=%s: %s", tenant, idempotency_key, type(exc).__name__
@@ -151,17 +183,16 @@ class HttpGateway:
         deadline: datetime,
     ) -> LookupOutcome:
         """Ask what happened to ``idempotency_key``; the receipt is checked against ``params``."""
-        key = self._api_keys.get(tenant)
+        key = self._authorization.get(tenant)
         if key is None:
             return Unavailable("no API key configured for the tenant")
         timeout = self._timeout_until(deadline)
         if timeout is None:
             return Unavailable("deadline passed before sending")
         path = wire.LOOKUP_PATH.format(key=quote(idempotency_key, safe=""))
+        url = httpx.URL(self._base_url + path)
         try:
-            response = self._client.get(
-                path, headers=self._headers(key, deadline, None), timeout=timeout
-            )
+            response = self._send("GET", url, self._headers(key, deadline), None, timeout)
         except httpx.TransportError as exc:
             log.info(
                 "lookup unavailable tenant=%s key=%s: %s",
@@ -187,16 +218,34 @@ class HttpGateway:
         return min(self._timeout, left)
 
     @staticmethod
-    def _headers(
-        api_key: SecretStr, deadline: datetime, idempotency_key: str | None
-    ) -> dict[str, str]:
-        headers = {
-            wire.AUTHORIZATION: f"Bearer {api_key.get_secret_value()}",
+    def _headers(authorization: SecretStr, deadline: datetime) -> dict[str, str]:
+        return {
+            wire.AUTHORIZATION: authorization.get_secret_value(),
             wire.DEADLINE: wire.format_deadline(deadline),
         }
-        if idempotency_key is not None:
-            headers[wire.IDEMPOTENCY_KEY] = idempotency_key
-        return headers
+
+    def _send(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: dict[str, str],
+        content: bytes | None,
+        timeout: float,
+    ) -> httpx.Response:
+        """One request exactly as built, its whole body read (errors reading it are raised)."""
+        request = httpx.Request(
+            method,
+            url,
+            headers=headers,
+            content=content,
+            extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)},
+        )
+        response = self._transport.handle_request(request)
+        try:
+            response.read()
+        finally:
+            response.close()  # back to the pool (or closed, after an error)
+        return response
 
 
 def classify_submit(

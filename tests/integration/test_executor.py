@@ -20,7 +20,6 @@ from outbox.states import Event, State
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import CLIENT_TIMEOUT
 from workers.executor import Executor
-from workers.http_client import HttpGateway
 
 
 def test_happy_path_records_the_receipt(rig: Rig) -> None:
@@ -153,9 +152,7 @@ def test_persistent_503_never_exceeds_max_attempts(rig: Rig) -> None:
 
 def test_connection_refused_is_not_sent_and_retried(rig: Rig, engine: Engine) -> None:
     op_id = rig.enqueue()
-    dead = HttpGateway(
-        "http://127.0.0.1:9", {rig.tenant.name: rig.tenant.api_key}, timeout=CLIENT_TIMEOUT
-    )
+    dead = rig.gateway("http://127.0.0.1:9", timeout=CLIENT_TIMEOUT)
     executor = Executor(
         sessions=rig.sessions,
         gateway=dead,
@@ -181,7 +178,7 @@ def test_business_refusal_is_rejected_with_reason(rig: Rig) -> None:
 
 def test_wrong_api_key_is_permission_denied_and_never_retried(rig: Rig) -> None:
     op_id = rig.enqueue()
-    gateway = HttpGateway(rig.url, {"acme": SecretStr("sk_wrong")}, timeout=CLIENT_TIMEOUT)
+    gateway = rig.gateway(api_keys={"acme": SecretStr("sk_wrong")}, timeout=CLIENT_TIMEOUT)
     executor = Executor(
         sessions=rig.sessions,
         gateway=gateway,
@@ -308,7 +305,7 @@ def test_abandoned_send_is_queried_never_resent(rig: Rig) -> None:
     with rig.sessions.begin() as s:
         (claimed,) = store.claim_for_send(s, worker="dead", lease_seconds=60, ids=[op_id])
         store.start_attempt(s, claimed, worker="dead")
-    gateway = HttpGateway(rig.url, {"acme": rig.tenant.api_key}, timeout=CLIENT_TIMEOUT)
+    gateway = rig.gateway(timeout=CLIENT_TIMEOUT)
     from outbox.kinds import default_registry as reg
 
     gateway.submit(

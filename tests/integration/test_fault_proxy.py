@@ -98,3 +98,19 @@ def test_lookup_cut_midway_is_unavailable(
     assert isinstance(lookup(proxied_gateway), Unavailable)
     sim_proxy.passthrough()
     assert isinstance(lookup(proxied_gateway), Found)
+
+
+def test_refuse_also_ends_open_connections_so_nothing_is_sent_on_them(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy, sim_control: SimulatorControl
+) -> None:
+    assert isinstance(submit(proxied_gateway), Accepted)  # leaves a kept-alive connection
+    sim_proxy.refuse()
+    outcome = proxied_gateway.submit(
+        tenant="acme",
+        kind=REFUND,
+        idempotency_key="stl_proxy_key_2",
+        params=PARAMS,
+        deadline=datetime.now(UTC) + timedelta(seconds=30),
+    )
+    assert outcome == NotSent("ConnectError")
+    assert sim_control.requests("acme", "stl_proxy_key_2") == 0

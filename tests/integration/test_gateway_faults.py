@@ -7,6 +7,7 @@ import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,8 +31,8 @@ from workers.gateway import (
     Unavailable,
     Unknown,
 )
-from workers.http_client import HttpGateway
-from workers.simulator import Fault, SimulatorControl, SimulatorHandle
+from workers.http_client import POOL_SIZE, HttpGateway
+from workers.simulator import Fault, SimulatorControl, SimulatorHandle, start_in_thread
 
 REGISTRY = default_registry()
 REFUND = REGISTRY.get("refund")
@@ -357,3 +358,53 @@ def test_seeded_schedule_never_gives_two_refunds_per_key(
     counts = {key: sim_control.effects("acme", key) for key in keys}
     assert max(counts.values()) == 1
     assert {e["idempotency_key"] for e in ledger["effects"]} <= set(keys)
+
+
+# -- kept-alive connections -----------------------------------------------------------------
+
+
+def test_connection_the_server_closed_while_idle_is_not_reused(tmp_path: Path) -> None:
+    # The server drops idle connections long before the gateway would (the reverse of the
+    # configured relation): the next attempt must connect anew, not fail on the dead one.
+    with start_in_thread(
+        ledger=str(tmp_path / "ledger.sqlite3"), tenants={"acme": "sk_1"}, idle_timeout=0.2
+    ) as sim:
+        with SimulatorControl(sim.url) as control:
+            control.create_order("acme", "A1", 10000, "CNY")
+        with HttpGateway(sim.url, {"acme": SecretStr("sk_1")}, timeout=CLIENT_TIMEOUT) as gw:
+            assert isinstance(submit(gw, key="k1"), Accepted)
+            wait_until(lambda: sim.open_connections() == 0, what="the server to drop idle ones")
+            assert isinstance(submit(gw, key="k2"), Accepted)
+            assert isinstance(lookup(gw, key="k1"), Found)
+        with SimulatorControl(sim.url) as control:
+            assert control.effects("acme", "k1") == 1
+            assert control.effects("acme", "k2") == 1
+            assert control.requests("acme", "k2") == 1
+
+
+def test_one_gateway_serves_many_threads_at_once(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl, sim_tenant: SimTenant
+) -> None:
+    sim_control.create_order(sim_tenant.name, "A1", 10**6, "CNY")
+    threads, rounds = POOL_SIZE, 4
+    small = {**PARAMS, "amount_minor": 1}
+    start = threading.Barrier(threads)
+    outcomes: dict[str, SubmitOutcome] = {}
+
+    def send(worker: int) -> None:
+        start.wait()
+        for i in range(rounds):
+            key = f"stl_conc_{worker}_{i}"
+            outcomes[key] = submit(sim_gateway, key=key, params=small)
+
+    workers = [threading.Thread(target=send, args=(w,)) for w in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(outcomes) == threads * rounds
+    assert {k: o for k, o in outcomes.items() if not isinstance(o, Accepted)} == {}
+    ledger = sim_control.ledger()
+    assert sorted(e["idempotency_key"] for e in ledger["effects"]) == sorted(outcomes)
+    assert all(row["count"] == 1 for row in ledger["requests"])
+    assert sim_control.refunded("acme", "A1") == threads * rounds

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import socket
 import threading
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support import services
 from tests.support.simtools import SimTenant
 from workers import wire
 from workers.simulator import SimulatorControl, SimulatorHandle, Switches, start_in_thread
@@ -24,6 +30,12 @@ class Client:
     def __init__(self, url: str, api_key: str) -> None:
         self.http = httpx.Client(base_url=url, timeout=5.0, trust_env=False)
         self.api_key = api_key
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
 
     def submit(
         self,
@@ -452,3 +464,243 @@ def test_ledger_records_the_deadline_each_request_carried(
     assert sim_control.requests("acme", "k1") == 1
     (row,) = sim_control.ledger()["requests"]
     assert row["last_deadline"] == "2030-01-01T00:00:00.000Z"
+
+
+# -- connections: HTTP/1.1 keep-alive -------------------------------------------------------
+
+
+def _refund(
+    conn: http.client.HTTPConnection, key: str, api_key: str, params: Mapping[str, Any] = REFUND
+) -> http.client.HTTPResponse:
+    """One refund on ``conn``, its answer read (http.client keeps the socket if it may)."""
+    headers = {
+        "Authorization": f"Bearer {api_key}",
+        "Idempotency-Key": key,
+        "Content-Type": "application/json",
+    }
+    conn.request("POST", "/v1/refunds", body=json.dumps(dict(params)), headers=headers)
+    response = conn.getresponse()
+    response.read()
+    return response
+
+
+@pytest.fixture
+def raw(simulator: SimulatorHandle) -> Iterator[Callable[[], http.client.HTTPConnection]]:
+    """Plain ``http.client`` connections to the simulator (to see which socket carries what)."""
+    opened: list[http.client.HTTPConnection] = []
+
+    def connect() -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(simulator.host, simulator.port, timeout=5)
+        opened.append(conn)
+        return conn
+
+    yield connect
+    for conn in opened:
+        conn.close()
+
+
+@pytest.mark.usefixtures("order")
+def test_one_connection_carries_request_after_request(
+    raw: Callable[[], http.client.HTTPConnection],
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+) -> None:
+    conn = raw()
+    api_key = sim_tenant.api_key.get_secret_value()
+    small = {**REFUND, "amount_minor": 100}
+    sockets = set()
+    for i in range(4):
+        response = _refund(conn, f"k{i}", api_key, small)
+        assert response.status == 200
+        assert not response.will_close
+        sockets.add(conn.sock)
+    assert len(sockets) == 1  # never reconnected: one socket carried all four
+    assert [sim_control.effects("acme", f"k{i}") for i in range(4)] == [1, 1, 1, 1]
+    assert sim_control.refunded("acme", "A1") == 400
+
+
+@pytest.mark.usefixtures("order")
+@pytest.mark.parametrize(
+    ("fault", "effects"), [(Fault.COMMIT_THEN_RESET, 1), (Fault.RESET_BEFORE, 0)]
+)
+def test_reset_on_a_kept_alive_connection_hits_only_the_request_in_flight(
+    raw: Callable[[], http.client.HTTPConnection],
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    fault: Fault,
+    effects: int,
+) -> None:
+    api_key = sim_tenant.api_key.get_secret_value()
+    small = {**REFUND, "amount_minor": 100}
+    one, other = raw(), raw()
+    assert _refund(one, "a1", api_key, small).status == 200
+    assert _refund(other, "b1", api_key, small).status == 200
+    other_socket = other.sock
+    sim_control.add_rule(fault, "a2", times=1)
+    with pytest.raises((ConnectionError, http.client.HTTPException)):
+        _refund(one, "a2", api_key, small)
+    one.close()
+    # The other connection, open all along, is untouched; the next request on a new one works.
+    assert _refund(other, "b2", api_key, small).status == 200
+    assert other.sock is other_socket
+    assert _refund(one, "a3", api_key, small).status == 200
+    counts = {key: sim_control.effects("acme", key) for key in ("a1", "a2", "a3", "b1", "b2")}
+    assert counts == {"a1": 1, "a2": effects, "a3": 1, "b1": 1, "b2": 1}
+    requests = {key: sim_control.requests("acme", key) for key in ("a1", "a2", "a3", "b1", "b2")}
+    assert requests == dict.fromkeys(requests, 1)  # the reset hit a2 once, nothing was re-sent
+
+
+def test_stop_returns_at_once_with_idle_kept_alive_connections(tmp_path: Path) -> None:
+    # An idle timeout far longer than the test may run: stop() must not wait for it.
+    handle = start_in_thread(
+        ledger=str(tmp_path / "ledger.sqlite3"), tenants={"acme": "sk_1"}, idle_timeout=3600
+    )
+    conns = [http.client.HTTPConnection(handle.host, handle.port, timeout=5) for _ in range(3)]
+    stopper = threading.Thread(target=handle.stop, daemon=True)
+    try:
+        for conn in conns:
+            conn.request("GET", "/v1/lookup/k1", headers={"Authorization": "Bearer sk_1"})
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 404
+            assert not response.will_close
+        assert handle.open_connections() == 3
+        stopper.start()
+        stopper.join(timeout=60)  # a hang guard only: stop() returns at once
+        assert not stopper.is_alive(), "stop() waited for idle keep-alive connections"
+        for conn in conns:
+            assert conn.sock is not None
+            assert conn.sock.recv(1) == b""  # the server closed its end
+    finally:
+        for conn in conns:
+            conn.close()
+        if not stopper.is_alive() and stopper.ident is None:
+            handle.stop()  # the test failed before stopping
+
+
+@pytest.mark.usefixtures("order")
+def test_header_names_are_case_insensitive(
+    simulator: SimulatorHandle, sim_control: SimulatorControl, sim_tenant: SimTenant
+) -> None:
+    body = json.dumps(REFUND).encode()
+    head = (
+        "POST /v1/refunds HTTP/1.1\r\nhost: x\r\n"
+        f"authorization: Bearer {sim_tenant.api_key.get_secret_value()}\r\n"
+        "IDEMPOTENCY-KEY: k1\r\nsettled-deadline: 2030-01-01T00:00:00.000Z\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    status, headers, answer = _exchange(simulator, head.encode() + body)
+    assert status == 200
+    assert "connection" not in headers  # HTTP/1.1: the connection stays open
+    assert json.loads(answer)["idempotency_key"] == "k1"
+    assert sim_control.requests("acme", "k1") == 1
+    (row,) = sim_control.ledger()["requests"]
+    assert row["last_deadline"] == "2030-01-01T00:00:00.000Z"
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status"),
+    [
+        (b"POST /v1/refunds HTTP/1.1\r\nContent-Length: nope\r\n\r\n", 400),
+        (b"POST /v1/refunds HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411),
+        (b"POST /v1/refunds HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 413),
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"PUT /v1/refunds HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 501),
+    ],
+    ids=["bad-length", "chunked", "too-large", "bad-request-line", "method"],
+)
+def test_a_request_the_server_cannot_frame_is_answered_and_ends_the_connection(
+    simulator: SimulatorHandle, request_head: bytes, status: int
+) -> None:
+    answered, headers, _ = _exchange(simulator, request_head)
+    assert answered == status
+    assert headers["connection"] == "close"
+
+
+def _exchange(simulator: SimulatorHandle, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes on a fresh connection; read the answer until the server closes or it
+    is complete (by Content-Length)."""
+    with socket.create_connection((simulator.host, simulator.port), timeout=5) as sock:
+        sock.sendall(data)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection without an answer"
+            received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in lines)
+        }
+        while len(body) < int(headers.get("content-length", 0)):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return int(status_line.split()[1]), headers, body
+
+
+# -- tenants and the idempotency lock -------------------------------------------------------
+
+
+@pytest.mark.usefixtures("order")
+def test_rekeying_or_resetting_a_tenant_takes_effect_for_the_next_request(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    assert client.submit("k1").status_code == 200
+    sim_control.add_tenant("acme", "sk_test_acme_rotated")
+    assert client.submit("k2").status_code == 401
+    assert client.submit("k2", api_key="sk_test_acme_rotated").status_code == 200
+    sim_control.reset()
+    assert client.submit("k3", api_key="sk_test_acme_rotated").status_code == 401
+
+
+@pytest.mark.usefixtures("order")
+def test_simultaneous_requests_with_one_key_execute_it_once(
+    simulator: SimulatorHandle, sim_control: SimulatorControl, sim_tenant: SimTenant
+) -> None:
+    sim_control.create_order(sim_tenant.name, "A1", 10**6, "CNY")
+    threads = 12
+    start = threading.Barrier(threads)
+    statuses: list[int] = []
+
+    def send() -> None:
+        with Client(simulator.url, sim_tenant.api_key.get_secret_value()) as c:
+            start.wait()
+            statuses.append(c.submit("k1").status_code)
+
+    workers = [threading.Thread(target=send) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(statuses) == threads
+    assert set(statuses) <= {200, 409}
+    assert 200 in statuses
+    assert sim_control.effects("acme", "k1") == 1
+    assert sim_control.refunded("acme", "A1") == 4000
+    assert sim_control.requests("acme", "k1") == threads
+
+
+# -- the ledger on PostgreSQL ---------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_ledger_on_postgresql_executes_replays_and_survives_a_restart(pg_server: str) -> None:
+    name = f"settled_sim_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with services.throwaway_database(pg_server, name) as url:
+        with start_in_thread(ledger=url, tenants={"acme": "sk_1"}) as first:
+            with SimulatorControl(first.url) as control:
+                control.create_order("acme", "A1", 10000)
+                with Client(first.url, "sk_1") as c:
+                    receipt = c.submit("k1").json()
+                    assert c.submit("k2", {**REFUND, "amount_minor": 6001}).status_code == 402
+                ledger = control.ledger()
+            assert [e["idempotency_key"] for e in ledger["effects"]] == ["k1"]
+            assert ledger["orders"][0]["refunded_minor"] == 4000
+        with start_in_thread(ledger=url) as second, Client(second.url, "sk_1") as c:
+            replay = c.submit("k1")
+            assert replay.headers[wire.REPLAYED] == "true"
+            assert replay.json() == receipt
+            assert c.lookup("k2").json()["error"]["code"] == "amount_exceeds_refundable"

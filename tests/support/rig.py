@@ -3,12 +3,13 @@ read both our rows and the simulator's ledger. A pytest plugin module (``rig`` f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,6 +38,8 @@ class Rig:
     tenant: SimTenant
     url: str
     sessions: sessionmaker[Session]
+    #: every gateway handed out, closed at teardown (their pools hold keep-alive sockets)
+    gateways: list[HttpGateway] = field(default_factory=list)
 
     def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
         gateway = self.gateway()
@@ -50,10 +53,21 @@ class Rig:
             **kw,
         )
 
-    def gateway(self) -> HttpGateway:
-        return HttpGateway(
-            self.url, {self.tenant.name: self.tenant.api_key}, timeout=RIG_CLIENT_TIMEOUT
-        )
+    def gateway(
+        self,
+        url: str | None = None,
+        api_keys: Mapping[str, SecretStr] | None = None,
+        timeout: float = RIG_CLIENT_TIMEOUT,
+    ) -> HttpGateway:
+        """A gateway to the rig's simulator (or ``url``), closed when the test ends."""
+        keys = {self.tenant.name: self.tenant.api_key} if api_keys is None else api_keys
+        gateway = HttpGateway(url or self.url, keys, timeout=timeout)
+        self.gateways.append(gateway)
+        return gateway
+
+    def close(self) -> None:
+        for gateway in self.gateways:
+            gateway.close()
 
     def reconciler(self, registry: KindRegistry | None = None, **kw: Any) -> Reconciler:
         kw.setdefault("client_timeout", 1.0)
@@ -124,7 +138,7 @@ def rig(
     simulator: SimulatorHandle,
 ) -> Iterator[Rig]:
     sim_control.create_order("acme", "A1042", 100000)
-    return Rig(
+    rig = Rig(
         engine,
         outbox,
         sim_control,
@@ -132,3 +146,5 @@ def rig(
         simulator.url,
         sessionmaker(engine, expire_on_commit=False),
     )
+    yield rig
+    rig.close()

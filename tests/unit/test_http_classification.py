@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,7 +28,8 @@ from workers.gateway import (
     Unavailable,
     Unknown,
 )
-from workers.http_client import HttpGateway
+from workers.http_client import KEEPALIVE_EXPIRY_SECONDS, HttpGateway
+from workers.simulator.server import IDLE_TIMEOUT_SECONDS
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 DEADLINE = NOW + timedelta(seconds=60)
@@ -321,6 +322,77 @@ def test_tenant_without_an_api_key_is_refused_without_sending() -> None:
 def test_non_positive_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="timeout"):
         HttpGateway("https://pay.example", {}, timeout=0)
+
+
+def test_requests_carry_exactly_what_the_gateway_sets_and_no_cookies() -> None:
+    recorder = Recorder(
+        lambda r: httpx.Response(200, json=receipt(), headers={"Set-Cookie": "session=s1"})
+    )
+    with gateway(recorder) as gw:
+        for _ in range(2):
+            gw.submit(
+                tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=DEADLINE
+            )
+    first, second = recorder.requests
+    assert "Cookie" not in second.headers  # nothing learnt from one answer rides on the next
+    assert set(first.headers) == {
+        "host",
+        "authorization",
+        "settled-deadline",
+        "idempotency-key",
+        "content-type",
+        "content-length",
+    }
+    assert first.headers["Content-Type"] == "application/json"
+    assert first.content == json.dumps(PARAMS, separators=(",", ":")).encode()
+
+
+def test_base_url_path_is_kept_in_front_of_every_endpoint() -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    with HttpGateway(
+        "https://pay.example/api/",
+        {"acme": SecretStr(API_KEY)},
+        transport=httpx.MockTransport(recorder),
+        clock=lambda: NOW,
+    ) as gw:
+        gw.submit(tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=DEADLINE)
+        gw.lookup(
+            tenant="acme", kind=REFUND, idempotency_key="a/b", params=PARAMS, deadline=DEADLINE
+        )
+    assert [r.url.raw_path for r in recorder.requests] == [
+        b"/api/v1/refunds",
+        b"/api/v1/lookup/a%2Fb",
+    ]
+
+
+class _BrokenBody(httpx.SyncByteStream):
+    """A response body that breaks off after its first bytes (the server went away)."""
+
+    closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield b'{"id": "re_1", '
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete body")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_answer_cut_while_reading_its_body_is_unknown_and_the_connection_released() -> None:
+    body = _BrokenBody()
+    outcome = submit(lambda r: httpx.Response(200, stream=body))
+    assert outcome == Unknown("RemoteProtocolError")
+    assert body.closed
+    lookup_body = _BrokenBody()
+    assert lookup(lambda r: httpx.Response(200, stream=lookup_body)) == Unavailable(
+        "RemoteProtocolError"
+    )
+    assert lookup_body.closed
+
+
+def test_client_drops_idle_connections_before_the_simulator_does() -> None:
+    # The relation that keeps a pooled connection from being reused as the server closes it.
+    assert KEEPALIVE_EXPIRY_SECONDS * 2 <= IDLE_TIMEOUT_SECONDS
 
 
 # -- lookup ---------------------------------------------------------------------------------

@@ -1,9 +1,14 @@
 """A TCP fault proxy to put in front of the simulator (or any downstream) in tests.
 
-Modes: ``pass`` forwards bytes both ways; ``refuse`` closes the listening socket, so connects
-are refused (nothing is sent); ``delay`` holds the response for some seconds (the request has
-reached the downstream); ``cut`` forwards the first bytes of the response, then resets the client.
-A mode applies to connections accepted after it is set.
+Modes: ``pass`` forwards bytes both ways; ``refuse`` closes the listening socket and the open
+connections, so a client must connect anew and is refused (nothing is sent); ``delay`` holds the
+response for some seconds (the request has reached the downstream); ``cut`` forwards the first
+bytes of the response, then resets the client.
+
+Clients keep connections alive, so a mode applies to every response that starts after it is set,
+on open connections as on new ones. (The proxy does not parse HTTP: a response starts with the
+first bytes from upstream after bytes from the client, which holds for clients that do not
+pipeline.)
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class FaultProxy:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._clients: set[socket.socket] = set()
         self._listener: socket.socket | None = self._listen(0)
         self.port: int = self._listener.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
@@ -57,11 +63,16 @@ class FaultProxy:
         self._set(_Setting("cut", cut_after_bytes=after_bytes))
 
     def refuse(self) -> None:
-        """Stop listening: connects are refused until another mode is set."""
+        """Stop listening and close the open connections: connects are refused until another
+        mode is set."""
         with self._lock:
             listener, self._listener = self._listener, None
+            clients = list(self._clients)
         if listener is not None:
             _close_listener(listener)
+        for client in clients:  # its forwarding thread then reads EOF and closes it
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)
 
     def _set(self, setting: _Setting) -> None:
         with self._lock:
@@ -110,27 +121,31 @@ class FaultProxy:
                 client, _ = listener.accept()
             except (TimeoutError, OSError):
                 continue
-            with self._lock:
-                setting = self._setting  # the mode when the connection was accepted
-            thread = threading.Thread(target=self._forward, args=(client, setting), daemon=True)
+            thread = threading.Thread(target=self._forward, args=(client,), daemon=True)
             with self._lock:
                 self._threads = [t for t in self._threads if t.is_alive()]
                 self._threads.append(thread)
+                self._clients.add(client)
             thread.start()
 
-    def _forward(self, client: socket.socket, setting: _Setting) -> None:
-        with client:
-            try:
-                upstream = socket.create_connection(self._upstream, timeout=5)
-            except OSError:
-                _reset(client)
-                return
-            with upstream:
-                self._pump(client, upstream, setting)
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            with client:
+                try:
+                    upstream = socket.create_connection(self._upstream, timeout=5)
+                except OSError:
+                    _reset(client)
+                    return
+                with upstream:
+                    self._pump(client, upstream)
+        finally:
+            with self._lock:
+                self._clients.discard(client)
 
-    def _pump(self, client: socket.socket, upstream: socket.socket, setting: _Setting) -> None:
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        setting = _Setting()
         forwarded = 0
-        delayed = False
+        request_sent = False
         while not self._stopping.is_set():
             readable, _, _ = select.select([client, upstream], [], [], 0.02)
             try:
@@ -139,13 +154,17 @@ class FaultProxy:
                     if not data:
                         return
                     upstream.sendall(data)
+                    request_sent = True
                 if upstream in readable:
                     data = upstream.recv(65536)
                     if not data:
                         return
-                    if setting.mode == "delay" and not delayed:
-                        delayed = True
-                        if self._stopping.wait(setting.delay_seconds):
+                    if request_sent:  # a response starts: the mode set now applies to it
+                        request_sent = False
+                        forwarded = 0
+                        with self._lock:
+                            setting = self._setting
+                        if setting.mode == "delay" and self._stopping.wait(setting.delay_seconds):
                             return
                     if setting.mode == "cut":
                         client.sendall(data[: max(0, setting.cut_after_bytes - forwarded)])

@@ -4,11 +4,17 @@ Order of a submit: authenticate, draw a fault, the faults that act before the id
 (429, 503_before, reset_before), validate, the idempotency layer (replay, conflict, in flight),
 execute and save, then the faults that act on the answer (hold, reset). See
 README.md, "Wire protocol" for the protocol and the control API.
+
+Connections are HTTP/1.1 keep-alive: a connection, and the thread that serves it, carries request
+after request, so a submit costs no connect and no thread start. Request heads are parsed by a
+small reader and each answer goes out in one write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
+import functools
 import hashlib
 import json
 import logging
@@ -36,7 +42,20 @@ log = logging.getLogger(__name__)
 CONTROL_PREFIX = "/_control/"
 LOOKUP_PREFIX = wire.LOOKUP_PATH.format(key="")
 MAX_BODY = 64 * 1024
+MAX_LINE = 65536
+MAX_HEADERS = 100
 DEFAULT_HOLD_SECONDS = 30.0
+#: How long a keep-alive connection may sit idle (or a read or write stall) before the server
+#: closes it. It must stay well above the clients' keep-alive expiry (HttpGateway's
+#: ``KEEPALIVE_EXPIRY_SECONDS``, httpx's default 5 s): a client then always drops an idle
+#: connection before the server does, and practically never sends a request on a connection the
+#: server is closing. (Should that race happen anyway, the client sees a read error, which it
+#: classifies as "maybe sent": safe, the executor then looks the key up, never re-sends.)
+IDLE_TIMEOUT_SECONDS = 20.0
+
+_AUTHORIZATION = wire.AUTHORIZATION.lower()
+_IDEMPOTENCY_KEY = wire.IDEMPOTENCY_KEY.lower()
+_DEADLINE = wire.DEADLINE.lower()
 
 
 @dataclass(frozen=True)
@@ -153,10 +172,48 @@ def fingerprint(path: str, params: Mapping[str, Any]) -> str:
 class _Server(ThreadingHTTPServer):
     daemon_threads = False  # join handler threads on close: no thread outlives stop()
     block_on_close = True
+    # The listen backlog (socketserver's default is 5): a batch opens its connections all at
+    # once, and a connect dropped from a full backlog is retried only a second later.
+    request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], sim: Simulator) -> None:
+    def __init__(
+        self, address: tuple[str, int], sim: Simulator, idle_timeout: float = IDLE_TIMEOUT_SECONDS
+    ) -> None:
         self.sim = sim
+        self.idle_timeout = idle_timeout
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Registered here, in the serving thread, so server_close sees every accepted connection.
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def open_connections(self) -> int:
+        with self._connections_lock:
+            return len(self._connections)
+
+    def shutdown_request(self, request: Any) -> None:
+        try:
+            super().shutdown_request(request)
+        finally:  # only once closed: "not open" means the client can see it closed
+            with self._connections_lock:
+                self._connections.discard(request)
+
+    def server_close(self) -> None:
+        """Stop listening, end every connection's reading side, join every handler thread.
+
+        A thread waiting for the next request on an idle keep-alive connection then reads EOF
+        and ends at once; a thread busy with a request still writes its answer, then ends.
+        """
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RD)
+        super().server_close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that gave up on a held response is the point of some faults, not an error.
@@ -171,13 +228,17 @@ class _Dropped(Exception):
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
-    protocol_version = "HTTP/1.0"  # one request per connection: resets hit exactly one
-    timeout = 10.0
+    # Keep-alive: clients do not pipeline (the next request leaves after the answer), so a reset
+    # still hits exactly one request, the one in flight on the connection.
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # an answer is one write; send it at once
     error_content_type = "application/json"
     error_message_format = (
         '{"error": {"type": "invalid_request", "code": "%(code)d", "message": "%(message)s"}}'
     )
     _dropped = False
+    #: the request's header fields, by lower-case name (the first of repeated fields)
+    fields: dict[str, str]
 
     @property
     def sim(self) -> Simulator:
@@ -186,18 +247,73 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.client_address[0], *args)
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.idle_timeout)
 
     def handle(self) -> None:
         with contextlib.suppress(_Dropped):
             super().handle()
+
+    def handle_one_request(self) -> None:
+        """Serve the connection's next request, or mark the connection as ending."""
+        self.close_connection = True
+        try:
+            line = self.rfile.readline(MAX_LINE + 1)
+            if not line:
+                return  # the client closed the connection (or stop() ended its reading side)
+            if len(line) > MAX_LINE:
+                self.requestline, self.request_version, self.command = "", "HTTP/1.1", ""
+                self.send_error(414)
+                return
+            if not self._parse_head(line):
+                return
+            if self.command not in ("GET", "POST", "DELETE"):
+                self.send_error(501, f"Unsupported method ({self.command!r})")
+                return
+            self._dispatch(self.command)
+        except TimeoutError:
+            self.close_connection = True  # idle past the idle timeout, or a stalled transfer
+
+    def _parse_head(self, request_line: bytes) -> bool:
+        """Read the request line and header fields (a lean stand-in for the stdlib's parser).
+
+        On failure an error has been answered or the connection is to be closed; return False.
+        """
+        self.command = ""
+        self.request_version = "HTTP/1.1"  # what an error about the request line answers in
+        self.requestline = str(request_line, "iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if len(words) != 3 or words[2] not in ("HTTP/1.1", "HTTP/1.0"):
+            self.send_error(400, "Bad request line")
+            return False
+        self.command, self.path, self.request_version = words
+        fields: dict[str, str] = {}
+        for _ in range(MAX_HEADERS):
+            line = self.rfile.readline(MAX_LINE + 1)
+            if len(line) > MAX_LINE:
+                self.send_error(431, "Header line too long")
+                return False
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                return False  # the client went away mid-request
+            name, colon, value = line.partition(b":")
+            if not colon or not name.strip():
+                self.send_error(400, "Bad header line")
+                return False
+            field = name.strip().lower().decode("latin-1")
+            fields.setdefault(field, value.strip().decode("latin-1"))
+        else:
+            self.send_error(431, "Too many headers")
+            return False
+        self.fields = fields
+        connection = fields.get("connection", "").lower()
+        if self.request_version == "HTTP/1.1":
+            self.close_connection = connection == "close"
+        else:
+            self.close_connection = connection != "keep-alive"
+        return True
 
     def finish(self) -> None:
         if not self._dropped:
@@ -221,14 +337,31 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, wire.NOT_FOUND_ERROR, "no_such_route", "no such route")
 
     def _read_body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
+        """The body (by Content-Length); a body it cannot read ends the connection."""
+        if "transfer-encoding" in self.fields:
+            self.close_connection = True
+            self._error(411, wire.INVALID_REQUEST, "length_required", "send a Content-Length")
+            raise _Dropped
+        try:
+            length = int(self.fields.get("content-length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._error(400, wire.INVALID_REQUEST, "bad_content_length", "bad Content-Length")
+            raise _Dropped
         if length > MAX_BODY:
+            self.close_connection = True
             self._error(413, wire.INVALID_REQUEST, "body_too_large", "request body too large")
             raise _Dropped
-        return self.rfile.read(length) if length else b""
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:  # the client went away mid-body: nobody to answer
+            self.close_connection = True
+            raise _Dropped
+        return body
 
     def _tenant(self) -> str | None:
-        auth = self.headers.get(wire.AUTHORIZATION) or ""
+        auth = self.fields.get(_AUTHORIZATION) or ""
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
@@ -242,7 +375,7 @@ class _Handler(BaseHTTPRequestHandler):
         if tenant is None:
             self._error(401, wire.AUTHENTICATION_ERROR, "invalid_api_key", "invalid API key")
             return
-        key = (self.headers.get(wire.IDEMPOTENCY_KEY) or "").strip()
+        key = (self.fields.get(_IDEMPOTENCY_KEY) or "").strip()
         if not key or len(key) > 255:
             self._error(
                 400,
@@ -251,7 +384,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "Idempotency-Key header is required",
             )
             return
-        number = sim.count_request("submit", tenant, key, self.headers.get(wire.DEADLINE))
+        number = sim.count_request("submit", tenant, key, self.fields.get(_DEADLINE))
         rule = sim.faults.pick("submit", tenant, kind.name, key, number)
         fault = rule.fault if rule else None
         if rule is not None and fault is Fault.RATE_LIMITED:
@@ -346,7 +479,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not sim.switches.lookup:
             self._send(404, {}, {})  # no lookup API: a bare 404, not "key not found"
             return
-        number = sim.count_request("lookup", tenant, key, self.headers.get(wire.DEADLINE))
+        number = sim.count_request("lookup", tenant, key, self.fields.get(_DEADLINE))
         record = sim.ledger.record(tenant, key, not_before=sim.retention_floor())
         kind = record.outcome.get("object", "") if record and record.outcome else ""
         rule = sim.faults.pick("lookup", tenant, _kind_of_object(str(kind)), key, number)
@@ -445,14 +578,26 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _send(self, status: int, body: Mapping[str, Any], headers: Mapping[str, str]) -> None:
+        """Answer in one write: status line, header fields and body."""
         payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(payload)
+        head = [
+            f"{self.protocol_version} {status} {self.responses[status][0]}\r\n"
+            f"Server: {self.version_string()}\r\n"
+            f"Date: {_http_date(int(time.time()))}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n"
+        ]
+        head += [f"{name}: {value}\r\n" for name, value in headers.items()]
+        if self.sim.stopping.is_set():
+            self.close_connection = True
+        if self.close_connection:
+            head.append("Connection: close\r\n")
+        elif self.request_version == "HTTP/1.0":
+            head.append("Connection: keep-alive\r\n")
+        head.append("\r\n")
+        self.wfile.write("".join(head).encode("latin-1") + payload)
+        if log.isEnabledFor(logging.DEBUG):
+            self.log_request(status, len(payload))
 
     def _reset(self) -> None:
         """Abort the connection with a TCP RST (SO_LINGER 0, then close) and stop handling."""
@@ -466,6 +611,11 @@ class _Handler(BaseHTTPRequestHandler):
                 stream.close()
         self.connection.close()
         raise _Dropped
+
+
+@functools.lru_cache(maxsize=2)
+def _http_date(second: int) -> str:
+    return email.utils.formatdate(second, usegmt=True)
 
 
 def _default_field(kind: Kind) -> str:
@@ -556,6 +706,10 @@ class SimulatorHandle:
         self.port = int(port)
         self.url = f"http://{self.host}:{self.port}"
 
+    def open_connections(self) -> int:
+        """How many client connections the server holds open (keep-alive ones included)."""
+        return self._server.open_connections()
+
     def stop(self) -> None:
         """Stop serving, end held requests, join every handler thread, close the ledger."""
         self.sim.stopping.set()
@@ -572,13 +726,18 @@ class SimulatorHandle:
 
 
 def _serve(
-    host: str, port: int, ledger: str, test_mode: bool, tenants: Mapping[str, str] | None
+    host: str,
+    port: int,
+    ledger: str,
+    test_mode: bool,
+    tenants: Mapping[str, str] | None,
+    idle_timeout: float = IDLE_TIMEOUT_SECONDS,
 ) -> _Server:
     book = Ledger(engine_for(ledger))
     for tenant, api_key in (tenants or {}).items():
         book.add_tenant(tenant, api_key)
     try:
-        return _Server((host, port), Simulator(book, test_mode=test_mode))
+        return _Server((host, port), Simulator(book, test_mode=test_mode), idle_timeout)
     except BaseException:
         book.close()
         raise
@@ -590,9 +749,14 @@ def start_in_thread(
     ledger: str = ":memory:",
     test_mode: bool = True,
     tenants: Mapping[str, str] | None = None,
+    idle_timeout: float = IDLE_TIMEOUT_SECONDS,
 ) -> SimulatorHandle:
-    """Serve in a daemon thread; ``port=0`` picks a free port (see ``handle.port``)."""
-    server = _serve(host, port, ledger, test_mode, tenants)
+    """Serve in a daemon thread; ``port=0`` picks a free port (see ``handle.port``).
+
+    ``idle_timeout``: how long a keep-alive connection may stay idle (see
+    ``IDLE_TIMEOUT_SECONDS``; tests shorten it to see clients cope with a closed connection).
+    """
+    server = _serve(host, port, ledger, test_mode, tenants, idle_timeout)
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="simulator", daemon=True
     )
