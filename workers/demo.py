@@ -338,7 +338,9 @@ def run_demo(*, lang: str = "en", keep: str | None = None, echo: Echo = print) -
         upgrade(db_url)
         rt = build_runtime(settings)
         celery = create_app(settings)
-        relay.install(rt.sessions, hint_publisher(celery))
+        # One operation per hint: the solo worker then takes a run's refunds one at a time, so
+        # the stop button (case 5) finds the later ones still planned.
+        relay.install(rt.sessions, hint_publisher(celery), per_message=1)
         control = SimulatorControl(sim.url)
         try:
             with _worker(settings, folder):
