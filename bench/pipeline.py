@@ -15,11 +15,16 @@ services:
   then the clock runs from resuming them to the last ``succeeded`` commit and the last hint
   consumed (same method as the no-op drain, so the two rates compare); the worker runs with
   beat, as in production, so the sweeper re-hints any operation retried after a not-sent
-  outcome;
-* commit-to-receipt latency p50/p99 with an open-loop producer at half that rate, one operation
-  per intake transaction, on a fresh worker: from the intake's commit to the commit that wrote
-  the receipt, seen through a NOTIFY trigger the bench installs in its throwaway database for
-  this phase only (a notification is delivered at commit, so no polling);
+  outcome. The backlog is taken 100 operations per intake transaction, so each hint message
+  carries 20 operation ids (the relay's default);
+* the same with one operation per intake transaction (one hint message per operation), on a
+  fresh worker, as a reference: what an app that commits its operations one by one gets;
+* commit-to-receipt latency p50/p99 with an open-loop producer at half the maximum rate, on a
+  fresh worker: operation k arrives at k / rate and one intake transaction commits every
+  operation that has arrived (one per transaction while the producer keeps up; the table
+  prints the mean); measured from the intake's commit to the commit that wrote the receipt,
+  seen through a NOTIFY trigger the bench installs in its throwaway database for this phase
+  only (a notification is delivered at commit, so no polling);
 * worker-side commits per operation, over the max-rate phase: ``xact_commit`` of the database
   in ``pg_stat_database``, read before its worker starts and after every backend of the
   database has exited (exiting backends flush their counters), minus the commits the benchmark
@@ -400,6 +405,7 @@ class PipelineResult:
     intake_per_second: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
     latency_rate: float = 0.0
+    latency_per_commit: float = 0.0
     drained_ops: int = 0  # operations the workers handled in the counted phase
     worker_commits: int = 0
     commit_delta: int = 0
@@ -483,36 +489,80 @@ def start_settled_worker(svc: Services, name: str) -> subprocess.Popen[bytes]:
 
 
 def measure_max_rate(svc: Services, n: int, warmup: int, result: PipelineResult) -> None:
-    """Phase 1: maximum rate and worker-side commits (no LISTEN: its backend would commit)."""
+    """Phase 1: maximum rate and worker-side commits (no LISTEN: its backend would commit).
+
+    The backlog is taken in 100 operations per intake transaction, so the relay publishes one
+    hint message per 20 operations (``workers.relay.PER_MESSAGE``).
+    """
     baseline = settled_commits(svc.admin_url, svc.db_name)
     producer = Producer(svc)
     counter = Counter(svc.db_url)
-    broker = Broker(svc.broker_url)
-    proc = start_settled_worker(svc, "settled-worker-1")
     try:
-        wait_worker(producer.app, proc)
-        producer.intake(warmup, 1)
-        counter.wait(warmup, 60)
-        pause(producer.app)
-        began = time.monotonic()
-        producer.intake(n, 100)
-        result.intake_per_second = n / (time.monotonic() - began)
-        started = time.time()
-        resume(producer.app)
-        done = counter.wait(warmup + n, 600)
-        # Hints for operations a batch already took are still queued: their (empty) claims are
-        # part of the cost, so the drain ends when they are consumed too.
-        poll(lambda: broker.pending() == 0, 600, "the remaining hints", 0.002)
-        result.ops_per_second = n / (max(done, time.time()) - started)
+        result.ops_per_second, result.intake_per_second = drain(
+            svc, producer, counter, "settled-worker-1", n, warmup, per_txn=100
+        )
     finally:
-        svc.stop(proc)  # its backends exit and flush their counters
         producer.close()
         counter.close()
-        broker.close()
     result.drained_ops = warmup + n
     result.commit_delta = settled_commits(svc.admin_url, svc.db_name) - baseline
     result.bench_commits = producer.commits + counter.commits
     result.worker_commits = result.commit_delta - result.bench_commits
+
+
+def measure_single(svc: Services, n: int, warmup: int) -> float:
+    """Phase 1b: the maximum rate when every intake transaction holds one operation (one hint
+    message per operation: the Celery cost per message is paid by every operation)."""
+    producer = Producer(svc)
+    counter = Counter(svc.db_url)
+    try:
+        done_before = counter.succeeded()
+        rate, _ = drain(
+            svc, producer, counter, "settled-worker-3", n, warmup, per_txn=1, base=done_before
+        )
+        return rate
+    finally:
+        producer.close()
+        counter.close()
+
+
+def drain(
+    svc: Services,
+    producer: Producer,
+    counter: Counter,
+    name: str,
+    n: int,
+    warmup: int,
+    *,
+    per_txn: int,
+    base: int = 0,
+) -> tuple[float, float]:
+    """Queue ``n`` operations while the worker's consumer is paused, then time the drain.
+
+    Returns (operations per second from resuming to the last ``succeeded`` commit and the last
+    hint consumed, intake operations per second). The worker is stopped before returning, so
+    its backends exit and flush their counters.
+    """
+    broker = Broker(svc.broker_url)
+    proc = start_settled_worker(svc, name)
+    try:
+        wait_worker(producer.app, proc)
+        producer.intake(warmup, 1)
+        counter.wait(base + warmup, 60)
+        pause(producer.app)
+        began = time.monotonic()
+        producer.intake(n, per_txn)
+        intake_rate = n / (time.monotonic() - began)
+        started = time.time()
+        resume(producer.app)
+        done = counter.wait(base + warmup + n, 600)
+        # Hints for operations a batch already took are still queued: their (empty) claims are
+        # part of the cost, so the drain ends when they are consumed too.
+        poll(lambda: broker.pending() == 0, 600, "the remaining hints", 0.002)
+        return n / (max(done, time.time()) - started), intake_rate
+    finally:
+        svc.stop(proc)
+        broker.close()
 
 
 def measure_latency(
@@ -532,13 +582,21 @@ def measure_latency(
         wait_worker(producer.app, proc)
         notes.wait_for(producer.intake(warmup, 1), 60)
         ids: list[int] = []
+        commits = 0
         t0 = time.monotonic()
-        for k in range(m):
-            wait = t0 + k / rate - time.monotonic()
+        while len(ids) < m:
+            # Open loop: operation k arrives at t0 + k / rate; one transaction commits every
+            # operation that has arrived (one at a time while the producer keeps up).
+            due = t0 + len(ids) / rate
+            wait = due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            ids += producer.intake(1, 1)
+            arrived = 1 + int((time.monotonic() - due) * rate)
+            count = min(m - len(ids), arrived)
+            ids += producer.intake(count, count)
+            commits += 1
         result.latency_rate = m / (time.monotonic() - t0)
+        result.latency_per_commit = m / commits
         notes.wait_for(ids, 120)
         result.latencies_ms = [(notes.seen[i] - producer.committed_at[i]) * 1000 for i in ids]
         if result.latency_rate < 0.95 * rate:
@@ -619,6 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=3000, help="operations in the max-rate drain")
     parser.add_argument("--latency-ops", type=int, default=1000, help="operations at half rate")
+    parser.add_argument(
+        "--single-ops", type=int, default=1000, help="operations, one per intake commit"
+    )
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--noop-tasks", type=int, default=None, help="default: 2 × --ops")
     parser.add_argument("--raw-ops", type=int, default=3000)
@@ -687,6 +748,8 @@ def main(argv: list[str] | None = None) -> int:
             vacuums = autovacuum_runs(db_url)
             measure_max_rate(svc, args.ops, args.warmup, result)
             vacuums = autovacuum_runs(db_url) - vacuums
+            print("measuring the pipeline with one operation per intake commit ...", flush=True)
+            single_rate = measure_single(svc, args.single_ops, args.warmup)
             rate = args.latency_rate or result.ops_per_second / 2
             print(f"measuring commit-to-receipt latency at {rate:.0f} ops/s ...", flush=True)
             measure_latency(svc, args.latency_ops, rate, args.warmup, result)
@@ -694,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
             print("measuring the raw-SQL lifecycle ...", flush=True)
             raw_rate = measure_raw_sql(db_url, args.concurrency, args.raw_ops)
         except BaseException:
-            for name in ("simulator", "noop-worker", "settled-worker"):
+            for name in ("simulator", "noop-worker", *(f"settled-worker-{i}" for i in (1, 2, 3))):
                 tail = svc.log_tail(name)
                 if tail:
                     print(f"--- {name} log (tail)\n{tail}", file=sys.stderr)
@@ -710,8 +773,11 @@ def main(argv: list[str] | None = None) -> int:
         ("end-to-end ops/s (commit → succeeded)", f"{result.ops_per_second:8.0f}",
          f">= {0.6 * noop_rate:.0f} (0.6 × no-op; stretch {0.8 * noop_rate:.0f})"),
         ("  as a fraction of the no-op drain", f"{ratio:8.2f}", ">= 0.60 (stretch 0.80)"),
+        ("  same, one operation per intake commit", f"{single_rate:8.0f}",
+         f"reference ({single_rate / noop_rate:.2f} × no-op)"),
         (f"latency p50 at {result.latency_rate:.0f} ops/s", f"{p50:6.1f} ms", "<= 20 ms"),
         (f"latency p99 at {result.latency_rate:.0f} ops/s", f"{p99:6.1f} ms", "<= 100 ms"),
+        ("  operations per intake commit then", f"{result.latency_per_commit:8.2f}", "reference"),
         ("worker-side commits per operation", f"{per_op:8.2f}", "<= 2.2"),
         ("no-op Celery drain, tasks/s", f"{noop_rate:8.0f}", "reference"),
         ("raw-SQL lifecycle (3 commits), ops/s", f"{raw_rate:8.0f}", "reference"),
