@@ -6,12 +6,13 @@ the business row and the intent commit together, or neither does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -21,7 +22,7 @@ from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, 
 from outbox.fingerprint import Fingerprinter, canonical_params
 from outbox.ids import derive_idempotency_key, validate_op_id, validate_tenant
 from outbox.kinds import KindRegistry, default_registry
-from outbox.models import Operation, OperationEvent, Run
+from outbox.models import Operation, OperationEvent, Run, UTCDateTime
 from outbox.settings import Settings
 from outbox.states import State
 
@@ -133,43 +134,27 @@ class Outbox:
             "fingerprint": self.fingerprinter.fingerprint(spec.name, intent, version),
             "fingerprint_key_version": version,
             "idempotency_key": derive_idempotency_key(self.idempotency_secret, tenant, op_id),
-            "state": State.PLANNED.value,
-            "attempts": 0,
             "max_attempts": attempts,
-            "deadline": deadline if deadline is not None else db_now(self.deadline.total_seconds()),
-            "next_attempt_at": db_now(),
+            "deadline": deadline,  # None: the default deadline, in database time
             "run_id": run.id if run is not None else None,
             "correlation_id": correlation_id,
             "compensates_id": compensates.id if compensates is not None else None,
-            "created_at": db_now(),
-            "updated_at": db_now(),
         }
-        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        stmt = _insert_operation(session.get_bind().dialect.name, self.deadline.total_seconds())
         # Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
         # waits for the other transaction and then inserts nothing instead of raising; on
         # SQLite the write lock is taken before any read, so no lock upgrade can fail.
-        stmt = (
-            insert(Operation)
-            .values(**values)
-            .on_conflict_do_nothing(index_elements=["tenant", "op_id"])
-            .returning(Operation.id)
-        )
-        new_id = session.execute(stmt).scalar_one_or_none()
-        if new_id is not None:
-            session.add(
-                OperationEvent(
-                    operation_id=new_id,
-                    from_state=None,
-                    to_state=State.PLANNED.value,
-                    actor="intake",
-                    evidence={"correlation_id": correlation_id} if correlation_id else None,
-                )
+        op = session.scalars(stmt, values).one_or_none()
+        if op is not None:
+            session.connection().execute(
+                _INSERT_CREATED_EVENT,
+                {
+                    "operation_id": op.id,
+                    "evidence": {"correlation_id": correlation_id} if correlation_id else None,
+                },
             )
-            session.flush()
             # Hints go out after commit, if the app installed the relay (workers.relay).
-            session.info.setdefault(CREATED_KEY, []).append(new_id)
-            op = session.get(Operation, new_id)
-            assert op is not None
+            session.info.setdefault(CREATED_KEY, []).append(op.id)
             return Enqueued(op, created=True)
         existing = _find(session, tenant, op_id)
         if existing is None:  # only under REPEATABLE READ or SERIALIZABLE isolation
@@ -187,6 +172,47 @@ class Outbox:
                 op_id=op_id,
             )
         return Enqueued(existing, created=False)
+
+
+_INTAKE_PARAMS = (
+    "tenant", "op_id", "kind", "params", "fingerprint", "fingerprint_key_version",
+    "idempotency_key", "max_attempts", "run_id", "correlation_id", "compensates_id",
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_operation(dialect: str, default_deadline_seconds: float) -> Any:
+    """The intake INSERT, built once per dialect and default deadline (its compiled form is
+    then cached by SQLAlchemy); returns the new Operation, or nothing on a conflict."""
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    deadline = bindparam("deadline", type_=UTCDateTime())
+    returning = (
+        insert(Operation)
+        .values(
+            **{name: bindparam(name) for name in _INTAKE_PARAMS},
+            state=State.PLANNED.value,
+            attempts=0,
+            deadline=func.coalesce(deadline, db_now(default_deadline_seconds)),
+            next_attempt_at=db_now(),
+            created_at=db_now(),
+            updated_at=db_now(),
+        )
+        .on_conflict_do_nothing(index_elements=["tenant", "op_id"])
+        .returning(Operation)
+    )
+    # As a SELECT from the statement: one row into the session, no ORM bulk-insert machinery.
+    return select(Operation).from_statement(returning)
+
+
+_events: Table = OperationEvent.__table__  # type: ignore[assignment]
+_INSERT_CREATED_EVENT = insert(_events).values(
+    operation_id=bindparam("operation_id"),
+    from_state=None,
+    to_state=State.PLANNED.value,
+    actor="intake",
+    evidence=bindparam("evidence"),
+    at=db_now(),
+)
 
 
 def _find(session: Session, tenant: str, op_id: str) -> Operation | None:
