@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Engine, Float, bindparam, create_engine, event
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.expression import FunctionElement
+from sqlalchemy.sql.expression import BindParameter, FunctionElement
 
 from outbox.models import UTCDateTime
 
@@ -52,8 +52,11 @@ class db_now(FunctionElement[Any]):
     type = UTCDateTime()
     inherit_cache = True
 
-    def __init__(self, offset: float = 0.0) -> None:
-        super().__init__(bindparam(None, float(offset), type_=Float()))
+    def __init__(self, offset: float | BindParameter[float] = 0.0) -> None:
+        if isinstance(offset, BindParameter):  # a named parameter, given at execution
+            super().__init__(offset)
+        else:
+            super().__init__(bindparam(None, float(offset), type_=Float()))
 
 
 @compiles(db_now, "postgresql")

@@ -7,13 +7,15 @@ and changes nothing if a newer claim has taken over. ``SKIP LOCKED`` only reduce
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Float, Table, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -77,26 +79,67 @@ def _due() -> Any:
     return and_(ops.c.state == State.PLANNED.value, ops.c.next_attempt_at <= db_now())
 
 
-def _claim(
-    session: Session, where: Any, *, worker: str, lease_seconds: float, limit: int, order: Any
-) -> list[Claimed]:
-    candidates = select(ops.c.id).where(where).order_by(order).limit(limit)
-    if session.get_bind().dialect.name == "postgresql":
+#: SQL expressions the hot paths share: one object each, so statements built from them can be
+#: cached by shape (see ``_fenced_update``) and compared by identity.
+_NOW = db_now()
+_LOOKUPS_PLUS_ONE = ops.c.lookups + 1
+_FIRST_SENT = func.coalesce(ops.c.first_sent_at, _NOW)
+#: by id: the shared expressions live as long as the module, so their ids never get reused
+_SHARED = {id(e): e for e in (_NOW, _LOOKUPS_PLUS_ONE, _FIRST_SENT)}
+
+
+@functools.lru_cache(maxsize=32)
+def _claim_statement(dialect: str, which: str) -> Any:
+    """The claim UPDATE for ``which`` ("hinted", "due", "unresolved"), built once per dialect.
+
+    Parameters: ``worker``, ``lease_seconds``, ``limit`` and, for "hinted", ``ids``.
+    """
+    order: Any = ops.c.next_attempt_at
+    if which == "hinted":
+        where = and_(
+            ops.c.id.in_(bindparam("ids", expanding=True)),
+            or_(_due(), ops.c.state == State.SUBMITTED.value),
+            _lease_free(),
+        )
+        order = ops.c.id
+    elif which == "due":
+        where = and_(_due(), _lease_free())
+    elif which == "unresolved":
+        where = or_(
+            and_(
+                ops.c.state == State.UNKNOWN.value,
+                ops.c.next_attempt_at <= db_now(),
+                _lease_free(),
+            ),
+            and_(ops.c.state == State.SUBMITTED.value, ops.c.lease_until < db_now()),
+        )
+    else:
+        raise ValueError(which)
+    candidates = select(ops.c.id).where(where).order_by(order).limit(bindparam("limit"))
+    if dialect == "postgresql":
         candidates = candidates.with_for_update(skip_locked=True)
-    stmt = (
+    return (
         update(ops)
         # The WHERE clause is repeated on the row itself: this, not the sub-select, is what
         # makes the claim exclusive.
         .where(ops.c.id.in_(candidates.scalar_subquery()), where)
         .values(
-            lease_owner=worker,
-            lease_until=db_now(lease_seconds),
+            lease_owner=bindparam("worker"),
+            lease_until=db_now(bindparam("lease_seconds", type_=Float())),
             lease_version=ops.c.lease_version + 1,
         )
-        .returning(*_COLUMNS, db_now().label("now"))
+        .returning(*_COLUMNS, _NOW.label("now"))
     )
-    rows = session.execute(stmt).mappings().all()
-    return [Claimed(**{**row, "state": State(row["state"])}) for row in rows]
+
+
+def _claim(
+    session: Session, which: str, *, worker: str, lease_seconds: float, limit: int, **params: Any
+) -> list[Claimed]:
+    stmt = _claim_statement(session.get_bind().dialect.name, which)
+    rows = session.connection().execute(
+        stmt, {"worker": worker, "lease_seconds": float(lease_seconds), "limit": limit, **params}
+    )
+    return [Claimed(**{**row, "state": State(row["state"])}) for row in rows.mappings()]
 
 
 def claim_for_send(
@@ -115,28 +158,16 @@ def claim_for_send(
     """
     claimed: list[Claimed] = []
     if ids:
-        hinted = and_(
-            ops.c.id.in_(list(ids)),
-            or_(_due(), ops.c.state == State.SUBMITTED.value),
-            _lease_free(),
-        )
         claimed += _claim(
             session,
-            hinted,
+            "hinted",
             worker=worker,
             lease_seconds=lease_seconds,
             limit=len(ids),
-            order=ops.c.id,
+            ids=list(ids),
         )
     if extra > 0:
-        claimed += _claim(
-            session,
-            and_(_due(), _lease_free()),
-            worker=worker,
-            lease_seconds=lease_seconds,
-            limit=extra,
-            order=ops.c.next_attempt_at,
-        )
+        claimed += _claim(session, "due", worker=worker, lease_seconds=lease_seconds, limit=extra)
     return claimed
 
 
@@ -148,18 +179,7 @@ def claim_unresolved(
     For unknown operations ``next_attempt_at`` is the time of the next look (the reconciler
     backs off); it never means a send.
     """
-    where = or_(
-        and_(
-            ops.c.state == State.UNKNOWN.value,
-            ops.c.next_attempt_at <= db_now(),
-            _lease_free(),
-        ),
-        and_(ops.c.state == State.SUBMITTED.value, ops.c.lease_until < db_now()),
-    )
-    return _claim(
-        session, where, worker=worker, lease_seconds=lease_seconds, limit=limit,
-        order=ops.c.next_attempt_at,
-    )  # fmt: skip
+    return _claim(session, "unresolved", worker=worker, lease_seconds=lease_seconds, limit=limit)
 
 
 def due_ids(session: Session, *, limit: int) -> list[int]:
@@ -221,9 +241,9 @@ class Move:
         if self.receipt is not None:
             changes.update(receipt=self.receipt, downstream_ref=self.receipt.get("reference"))
         if self.looked:
-            changes["lookups"] = ops.c.lookups + 1
+            changes["lookups"] = _LOOKUPS_PLUS_ONE
         if self.to is State.UNKNOWN and self.claimed.state is not State.UNKNOWN:
-            changes["unknown_since"] = db_now()
+            changes["unknown_since"] = _NOW
         if self.release:
             changes.update(lease_owner=None, lease_until=None)
         return changes
@@ -275,6 +295,39 @@ def apply(session: Session, one: Move, *, actor: str) -> None:
         open_review(session, one.claimed.id, one.claimed.tenant, one.review, one.evidence or {})
 
 
+_statements: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], Any] = {}
+_statements_lock = threading.Lock()
+
+
+def _fenced_update(plain: tuple[str, ...], exprs: Mapping[str, Any]) -> Any:
+    """The fenced UPDATE writing ``plain`` columns from ``m_<column>`` parameters and
+    ``exprs`` as given; cached by shape when every expression is one of the shared ones."""
+    cacheable = all(_SHARED.get(id(v)) is v for v in exprs.values())
+    key = (plain, tuple((k, id(v)) for k, v in exprs.items()))
+    stmt = _statements.get(key) if cacheable else None
+    if stmt is None:
+        stmt = (
+            update(ops)
+            .where(
+                ops.c.id == bindparam("m_id"),
+                ops.c.lease_version == bindparam("m_version"),
+                ops.c.state == bindparam("m_from"),
+            )
+            .values(updated_at=_NOW, **{k: bindparam(f"m_{k}") for k in plain}, **exprs)
+        )
+        if cacheable:
+            with _statements_lock:
+                if len(_statements) < 256:  # shapes are few; never grow without bound
+                    _statements[key] = stmt
+    return stmt
+
+
+_events_table: Table = OperationEvent.__table__  # type: ignore[assignment]
+_INSERT_EVENT = insert(_events_table).values(at=_NOW)
+_attempts_table: Table = Attempt.__table__  # type: ignore[assignment]
+_INSERT_ATTEMPT = insert(_attempts_table).values(started_at=_NOW)
+
+
 class StaleBatch(Exception):
     """A fence of ``move_many`` did not hold; the caller rolls back and moves one by one."""
 
@@ -293,39 +346,25 @@ def move_many(session: Session, moves: Sequence[Move], *, actor: str) -> None:
         for one in moves:  # one operation: StaleLease says which, as ``move`` does
             apply(session, one, actor=actor)
         return
-    groups: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    groups: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], list[dict[str, Any]]] = {}
+    exprs_of: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], dict[str, Any]] = {}
     for one in moves:
         changes = one.changes()
         exprs = {k: v for k, v in changes.items() if isinstance(v, ClauseElement)}
-        row = {f"m_{k}": v for k, v in changes.items() if k not in exprs}
+        plain = tuple(k for k in changes if k not in exprs)
+        shape = (plain, tuple((k, id(v)) for k, v in exprs.items()))
+        exprs_of.setdefault(shape, exprs)
+        row = {f"m_{k}": changes[k] for k in plain}
         row.update(m_id=one.claimed.id, m_version=one.claimed.lease_version)
         row["m_from"] = one.claimed.state.value
-        for shape, rows in groups:
-            if (
-                shape.keys() == exprs.keys()
-                and rows[0].keys() == row.keys()
-                and all(shape[k].compare(v) for k, v in exprs.items())
-            ):
-                rows.append(row)
-                break
-        else:
-            groups.append((exprs, [row]))
+        groups.setdefault(shape, []).append(row)
     conn = session.connection()
-    for exprs, rows in groups:
-        plain = [k[2:] for k in rows[0] if k not in ("m_id", "m_version", "m_from")]
-        stmt = (
-            update(ops)
-            .where(
-                ops.c.id == bindparam("m_id"),
-                ops.c.lease_version == bindparam("m_version"),
-                ops.c.state == bindparam("m_from"),
-            )
-            .values(updated_at=db_now(), **{k: bindparam(f"m_{k}") for k in plain}, **exprs)
-        )
+    for shape, rows in groups.items():
+        stmt = _fenced_update(shape[0], exprs_of[shape])
         if conn.execute(stmt, rows).rowcount != len(rows):
             raise StaleBatch
     conn.execute(
-        insert(OperationEvent).values(at=db_now()),
+        _INSERT_EVENT,
         [
             {
                 "operation_id": one.claimed.id,
@@ -356,32 +395,28 @@ def _fenced_write(
 ) -> None:
     """UPDATE the operation only if the claim's lease version and state still hold, then
     append its event row; StaleLease (nothing written) when a newer claim took over."""
-    result = session.execute(
-        update(ops)
-        .where(
-            ops.c.id == claimed.id,
-            ops.c.lease_version == claimed.lease_version,
-            ops.c.state == claimed.state.value,
-        )
-        .values(updated_at=db_now(), **changes)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    exprs = {k: v for k, v in changes.items() if isinstance(v, ClauseElement)}
+    plain = tuple(k for k in changes if k not in exprs)
+    params = {f"m_{k}": changes[k] for k in plain}
+    params.update(m_id=claimed.id, m_version=claimed.lease_version, m_from=claimed.state.value)
+    conn = session.connection()
+    if conn.execute(_fenced_update(plain, exprs), params).rowcount != 1:
         log.warning(
             "stale write refused",
             extra={"operation_id": claimed.id, "lease_version": claimed.lease_version},
         )
         raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
-    session.execute(
-        insert(OperationEvent).values(
-            operation_id=claimed.id,
-            from_state=claimed.state.value,
-            to_state=to.value,
-            actor=actor,
-            lease_version=claimed.lease_version,
-            reason=note,
-            evidence=evidence or None,
-            at=db_now(),
-        )
+    conn.execute(
+        _INSERT_EVENT,
+        {
+            "operation_id": claimed.id,
+            "from_state": claimed.state.value,
+            "to_state": to.value,
+            "actor": actor,
+            "lease_version": claimed.lease_version,
+            "reason": note,
+            "evidence": evidence or None,
+        },
     )
 
 
@@ -403,7 +438,7 @@ def start_attempts(session: Session, claims: Sequence[Claimed], *, worker: str) 
                 evidence={"attempt": c.attempts + 1},
                 values={
                     "attempts": c.attempts + 1,
-                    "first_sent_at": func.coalesce(ops.c.first_sent_at, db_now()),
+                    "first_sent_at": _FIRST_SENT,
                 },
                 release=False,
             )
@@ -412,7 +447,7 @@ def start_attempts(session: Session, claims: Sequence[Claimed], *, worker: str) 
         actor=worker,
     )
     session.connection().execute(
-        insert(Attempt).values(started_at=db_now()),
+        _INSERT_ATTEMPT,
         [
             {
                 "operation_id": c.id,
@@ -566,7 +601,7 @@ def touch(
         "lease_until": None,
     }
     if looked:
-        values["lookups"] = ops.c.lookups + 1
+        values["lookups"] = _LOOKUPS_PLUS_ONE
     _fenced_write(
         session, claimed, values, to=claimed.state, actor=actor, note=note, evidence=evidence
     )
