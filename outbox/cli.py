@@ -78,6 +78,8 @@ def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str
 
     settings = Settings()
     logs.configure(loglevel)
+    if beat:
+        _beat_folder(settings)
     if settings.metrics_port is not None:
         _serve_metrics(settings)
     app = create_app(settings)
@@ -113,7 +115,17 @@ def beat(loglevel: str) -> None:
     from workers.celery_app import create_app
 
     logs.configure(loglevel)
-    create_app(Settings()).start(["beat", f"--loglevel={loglevel}"])
+    settings = Settings()
+    _beat_folder(settings)
+    create_app(settings).start(["beat", f"--loglevel={loglevel}"])
+
+
+def _beat_folder(settings: Any) -> None:
+    """Create the folder of beat's state file: beat cannot start without it (and then nothing
+    sweeps or reconciles)."""
+    from pathlib import Path
+
+    Path(settings.beat_schedule_file).parent.mkdir(parents=True, exist_ok=True)
 
 
 def _runtime() -> Any:

@@ -184,6 +184,19 @@ def test_a_bare_id_hint_is_served_and_a_malformed_one_dropped(
     assert sim_control.requests("acme", key) == 1
 
 
+def test_beat_creates_the_folder_of_its_state_file_and_sweeps(
+    app: App, stack: Stack, tmp_path: Path
+) -> None:
+    with app.sessions.begin() as s:  # no hint at all: only the sweeper can bring it
+        got = app.outbox.enqueue(s, tenant="acme", op_id="op-swept", kind="refund", params=GOOD)
+        s.info.pop(CREATED_KEY)
+    schedule = tmp_path / "not" / "yet" / "celerybeat-schedule"
+    stack.start_worker(beat=True, SETTLED_BEAT_SCHEDULE_FILE=str(schedule))
+    op = got.operation.id
+    assert wait_settled(app, stack, [op]) == {op: "succeeded"}
+    assert schedule.parent.is_dir()
+
+
 def test_rolled_back_intake_publishes_no_hint(app: App, stack: Stack, broker_url: str) -> None:
     with app.sessions() as s:
         app.outbox.enqueue(s, tenant="acme", op_id="op-x", kind="refund", params=GOOD)
