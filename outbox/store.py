@@ -349,32 +349,18 @@ def move_many(session: Session, moves: Sequence[Move], *, actor: str) -> None:
     groups: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], list[dict[str, Any]]] = {}
     exprs_of: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], dict[str, Any]] = {}
     for one in moves:
-        changes = one.changes()
-        exprs = {k: v for k, v in changes.items() if isinstance(v, ClauseElement)}
-        plain = tuple(k for k in changes if k not in exprs)
+        plain, exprs, row = _fenced_params(one.claimed, one.changes())
         shape = (plain, tuple((k, id(v)) for k, v in exprs.items()))
         exprs_of.setdefault(shape, exprs)
-        row = {f"m_{k}": changes[k] for k in plain}
-        row.update(m_id=one.claimed.id, m_version=one.claimed.lease_version)
-        row["m_from"] = one.claimed.state.value
         groups.setdefault(shape, []).append(row)
     conn = session.connection()
     for shape, rows in groups.items():
-        stmt = _fenced_update(shape[0], exprs_of[shape])
-        if conn.execute(stmt, rows).rowcount != len(rows):
+        if conn.execute(_fenced_update(shape[0], exprs_of[shape]), rows).rowcount != len(rows):
             raise StaleBatch
     conn.execute(
         _INSERT_EVENT,
         [
-            {
-                "operation_id": one.claimed.id,
-                "from_state": one.claimed.state.value,
-                "to_state": one.to.value,
-                "actor": actor,
-                "lease_version": one.claimed.lease_version,
-                "reason": one.note,
-                "evidence": one.evidence or None,
-            }
+            _event_row(one.claimed, one.to, actor=actor, note=one.note, evidence=one.evidence)
             for one in moves
         ],
     )
@@ -395,10 +381,7 @@ def _fenced_write(
 ) -> None:
     """UPDATE the operation only if the claim's lease version and state still hold, then
     append its event row; StaleLease (nothing written) when a newer claim took over."""
-    exprs = {k: v for k, v in changes.items() if isinstance(v, ClauseElement)}
-    plain = tuple(k for k in changes if k not in exprs)
-    params = {f"m_{k}": changes[k] for k in plain}
-    params.update(m_id=claimed.id, m_version=claimed.lease_version, m_from=claimed.state.value)
+    plain, exprs, params = _fenced_params(claimed, changes)
     conn = session.connection()
     if conn.execute(_fenced_update(plain, exprs), params).rowcount != 1:
         log.warning(
@@ -406,18 +389,34 @@ def _fenced_write(
             extra={"operation_id": claimed.id, "lease_version": claimed.lease_version},
         )
         raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
-    conn.execute(
-        _INSERT_EVENT,
-        {
-            "operation_id": claimed.id,
-            "from_state": claimed.state.value,
-            "to_state": to.value,
-            "actor": actor,
-            "lease_version": claimed.lease_version,
-            "reason": note,
-            "evidence": evidence or None,
-        },
-    )
+    conn.execute(_INSERT_EVENT, _event_row(claimed, to, actor=actor, note=note, evidence=evidence))
+
+
+def _fenced_params(
+    claimed: Claimed, changes: Mapping[str, Any]
+) -> tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]:
+    """Split ``changes`` into the plain columns, the SQL expressions, and the parameters of
+    ``_fenced_update`` (the plain values and the claim's fence)."""
+    exprs = {k: v for k, v in changes.items() if isinstance(v, ClauseElement)}
+    plain = tuple(k for k in changes if k not in exprs)
+    params = {f"m_{k}": changes[k] for k in plain}
+    params.update(m_id=claimed.id, m_version=claimed.lease_version, m_from=claimed.state.value)
+    return plain, exprs, params
+
+
+def _event_row(
+    claimed: Claimed, to: State, *, actor: str, note: str | None, evidence: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The parameters of ``_INSERT_EVENT`` for one transition under ``claimed``'s lease."""
+    return {
+        "operation_id": claimed.id,
+        "from_state": claimed.state.value,
+        "to_state": to.value,
+        "actor": actor,
+        "lease_version": claimed.lease_version,
+        "reason": note,
+        "evidence": evidence or None,
+    }
 
 
 def start_attempts(session: Session, claims: Sequence[Claimed], *, worker: str) -> list[Claimed]:
