@@ -16,6 +16,7 @@ that finds its pooled connection dead runs once more on a fresh one (``in_transa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -191,12 +192,14 @@ class Executor:
         fenced UPDATE matched no row and nothing else of it is written; the others commit.
         """
         judged = [(sent, self._judge(sent)) for sent in batch]
-        try:
-            written = in_transaction(
-                self.sessions, lambda session: self._record_all(session, judged)
-            )
-        except store.StaleBatch:
-            # A newer claim took one of them over: one by one, to write all the others.
+        written: dict[int, State] | None = None
+        if len(judged) > 1:
+            # StaleBatch: a newer claim took one of them over; one by one, to write the others.
+            with contextlib.suppress(store.StaleBatch):
+                written = in_transaction(
+                    self.sessions, lambda session: self._record_all(session, judged)
+                )
+        if written is None:
             written = in_transaction(
                 self.sessions, lambda session: self._record_each(session, judged)
             )

@@ -201,3 +201,15 @@ def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(rig: Rig)
             for i in ids
         }
     assert last == {ids[0]: "succeeded", ids[1]: "submitted", ids[2]: "succeeded"}
+
+
+def test_a_stale_lease_on_a_lone_operation_is_refused_once_and_written_by_nobody_else(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    (op,) = enqueue_many(rig, 1)
+    executor = rig.executor()
+    executor.gateway = TakeOverDuring(rig.gateway(), rig, op)
+    assert executor.execute([op]) == {}
+    assert caplog.text.count("stale write refused") == 1
+    assert rig.op(op).state == "unknown"  # the newer claim's verdict stands
+    assert rig.attempts(op)[0].proof is None
