@@ -8,6 +8,7 @@ and changes nothing if a newer claim has taken over. ``SKIP LOCKED`` only reduce
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,17 +16,40 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, Table, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Float,
+    Table,
+    TextClause,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ClauseElement
 
 from outbox.db import db_now
 from outbox.errors import StaleLease
-from outbox.models import Attempt, Operation, OperationEvent, ReviewItem, Run
+from outbox.models import Attempt, Operation, OperationEvent, ReviewItem, Run, UTCDateTime
 from outbox.states import Event, RejectReason, State, transition
 
 log = logging.getLogger(__name__)
 ops: Table = Operation.__table__  # type: ignore[assignment]
+
+#: Where a statement runs: a session's transaction, or a connection (on PostgreSQL the executor
+#: uses an autocommit connection for the writes that are one statement each).
+Bind = Session | Connection
+
+
+def _conn(bind: Bind) -> Connection:
+    return bind.connection() if isinstance(bind, Session) else bind
 
 
 @dataclass(frozen=True)
@@ -133,17 +157,18 @@ def _claim_statement(dialect: str, which: str) -> Any:
 
 
 def _claim(
-    session: Session, which: str, *, worker: str, lease_seconds: float, limit: int, **params: Any
+    bind: Bind, which: str, *, worker: str, lease_seconds: float, limit: int, **params: Any
 ) -> list[Claimed]:
-    stmt = _claim_statement(session.get_bind().dialect.name, which)
-    rows = session.connection().execute(
-        stmt, {"worker": worker, "lease_seconds": float(lease_seconds), "limit": limit, **params}
+    conn = _conn(bind)
+    rows = conn.execute(
+        _claim_statement(conn.dialect.name, which),
+        {"worker": worker, "lease_seconds": float(lease_seconds), "limit": limit, **params},
     )
     return [Claimed(**{**row, "state": State(row["state"])}) for row in rows.mappings()]
 
 
 def claim_for_send(
-    session: Session,
+    bind: Bind,
     *,
     worker: str,
     lease_seconds: float,
@@ -159,7 +184,7 @@ def claim_for_send(
     claimed: list[Claimed] = []
     if ids:
         claimed += _claim(
-            session,
+            bind,
             "hinted",
             worker=worker,
             lease_seconds=lease_seconds,
@@ -167,7 +192,7 @@ def claim_for_send(
             ids=list(ids),
         )
     if extra > 0:
-        claimed += _claim(session, "due", worker=worker, lease_seconds=lease_seconds, limit=extra)
+        claimed += _claim(bind, "due", worker=worker, lease_seconds=lease_seconds, limit=extra)
     return claimed
 
 
@@ -194,25 +219,25 @@ def due_ids(session: Session, *, limit: int) -> list[int]:
     return ids[:limit]
 
 
-def cancelled_runs(session: Session, run_ids: Iterable[int | None]) -> set[int]:
+def cancelled_runs(bind: Bind, run_ids: Iterable[int | None]) -> set[int]:
     """Those of ``run_ids`` whose cancellation was requested (no statement when there are none)."""
     wanted = {r for r in run_ids if r is not None}
     if not wanted:
         return set()
     return set(
-        session.scalars(
+        _conn(bind).scalars(
             select(Run.id).where(Run.id.in_(wanted), Run.cancel_requested_at.is_not(None))
         )
     )
 
 
-def reached_downstream(session: Session, operation_id: int) -> int:
+def reached_downstream(bind: Bind, operation_id: int) -> int:
     """Attempts of this operation that may have reached the downstream (not proven unsent)."""
     stmt = select(func.count()).where(
         Attempt.operation_id == operation_id,
         or_(Attempt.proof.is_(None), Attempt.proof != "not_sent"),
     )
-    return int(session.scalar(stmt) or 0)
+    return int(_conn(bind).scalar(stmt) or 0)
 
 
 @dataclass(frozen=True)
@@ -285,7 +310,7 @@ def move(
     )
 
 
-def apply(session: Session, one: Move, *, actor: str) -> None:
+def apply(session: Bind, one: Move, *, actor: str) -> None:
     """``move`` for a Move value."""
     _fenced_write(
         session, one.claimed, one.changes(), to=one.to, actor=actor, note=one.note,
@@ -328,49 +353,8 @@ _attempts_table: Table = Attempt.__table__  # type: ignore[assignment]
 _INSERT_ATTEMPT = insert(_attempts_table).values(started_at=_NOW)
 
 
-class StaleBatch(Exception):
-    """A fence of ``move_many`` did not hold; the caller rolls back and moves one by one."""
-
-
-def move_many(session: Session, moves: Sequence[Move], *, actor: str) -> None:
-    """Apply several transitions in a few statements, each fenced by its own lease version.
-
-    One executemany UPDATE per shape of change (usually one), one multi-row event insert.
-    A single move is applied by ``move`` (StaleLease, logged, when its fence fails). For
-    several, the fences are checked by the total row count: when any failed, StaleBatch is
-    raised and the caller must roll the transaction back and apply the moves one by one with
-    ``move``, which tells exactly which operation a newer claim took over. The rows updated
-    stay locked until the commit, so the event rows written after the check describe them.
-    """
-    if len(moves) <= 1:
-        for one in moves:  # one operation: StaleLease says which, as ``move`` does
-            apply(session, one, actor=actor)
-        return
-    groups: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], list[dict[str, Any]]] = {}
-    exprs_of: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], dict[str, Any]] = {}
-    for one in moves:
-        plain, exprs, row = _fenced_params(one.claimed, one.changes())
-        shape = (plain, tuple((k, id(v)) for k, v in exprs.items()))
-        exprs_of.setdefault(shape, exprs)
-        groups.setdefault(shape, []).append(row)
-    conn = session.connection()
-    for shape, rows in groups.items():
-        if conn.execute(_fenced_update(shape[0], exprs_of[shape]), rows).rowcount != len(rows):
-            raise StaleBatch
-    conn.execute(
-        _INSERT_EVENT,
-        [
-            _event_row(one.claimed, one.to, actor=actor, note=one.note, evidence=one.evidence)
-            for one in moves
-        ],
-    )
-    for one in moves:
-        if one.review is not None:
-            open_review(session, one.claimed.id, one.claimed.tenant, one.review, one.evidence or {})
-
-
 def _fenced_write(
-    session: Session,
+    session: Bind,
     claimed: Claimed,
     changes: dict[str, Any],
     *,
@@ -382,7 +366,7 @@ def _fenced_write(
     """UPDATE the operation only if the claim's lease version and state still hold, then
     append its event row; StaleLease (nothing written) when a newer claim took over."""
     plain, exprs, params = _fenced_params(claimed, changes)
-    conn = session.connection()
+    conn = _conn(session)
     if conn.execute(_fenced_update(plain, exprs), params).rowcount != 1:
         log.warning(
             "stale write refused",
@@ -419,60 +403,6 @@ def _event_row(
     }
 
 
-def start_attempts(session: Session, claims: Sequence[Claimed], *, worker: str) -> list[Claimed]:
-    """Move claimed planned operations to ``submitted`` and write their attempt rows.
-
-    A few statements for the whole batch, no commit. The claims were taken in this same
-    transaction, so their rows are locked and every fence holds (StaleBatch otherwise).
-    """
-    if not claims:
-        return []
-    move_many(
-        session,
-        [
-            Move(
-                c,
-                Event.CLAIM,
-                State.SUBMITTED,
-                evidence={"attempt": c.attempts + 1},
-                values={
-                    "attempts": c.attempts + 1,
-                    "first_sent_at": _FIRST_SENT,
-                },
-                release=False,
-            )
-            for c in claims
-        ],
-        actor=worker,
-    )
-    session.connection().execute(
-        _INSERT_ATTEMPT,
-        [
-            {
-                "operation_id": c.id,
-                "number": c.attempts + 1,
-                "lease_version": c.lease_version,
-                "worker": worker,
-            }
-            for c in claims
-        ],
-    )
-    return [
-        replace(
-            c,
-            state=State.SUBMITTED,
-            attempts=c.attempts + 1,
-            first_sent_at=c.first_sent_at or c.now,
-        )
-        for c in claims
-    ]
-
-
-def start_attempt(session: Session, claimed: Claimed, *, worker: str) -> Claimed:
-    """``start_attempts`` for one operation."""
-    return start_attempts(session, [claimed], worker=worker)[0]
-
-
 @dataclass(frozen=True)
 class Finish:
     """What came back for the current attempt of a claimed operation."""
@@ -499,32 +429,303 @@ _FINISH = (
 )
 
 
-def finish_attempts(session: Session, finishes: Sequence[Finish]) -> None:
-    """Complete the current attempt rows with what came back (one executemany, no commit)."""
-    if not finishes:
-        return
-    session.connection().execute(
-        _FINISH,
-        [
-            {
-                "f_id": f.claimed.id,
-                "f_number": f.claimed.attempts,
-                "f_version": f.claimed.lease_version,
-                "f_proof": f.proof,
-                "f_status": f.status_code,
-                "f_detail": f.detail,
-            }
-            for f in finishes
-        ],
-    )
+def start_attempts(bind: Bind, claims: Sequence[Claimed], *, worker: str) -> list[Claimed]:
+    """Move claimed planned operations to ``submitted`` and write their attempt rows.
+
+    Returns the claims started, as they are now. One whose fence no longer holds (its lease
+    expired and a newer claim took it over) is refused, logged and left out: it must not be
+    sent. On PostgreSQL the whole batch is one statement, atomic by itself (an autocommit
+    connection may run it); elsewhere the caller's transaction makes it atomic.
+    """
+    written = _write_moves(bind, _start_moves(claims), actor=worker, start=True)
+    return _started(claims, written)
+
+
+def _start_moves(claims: Sequence[Claimed]) -> list[Move]:
+    return [
+        Move(
+            c,
+            Event.CLAIM,
+            State.SUBMITTED,
+            evidence={"attempt": c.attempts + 1},
+            values={"attempts": c.attempts + 1, "first_sent_at": _FIRST_SENT},
+            release=False,
+        )
+        for c in claims
+    ]
+
+
+def _started(claims: Sequence[Claimed], written: set[int]) -> list[Claimed]:
+    return [
+        replace(
+            c,
+            state=State.SUBMITTED,
+            attempts=c.attempts + 1,
+            first_sent_at=c.first_sent_at or c.now,
+        )
+        for c in claims
+        if c.id in written
+    ]
+
+
+def start_attempt(session: Bind, claimed: Claimed, *, worker: str) -> Claimed:
+    """``start_attempts`` for one operation; StaleLease when its fence no longer holds."""
+    started = start_attempts(session, [claimed], worker=worker)
+    if not started:
+        raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
+    return started[0]
+
+
+def record(
+    bind: Bind, moves: Sequence[Move], *, actor: str, finishes: Sequence[Finish] = ()
+) -> set[int]:
+    """Apply transitions, each under its own lease version, and complete their attempts.
+
+    ``finishes`` complete the current attempt of the operations moved (those with a Finish).
+    Returns the ids written. A move whose fence failed (a newer claim took the operation over)
+    is refused, logged and skipped, and nothing of it is written (nor its Finish); the others
+    are written. On PostgreSQL every operation's writes are in one statement per shape of
+    change (usually one for the batch), each atomic by itself; elsewhere the caller's
+    transaction makes them atomic.
+    """
+    by_id = {f.claimed.id: f for f in finishes}
+    if len(by_id) != len(finishes) or not by_id.keys() <= {m.claimed.id for m in moves}:
+        raise ValueError("one Finish per moved operation at most")
+    return _write_moves(bind, moves, actor=actor, finishes=by_id)
+
+
+def _write_moves(
+    bind: Bind,
+    moves: Sequence[Move],
+    *,
+    actor: str,
+    start: bool = False,
+    finishes: Mapping[int, Finish] | None = None,
+) -> set[int]:
+    """``moves`` with their events, review items, and started or finished attempts."""
+    if not moves:
+        return set()
+    conn = _conn(bind)
+    finishes = finishes or {}
+    if conn.dialect.name == "postgresql":
+        return _write_moves_pg(conn, moves, actor=actor, start=start, finishes=finishes)
+    return _write_moves_each(conn, moves, actor=actor, start=start, finishes=finishes)
+
+
+def _write_moves_each(
+    conn: Connection,
+    moves: Sequence[Move],
+    *,
+    actor: str,
+    start: bool,
+    finishes: Mapping[int, Finish],
+) -> set[int]:
+    """``_write_moves`` a few statements per operation (in the caller's transaction)."""
+    written: set[int] = set()
+    for one in moves:
+        try:
+            apply(conn, one, actor=actor)
+        except StaleLease:
+            continue
+        written.add(one.claimed.id)
+        c = one.claimed
+        if start:
+            conn.execute(
+                _INSERT_ATTEMPT,
+                {
+                    "operation_id": c.id,
+                    "number": c.attempts + 1,
+                    "lease_version": c.lease_version,
+                    "worker": actor,
+                },
+            )
+        if (f := finishes.get(c.id)) is not None:
+            conn.execute(_FINISH, _finish_params(f))
+    return written
+
+
+def _finish_params(f: Finish) -> dict[str, Any]:
+    return {
+        "f_id": f.claimed.id,
+        "f_number": f.claimed.attempts,
+        "f_version": f.claimed.lease_version,
+        "f_proof": f.proof,
+        "f_status": f.status_code,
+        "f_detail": f.detail,
+    }
+
+
+# -- PostgreSQL: a batch of moves in one statement ------------------------------------------
+
+#: The shared expressions of ``Move.changes`` as SQL over the row being updated (``o``).
+_PG_EXPRESSIONS = {
+    id(_NOW): "clock_timestamp()",
+    id(_LOOKUPS_PLUS_ONE): "o.lookups + 1",
+    id(_FIRST_SENT): "coalesce(o.first_sent_at, clock_timestamp())",
+}
+_PG = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _json_text(value: Any) -> str:
+    """A JSON column's value as SQLAlchemy's JSON type writes it (None is JSON null)."""
+    return json.dumps(value)
+
+
+def _write_moves_pg(
+    conn: Connection,
+    moves: Sequence[Move],
+    *,
+    actor: str,
+    start: bool,
+    finishes: Mapping[int, Finish],
+) -> set[int]:
+    """One data-modifying statement per shape of change (the UPDATE, fenced per row; the event
+    rows, review items and attempt rows of the rows it updated), returning the ids updated."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for one in moves:
+        changes = one.changes()
+        plain = tuple(k for k in changes if not isinstance(changes[k], ClauseElement))
+        exprs = tuple(
+            (k, _PG_EXPRESSIONS[id(v)]) for k, v in changes.items() if isinstance(v, ClauseElement)
+        )
+        c = one.claimed
+        finish = finishes.get(c.id)
+        row: dict[str, Any] = {
+            "id": c.id,
+            "lease_version": c.lease_version,
+            "from_state": c.state.value,
+            "to_state": one.to.value,
+            "note": one.note,
+            "evidence": _json_text(one.evidence or None),
+            "tenant": c.tenant,
+            "review": one.review,
+            "review_evidence": _json_text(one.evidence or {}),
+            "number": c.attempts + 1,  # of the attempt started (a Finish names its own)
+        }
+        if finish is not None:
+            row.update(
+                number=finish.claimed.attempts,
+                proof=finish.proof,
+                status_code=finish.status_code,
+                detail=_json_text(finish.detail),
+            )
+        for k in plain:
+            row[f"p_{k}"] = _pg_value(k, changes[k])
+        shape = (plain, exprs, one.review is not None, finish is not None)
+        groups.setdefault(shape, []).append(row)
+    written: set[int] = set()
+    for (plain, exprs, review, finish), rows in groups.items():
+        stmt = _pg_moves_statement(plain, exprs, review=review, start=start, finish=finish)
+        written.update(
+            conn.execute(stmt, {"rows": json.dumps(rows), "actor": actor}).scalars().all()
+        )
+    for one in moves:
+        if one.claimed.id not in written:
+            log.warning(
+                "stale write refused",
+                extra={"operation_id": one.claimed.id, "lease_version": one.claimed.lease_version},
+            )
+    return written
+
+
+def _pg_value(column: str, value: Any) -> Any:
+    """A plain value for the JSON rows the statement reads (see ``_pg_moves_statement``)."""
+    kind = ops.c[column].type
+    if isinstance(kind, JSON):
+        return _json_text(value)
+    if isinstance(kind, UTCDateTime):
+        bound = kind.process_bind_param(value, _PG)
+        return bound.isoformat() if bound is not None else None
+    return value
+
+
+@functools.lru_cache(maxsize=64)
+def _pg_moves_statement(
+    plain: tuple[str, ...],
+    exprs: tuple[tuple[str, str], ...],
+    *,
+    review: bool,
+    start: bool,
+    finish: bool,
+) -> TextClause:
+    """The statement for one shape of change. Its rows come as one JSON array (``:rows``).
+
+    Column names come from the model (``Move.changes``), never from input; JSON columns travel
+    as text and are cast, so JSON null stays JSON null as the ORM writes it.
+    """
+
+    def sql_type(column: str) -> str:
+        kind = ops.c[column].type
+        return "text" if isinstance(kind, JSON) else str(kind.compile(dialect=_PG))
+
+    def assigned(column: str) -> str:
+        value = f"v.p_{column}"
+        return f"CAST({value} AS json)" if isinstance(ops.c[column].type, JSON) else value
+
+    fields = [
+        "id bigint",
+        "lease_version integer",
+        "from_state text",
+        "to_state text",
+        "note text",
+        "evidence text",
+        "tenant text",
+        "review text",
+        "review_evidence text",
+        "number integer",
+        "proof text",
+        "status_code integer",
+        "detail text",
+        *(f"p_{k} {sql_type(k)}" for k in plain),
+    ]
+    sets = [
+        "updated_at = clock_timestamp()",
+        *(f"{k} = {assigned(k)}" for k in plain),
+        *(f"{k} = {sql}" for k, sql in exprs),
+    ]
+    # Names of the model's columns only: ``ops.c[...]`` above raised for any other.
+    columns, assignments = ", ".join(fields), ", ".join(sets)
+    rows = f"json_to_recordset(CAST(:rows AS json)) AS v({columns})"
+    parts = [
+        f"WITH v AS (SELECT * FROM {rows})",  # noqa: S608
+        f"m AS (UPDATE operations AS o SET {assignments} FROM v"  # noqa: S608
+        " WHERE o.id = v.id AND o.lease_version = v.lease_version AND o.state = v.from_state"
+        " RETURNING o.id)",
+        "e AS (INSERT INTO operation_events"
+        " (operation_id, from_state, to_state, actor, lease_version, reason, evidence, at)"
+        " SELECT v.id, v.from_state, v.to_state, :actor, v.lease_version, v.note,"
+        " CAST(v.evidence AS json), clock_timestamp() FROM v JOIN m ON m.id = v.id)",
+    ]
+    if review:  # at most one open item per operation (a partial unique index)
+        parts.append(
+            "r AS (INSERT INTO review_items"
+            " (operation_id, tenant, reason, evidence, version, created_at)"
+            " SELECT v.id, v.tenant, v.review, CAST(v.review_evidence AS json), 1,"
+            " clock_timestamp() FROM v JOIN m ON m.id = v.id"
+            " ON CONFLICT (operation_id) WHERE resolved_at IS NULL DO NOTHING)"
+        )
+    if start:
+        parts.append(
+            "a AS (INSERT INTO attempts (operation_id, number, lease_version, worker, started_at)"
+            " SELECT v.id, v.number, v.lease_version, :actor, clock_timestamp()"
+            " FROM v JOIN m ON m.id = v.id)"
+        )
+    if finish:
+        parts.append(
+            "f AS (UPDATE attempts AS a SET finished_at = clock_timestamp(), proof = v.proof,"
+            " status_code = v.status_code, detail = CAST(v.detail AS json)"
+            " FROM v JOIN m ON m.id = v.id WHERE a.operation_id = v.id"
+            " AND a.number = v.number AND a.lease_version = v.lease_version)"
+        )
+    return text(",\n".join(parts) + "\nSELECT id FROM m")
 
 
 def open_review(
-    session: Session, operation_id: int, tenant: str, reason: str, evidence: dict[str, Any]
+    session: Bind, operation_id: int, tenant: str, reason: str, evidence: dict[str, Any]
 ) -> None:
     """Open a review item unless one is already open for the operation."""
     if open_review_id(session, operation_id) is None:
-        session.execute(
+        _conn(session).execute(
             insert(ReviewItem).values(
                 operation_id=operation_id,
                 tenant=tenant,
@@ -608,8 +809,8 @@ def touch(
         open_review(session, claimed.id, claimed.tenant, review, evidence or {})
 
 
-def open_review_id(session: Session, operation_id: int) -> int | None:
-    return session.scalar(
+def open_review_id(session: Bind, operation_id: int) -> int | None:
+    return _conn(session).scalar(
         select(ReviewItem.id).where(
             ReviewItem.operation_id == operation_id, ReviewItem.resolved_at.is_(None)
         )

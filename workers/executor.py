@@ -2,21 +2,25 @@
 
 1. claim the hinted operations by a conditional update (lease in database time, fencing
    version bumped); re-check cancel flag, fingerprint and budget; write the attempt row and
-   ``submitted``; commit.
+   ``submitted``, committed before anything is sent.
 2. send each with the stored idempotency key and the remaining deadline, no transaction open
    (a batch is sent concurrently).
-3. write the outcomes of the batch in one transaction, each under its own lease version (a
-   stale worker's write is refused and skips that operation only), with the event rows; a
-   not-sent / not-executed outcome schedules ``next_attempt_at`` or stops.
+3. write the outcomes of the batch, each under its own lease version (a stale worker's write
+   is refused and skips that operation only), with the event rows; a not-sent / not-executed
+   outcome schedules ``next_attempt_at`` or stops.
 An operation found ``submitted`` with an expired lease may have been sent: it is only queried.
 
-The engine has no pre-ping (it costs a round trip and a commit per checkout): a transaction
-that finds its pooled connection dead runs once more on a fresh one (``in_transaction``).
+On PostgreSQL every write of a step is a single statement per batch, atomic by itself (the
+UPDATE fenced row by row, with the event, attempt and review rows of the rows it updated), so
+the steps run on an autocommit connection: no BEGIN and COMMIT round trips. Elsewhere (SQLite)
+each step is one transaction.
+
+The engine has no pre-ping (it costs a round trip and a commit per checkout): a step that
+finds its pooled connection dead runs once more on a fresh one (``in_transaction``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
@@ -26,11 +30,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
-from outbox.errors import InvalidInput, StaleLease
+from outbox.errors import InvalidInput
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
 from outbox.states import State
@@ -52,15 +57,27 @@ def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]
     connection did commit, running it again changes nothing (a claim finds the lease taken, an
     outcome finds the state moved on and is refused as stale).
     """
+    return _twice(lambda: _in_session(sessions, work))
+
+
+def _in_session(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+    with sessions.begin() as session:
+        return work(session)
+
+
+def _on_connection(engine: Engine, work: Callable[[Connection], T]) -> T:
+    with engine.connect() as conn:
+        return work(conn)
+
+
+def _twice(run: Callable[[], T]) -> T:
     try:
-        with sessions.begin() as session:
-            return work(session)
+        return run()
     except DBAPIError as exc:
         if not exc.connection_invalidated:
             raise
         log.warning("database connection lost; running the transaction again")
-    with sessions.begin() as session:
-        return work(session)
+    return run()
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,19 @@ class Executor:
     batch_extra: int = 0
     rand: Callable[[], float] = random.random
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    #: PostgreSQL: the sessions' engine, and the same on autocommit connections
+    _autocommit: tuple[Engine, Engine] | None = field(default=None, init=False, repr=False)
+
+    def _step(self, work: Callable[[Connection], T]) -> T:
+        """One step: on an autocommit connection on PostgreSQL, in a transaction elsewhere;
+        run once more if its pooled connection turned out to be dead (see ``in_transaction``)."""
+        engine = self.sessions.kw.get("bind")
+        if isinstance(engine, Engine) and engine.dialect.name == "postgresql":
+            if self._autocommit is None or self._autocommit[0] is not engine:
+                self._autocommit = (engine, engine.execution_options(isolation_level="AUTOCOMMIT"))
+            autocommit = self._autocommit[1]
+            return _twice(lambda: _on_connection(autocommit, work))
+        return in_transaction(self.sessions, lambda session: work(session.connection()))
 
     def execute(self, ids: Sequence[int]) -> dict[int, State]:
         """Claim, send and record the hinted operations; returns the states written."""
@@ -102,22 +132,21 @@ class Executor:
     def _claim(
         self, ids: Sequence[int]
     ) -> tuple[list[tuple[store.Claimed, Kind]], list[store.Claimed], dict[int, State]]:
-        return in_transaction(self.sessions, lambda session: self._claim_in(session, ids))
+        return self._step(lambda conn: self._claim_in(conn, ids))
 
     def _claim_in(
-        self, session: Session, ids: Sequence[int]
+        self, conn: Connection, ids: Sequence[int]
     ) -> tuple[list[tuple[store.Claimed, Kind]], list[store.Claimed], dict[int, State]]:
-        to_send: list[tuple[store.Claimed, Kind]] = []
         to_recover: list[store.Claimed] = []
-        written: dict[int, State] = {}
+        stops: list[tuple[store.Move, str]] = []
         claims = store.claim_for_send(
-            session,
+            conn,
             worker=self.worker,
             lease_seconds=self.lease_seconds,
             ids=ids,
             extra=self.batch_extra,
         )
-        cancelled = store.cancelled_runs(session, (c.run_id for c in claims))
+        cancelled = store.cancelled_runs(conn, (c.run_id for c in claims))
         fresh: list[tuple[store.Claimed, Kind]] = []
         for claimed in claims:
             if claimed.state is State.SUBMITTED:
@@ -130,7 +159,7 @@ class Executor:
                 attempts=claimed.attempts,
                 max_attempts=claimed.max_attempts,
                 reached_downstream=(
-                    0 if kind.contract.idempotent else store.reached_downstream(session, claimed.id)
+                    0 if kind.contract.idempotent else store.reached_downstream(conn, claimed.id)
                 ),
                 first_sent_at=claimed.first_sent_at,
                 contract=kind.contract,
@@ -138,25 +167,25 @@ class Executor:
                 fingerprint_ok=self._fingerprint_ok(claimed, kind),
             )
             if check is not None:
-                store.move(
-                    session,
+                stop = store.Move(
                     claimed,
                     check.event,
                     check.to,
-                    actor=self.worker,
                     reason=check.reason,
                     evidence={"stop": check.why, "sent": False},
                 )
-                written[claimed.id] = check.to
-                log.info(
-                    "not sent",
-                    extra={"operation_id": claimed.id, "stop": check.why},
-                )
+                stops.append((stop, check.why))
                 continue
             fresh.append((claimed, kind))
-        started = store.start_attempts(session, [c for c, _ in fresh], worker=self.worker)
-        to_send = [(c, k) for c, (_, k) in zip(started, fresh, strict=True)]
-        return to_send, to_recover, written
+        stopped = store.record(conn, [m for m, _ in stops], actor=self.worker)
+        written: dict[int, State] = {}
+        for stop, why in stops:
+            if stop.claimed.id in stopped:
+                written[stop.claimed.id] = stop.to
+                log.info("not sent", extra={"operation_id": stop.claimed.id, "stop": why})
+        kinds = {c.id: k for c, k in fresh}
+        started = store.start_attempts(conn, [c for c, _ in fresh], worker=self.worker)
+        return [(c, kinds[c.id]) for c in started], to_recover, written
 
     def _fingerprint_ok(self, claimed: store.Claimed, kind: Kind) -> bool:
         try:
@@ -186,25 +215,21 @@ class Executor:
         return Sent(claimed, kind, outcome, time.monotonic() - started)
 
     def _record(self, batch: list[Sent]) -> dict[int, State]:
-        """Write the outcomes of a batch in one transaction, each under its own lease version.
+        """Write the outcomes of a batch, each under its own lease version.
 
         A stale lease (a newer claim took the operation over) skips that operation only: its
-        fenced UPDATE matched no row and nothing else of it is written; the others commit.
+        fenced UPDATE matched no row and nothing else of it is written; the others are written.
         """
         judged = [(sent, self._judge(sent)) for sent in batch]
-        written: dict[int, State] | None = None
-        if len(judged) > 1:
-            # StaleBatch: a newer claim took one of them over; one by one, to write the others.
-            with contextlib.suppress(store.StaleBatch):
-                written = in_transaction(
-                    self.sessions, lambda session: self._record_all(session, judged)
-                )
-        if written is None:
-            written = in_transaction(
-                self.sessions, lambda session: self._record_each(session, judged)
-            )
+        moves = [self._move(sent.claimed, verdict) for sent, verdict in judged]
+        finishes = [_finish(sent) for sent, _ in judged]
+        done = self._step(
+            lambda conn: store.record(conn, moves, actor=self.worker, finishes=finishes)
+        )
+        written: dict[int, State] = {}
         for sent, verdict in judged:
-            if sent.claimed.id in written:
+            if sent.claimed.id in done:
+                written[sent.claimed.id] = verdict.to
                 log.info(
                     "attempt recorded",
                     extra={
@@ -214,26 +239,6 @@ class Executor:
                         "state": verdict.to.value,
                     },
                 )
-        return written
-
-    def _record_all(self, session: Session, judged: list[tuple[Sent, Verdict]]) -> dict[int, State]:
-        """Every outcome in a few statements; StaleBatch if any fence failed."""
-        store.move_many(session, [self._move(s.claimed, v) for s, v in judged], actor=self.worker)
-        store.finish_attempts(session, [_finish(s) for s, _ in judged])
-        return {s.claimed.id: v.to for s, v in judged}
-
-    def _record_each(
-        self, session: Session, judged: list[tuple[Sent, Verdict]]
-    ) -> dict[int, State]:
-        """Outcome by outcome: a stale one is refused (and logged) and skipped."""
-        written: dict[int, State] = {}
-        for sent, verdict in judged:
-            try:
-                self._write(session, sent.claimed, verdict)
-            except StaleLease:
-                continue
-            store.finish_attempts(session, [_finish(sent)])
-            written[sent.claimed.id] = verdict.to
         return written
 
     def _judge(self, sent: Sent) -> Verdict:
@@ -254,15 +259,9 @@ class Executor:
             verdict = judge_recovery(found)
         else:
             verdict = judge_recovery(None)
-        try:
-            in_transaction(
-                self.sessions,
-                lambda session: self._write(
-                    session, claimed, verdict, lookups=kind.contract.queryable
-                ),
-            )
-        except StaleLease:
-            return {}
+        move = self._move(claimed, verdict, lookups=kind.contract.queryable)
+        if not self._step(lambda conn: store.record(conn, [move], actor=self.worker)):
+            return {}  # refused as stale: a newer claim holds it
         return {claimed.id: verdict.to}
 
     def _move(self, claimed: store.Claimed, verdict: Verdict, lookups: bool = False) -> store.Move:
@@ -280,12 +279,6 @@ class Executor:
             receipt=verdict.receipt,
             looked=lookups,
         )
-
-    def _write(
-        self, session: Session, claimed: store.Claimed, verdict: Verdict, lookups: bool = False
-    ) -> None:
-        """One fenced move; StaleLease (nothing written) when a newer claim holds it."""
-        store.apply(session, self._move(claimed, verdict, lookups), actor=self.worker)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -9,14 +9,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, event, select, update
+from sqlalchemy import Engine, event, select, text, update
 from sqlalchemy.orm import sessionmaker
 
 from outbox import store
 from outbox.db import make_engine
 from outbox.kinds import Kind
 from outbox.models import Operation, OperationEvent
-from outbox.states import Event, State
+from outbox.states import Event, RejectReason, State
 from tests.support.rig import GOOD, Rig
 from workers.gateway import Gateway, SubmitOutcome
 
@@ -101,7 +101,9 @@ def commits(engine: Engine) -> Iterator[list[int]]:
     event.remove(engine, "commit", count)
 
 
+@pytest.mark.parametrize("engine", ["sqlite"], indirect=True)
 def test_a_batch_costs_one_claim_and_one_outcome_transaction(rig: Rig, commits: list[int]) -> None:
+    """Elsewhere than on PostgreSQL (the next test), a step is one transaction."""
     ids = enqueue_many(rig, 5)
     commits[0] = 0
     written = rig.executor(batch_extra=4).execute([ids[0]])
@@ -154,24 +156,29 @@ def statements(engine: Engine) -> Iterator[list[str]]:
     event.remove(engine, "before_cursor_execute", count)
 
 
-def test_a_batch_costs_the_same_statements_whatever_its_size(
-    rig: Rig, statements: list[str]
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_batch_costs_three_statements_whatever_its_size(
+    rig: Rig, statements: list[str], commits: list[int]
 ) -> None:
-    """Claim, start and outcome writes are set-based: no statement per operation."""
+    """Claim, start and outcome writes are set-based, one statement each, on autocommit
+    connections: no statement per operation, and no BEGIN or COMMIT round trip."""
     counts = []
     for size, prefix in ((2, "small"), (12, "large")):
         ids = [rig.enqueue(f"{prefix}-{i}", {**GOOD, "amount_minor": 100 + i}) for i in range(size)]
         statements.clear()
+        commits[0] = 0
         assert rig.executor().execute(ids) == dict.fromkeys(ids, State.SUCCEEDED)
-        counts.append(len(statements))
+        counts.append((len(statements), commits[0]))
         assert [rig.sends(i) for i in ids] == [1] * size
         assert all(rig.attempts(i)[0].proof == "done" for i in ids)
         assert all(rig.op(i).downstream_ref for i in ids)
-    # claim, to submitted, events, attempts; then outcomes, events, attempts
-    assert counts[0] == counts[1] == 7, statements
+    # the claim; to submitted with events and attempts; the outcomes with events and attempts
+    assert counts == [(3, 0), (3, 0)], statements  # each statement commits by itself
 
 
-def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(rig: Rig) -> None:
+def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
     ids = enqueue_many(rig, 3)
     with rig.sessions.begin() as s:
         claims = store.claim_for_send(s, worker="w1", lease_seconds=60, ids=ids)
@@ -183,14 +190,17 @@ def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(rig: Rig)
             .values(lease_version=Operation.lease_version + 1)
         )
     moves = [
-        store.Move(c, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": "r"}) for c in started
+        store.Move(c, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": f"r-{c.id}"})
+        for c in started
     ]
-    with pytest.raises(store.StaleBatch), rig.sessions.begin() as s:
-        store.move_many(s, moves, actor="w1")
-    assert {rig.op(i).state for i in ids} == {"submitted"}  # rolled back: nothing written
+    finishes = [store.Finish(c, "done", 200, {"reference": f"r-{c.id}"}) for c in started]
     with rig.sessions.begin() as s:
-        store.move_many(s, [moves[0], moves[2]], actor="w1")
+        written = store.record(s, moves, actor="w1", finishes=finishes)
+    assert written == {ids[0], ids[2]}
+    assert caplog.text.count("stale write refused") == 1
     assert [rig.op(i).state for i in ids] == ["succeeded", "submitted", "succeeded"]
+    assert [rig.op(i).downstream_ref for i in ids] == [f"r-{ids[0]}", None, f"r-{ids[2]}"]
+    assert [rig.attempts(i)[0].proof for i in ids] == ["done", None, "done"]
     with rig.sessions() as s:
         last = {
             i: s.scalars(
@@ -213,3 +223,92 @@ def test_a_stale_lease_on_a_lone_operation_is_refused_once_and_written_by_nobody
     assert caplog.text.count("stale write refused") == 1
     assert rig.op(op).state == "unknown"  # the newer claim's verdict stands
     assert rig.attempts(op)[0].proof is None
+
+
+def _moves(started: list[store.Claimed]) -> list[store.Move]:
+    """One move of each shape the executor and the reconciler write after a send."""
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    a, b, c, d, e, f = started
+    return [
+        store.Move(a, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": "r-1", "amount": 5}),
+        store.Move(b, Event.DEFER, State.PLANNED, evidence={"status": 503}, values={
+            "next_attempt_at": later}),
+        store.Move(c, Event.LOSE, State.UNKNOWN, evidence={"error": "ReadTimeout"}),
+        store.Move(d, Event.REFUSE, State.REJECTED, reason=RejectReason.BUSINESS_REJECTED),
+        store.Move(e, Event.ABANDON, State.UNKNOWN, review="receipt_mismatch", looked=True,
+                   evidence={"why": "mismatch"}),
+        store.Move(f, Event.FIND, State.SUCCEEDED, receipt={"reference": "r-6"}, looked=True),
+    ]  # fmt: skip
+
+
+def _written(rig: Rig, ids: list[int]) -> list[Any]:
+    """What the writes left, without ids and clock values (only whether a time is set)."""
+    with rig.engine.connect() as conn:
+        rows = []
+        for i in ids:
+            op = conn.execute(
+                text(
+                    "SELECT state, reason, attempts, lookups, lease_owner, lease_until IS NULL,"
+                    " next_attempt_at > now() + interval '1 minute', first_sent_at IS NULL,"
+                    " unknown_since IS NULL, receipt::text, downstream_ref, lease_version"
+                    " FROM operations WHERE id = :i"
+                ),
+                {"i": i},
+            ).one()
+            events = conn.execute(
+                text(
+                    "SELECT from_state, to_state, actor, reason, evidence::text, at IS NULL"
+                    " FROM operation_events WHERE operation_id = :i ORDER BY id"
+                ),
+                {"i": i},
+            ).all()
+            attempts = conn.execute(
+                text(
+                    "SELECT number, worker, finished_at IS NULL, proof, status_code, detail::text"
+                    " FROM attempts WHERE operation_id = :i ORDER BY number"
+                ),
+                {"i": i},
+            ).all()
+            reviews = conn.execute(
+                text(
+                    "SELECT tenant, reason, evidence::text, version, resolved_at IS NULL"
+                    " FROM review_items WHERE operation_id = :i"
+                ),
+                {"i": i},
+            ).all()
+            rows.append((tuple(op), events, attempts, reviews))
+        return rows
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_the_one_statement_writes_leave_what_the_row_by_row_writes_leave(rig: Rig) -> None:
+    """PostgreSQL's set-based statements against the per-row ORM-typed path, shape by shape:
+    the same columns, JSON (null included), events, attempts and review items."""
+    results = []
+    for path, prefix in (("each", "x"), ("set", "y")):
+        ids = [rig.enqueue(f"{prefix}-{n}", {**GOOD, "amount_minor": 100 + n}) for n in range(6)]
+        with rig.engine.connect() as conn:
+            claims = store.claim_for_send(conn, worker="w1", lease_seconds=60, ids=ids)
+            if path == "each":
+                started_ids = store._write_moves_each(
+                    conn, store._start_moves(claims), actor="w1", start=True, finishes={}
+                )
+                started = store._started(claims, started_ids)
+            else:
+                started = store.start_attempts(conn, claims, worker="w1")
+            moves = _moves(sorted(started, key=lambda s: s.id))
+            finishes = {
+                m.claimed.id: store.Finish(m.claimed, "unknown", 504, n and {"n": n, "s": "é"})
+                for n, m in enumerate(moves)
+            }
+            if path == "each":
+                written = store._write_moves_each(
+                    conn, moves, actor="w1", start=False, finishes=finishes
+                )
+            else:
+                written = store.record(conn, moves, actor="w1", finishes=list(finishes.values()))
+            conn.commit()
+        assert written == set(ids)
+        results.append(_written(rig, ids))
+    each, one_statement = results
+    assert one_statement == each
