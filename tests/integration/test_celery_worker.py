@@ -167,6 +167,28 @@ def test_a_commit_publishes_its_hints_in_messages_of_bounded_size(
     assert all(m["headers"]["task"] == SUBMIT for m in messages)
 
 
+def test_publishing_builds_one_redis_client_not_one_per_message(
+    app: App, broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = []
+    init = redis.Redis.__init__
+
+    def counting_init(self: redis.Redis, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counting_init)
+    for i in range(30):
+        app.publish([i])
+    monkeypatch.undo()
+    assert len(built) <= 1, len(built)  # kombu's own channel made one per publish
+    client = redis.Redis.from_url(broker_url)
+    try:
+        assert client.llen("settled") == 30
+    finally:
+        client.close()
+
+
 def test_a_bare_id_hint_is_served_and_a_malformed_one_dropped(
     app: App, stack: Stack, sim_control: SimulatorControl
 ) -> None:
