@@ -24,7 +24,8 @@ services:
   operation that has arrived (one per transaction while the producer keeps up; the table
   prints the mean); measured from the intake's commit to the commit that wrote the receipt,
   seen through a NOTIFY trigger the bench installs in its throwaway database for this phase
-  only (a notification is delivered at commit, so no polling);
+  only (a notification is delivered at commit, so no polling), by a listener process of its
+  own (so it never shares the producer's GIL);
 * worker-side commits per operation, over the max-rate phase: ``xact_commit`` of the database
   in ``pg_stat_database``, read before its worker starts and after every backend of the
   database has exited (exiting backends flush their counters), minus the commits the benchmark
@@ -260,42 +261,61 @@ def autovacuum_runs(db_url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _listen(db_url: str, requests: Any, ready: Any) -> None:
+    """The listener process: notes when each ``succeeded`` commit became visible, and answers
+    ``(ids, timeout)`` with the times of those ids it saw (``None`` ends it)."""
+    seen: dict[int, float] = {}
+    with psycopg.connect(libpq(db_url), autocommit=True) as conn:
+        conn.execute(f"LISTEN {CHANNEL}")
+        ready.set()
+        while True:
+            for note in conn.notifies(timeout=0.05):
+                seen.setdefault(int(note.payload), time.time())
+            if not requests.poll():
+                continue
+            request = requests.recv()
+            if request is None:
+                return
+            ids, timeout = request
+            end = time.monotonic() + timeout
+            while not all(i in seen for i in ids) and time.monotonic() < end:
+                for note in conn.notifies(timeout=0.05):
+                    seen.setdefault(int(note.payload), time.time())
+            requests.send({i: seen[i] for i in ids if i in seen})
+
+
 class Notifications:
-    """Times at which ``succeeded`` commits became visible (LISTEN on the trigger's channel)."""
+    """Times at which ``succeeded`` commits became visible: LISTEN on the trigger's channel,
+    in a process of its own, so that the observer neither waits for the producer's GIL to
+    note a time nor takes it from the producer."""
 
     def __init__(self, db_url: str) -> None:
         self.seen: dict[int, float] = {}
-        self.commits = 0  # transactions this connection ran (LISTEN)
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._conn = psycopg.connect(libpq(db_url), autocommit=True)
-        self._conn.execute(f"LISTEN {CHANNEL}")
-        self.commits += 1
-        self._thread = threading.Thread(target=self._run, name="listen", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for note in self._conn.notifies(timeout=0.2):
-                at = time.time()
-                with self._cond:
-                    self.seen.setdefault(int(note.payload), at)
-                    self._cond.notify_all()
+        self.commits = 1  # transactions the listener's connection ran (LISTEN)
+        ctx = multiprocessing.get_context("spawn")
+        self._requests, theirs = ctx.Pipe()
+        ready = ctx.Event()
+        self._process = ctx.Process(
+            target=_listen, args=(db_url, theirs, ready), name="listen", daemon=True
+        )
+        self._process.start()
+        if not ready.wait(60):
+            self._process.kill()
+            raise TimeoutError("the listener process did not start")
 
     def wait_for(self, ids: list[int], timeout: float) -> None:
-        end = time.monotonic() + timeout
-        with self._cond:
-            while not all(i in self.seen for i in ids):
-                left = end - time.monotonic()
-                if left <= 0:
-                    missing = sum(i not in self.seen for i in ids)
-                    raise TimeoutError(f"{missing} operations did not succeed in {timeout:.0f} s")
-                self._cond.wait(min(left, 0.5))
+        self._requests.send((ids, timeout))
+        self.seen.update(self._requests.recv())
+        missing = sum(i not in self.seen for i in ids)
+        if missing:
+            raise TimeoutError(f"{missing} operations did not succeed in {timeout:.0f} s")
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._conn.close()
+        with suppress(OSError):
+            self._requests.send(None)
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
 
 
 # -- the parts measured ----------------------------------------------------------------------
