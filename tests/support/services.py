@@ -132,6 +132,14 @@ def redis_answers(url: str) -> bool:
         return False
 
 
+def spawn_redis(binary: str, port: int) -> subprocess.Popen[bytes]:
+    """A ``redis-server`` on loopback ``port`` that keeps nothing on disk (not waited for)."""
+    return subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+
+
 @contextmanager
 def redis_server() -> Iterator[str]:
     """The URL of a Redis server (database 0 of the configured, local or a throwaway one)."""
@@ -146,11 +154,7 @@ def redis_server() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary:
         port = free_port()
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        proc = spawn_redis(binary, port)
         url = f"redis://127.0.0.1:{port}/0"
         try:
             if not wait_until(lambda: redis_answers(url), timeout=10):
