@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import date, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -31,7 +31,27 @@ def _known_currency(code: str) -> str:
 # Currency codes are rejected unless upper-case: "cny" is refused, never silently changed,
 # so the fingerprint never depends on which spelling the caller happened to use.
 Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$"), AfterValidator(_known_currency)]
-Day = Annotated[str, Field(pattern=r"^20\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$")]
+
+
+def _calendar_day(day: str) -> str:
+    # Only a day that prints back as itself: fromisoformat alone also takes "20240229" and
+    # week dates, and "\d" in the pattern would have taken any script's digits.
+    try:
+        real = day.isascii() and date.fromisoformat(day).isoformat() == day
+    except ValueError:
+        real = False
+    if not real:
+        raise ValueError("not a calendar day (YYYY-MM-DD)")
+    return day
+
+
+# Kept as the string the caller sent (not a date): the canonical form, and so the fingerprint,
+# of every intent valid before stays the same.
+Day = Annotated[
+    str,
+    Field(pattern=r"^20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"),
+    AfterValidator(_calendar_day),
+]
 
 
 class Intent(BaseModel):

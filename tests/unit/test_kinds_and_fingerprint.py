@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import date
 from typing import Any
 
 import pytest
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from outbox.currencies import MINOR_UNITS
 from outbox.errors import InvalidParams, SettledError, UnknownKind
-from outbox.fingerprint import Fingerprinter, canonical_bytes
+from outbox.fingerprint import Fingerprinter, canonical_bytes, canonical_params
 from outbox.kinds import MAX_AMOUNT_MINOR, RefundIntent, default_registry
 
 REGISTRY = default_registry()
@@ -180,3 +182,115 @@ def test_with_contract_changes_only_the_copy() -> None:
     other = REGISTRY.with_contract("refund", idempotent=False)
     assert other.get("refund").contract.idempotent is False
     assert REGISTRY.get("refund").contract.idempotent is True
+
+
+PICKUP = REGISTRY.get("pickup")
+
+
+def pickup(day: object) -> dict[str, Any]:
+    return {"ticket_id": "T1", "day": day, "slot": "morning"}
+
+
+@pytest.mark.parametrize(
+    "day",
+    [
+        "20٣٣-01-01",  # Arabic-Indic digits: "\d" took them
+        "20𝟘𝟘-01-01",  # mathematical double-struck digits
+        "２０２６-12-01",  # fullwidth digits
+        "2026-١٢-01",
+        "2024-02-31",
+        "2023-02-29",  # not a leap year
+        "2026-04-31",
+        "2026-13-01",
+        "2026-00-10",
+        "2026-12-00",
+        "20261201",  # date.fromisoformat takes it; the canonical form is YYYY-MM-DD
+        "2026-W01-1",  # an ISO week date
+        "2026-12-01T00:00",
+        "2026-12-01\n",
+        " 2026-12-01",
+        "1999-12-31",
+        "2100-01-01",
+        "",
+        20261201,
+    ],
+)
+def test_a_pickup_day_must_be_a_real_calendar_day_in_ascii_digits(day: object) -> None:
+    with pytest.raises(InvalidParams) as info:
+        PICKUP.parse(pickup(day))
+    assert [e["field"] for e in info.value.data["errors"]] == ["day"]
+    if isinstance(day, str) and day.strip():
+        assert day.strip() not in json.dumps(info.value.as_dict(), ensure_ascii=False)
+
+
+@pytest.mark.parametrize("day", ["2024-02-29", "2000-01-01", "2099-12-31", "2026-12-01"])
+def test_real_days_are_kept_exactly_as_sent(day: str) -> None:
+    assert PICKUP.parse(pickup(day)).model_dump()["day"] == day
+
+
+@given(st.dates(min_value=date(2000, 1, 1), max_value=date(2099, 12, 31)))
+def test_every_day_of_the_century_is_accepted_in_its_iso_form(day: date) -> None:
+    assert canonical_params(PICKUP.parse(pickup(day.isoformat())))["day"] == day.isoformat()
+
+
+# Day-shaped strings: the year's digits from any script, the day up to 31 in any month.
+day_like = st.builds(
+    "20{}-{:02d}-{:02d}".format,
+    st.text(st.characters(categories=["Nd"]), min_size=2, max_size=2),
+    st.integers(1, 12),
+    st.integers(1, 31),
+)
+
+
+@given(st.text(max_size=12) | day_like)
+def test_any_accepted_day_is_an_ascii_calendar_day(day: str) -> None:
+    try:
+        intent = PICKUP.parse(pickup(day))
+    except InvalidParams:
+        return
+    assert day.isascii()
+    assert date.fromisoformat(day).isoformat() == day
+    assert canonical_params(intent)["day"] == day
+
+
+# Fingerprints of one intent of each kind, computed before the day became a calendar check:
+# tightening validation must never change the canonical form of an intent that was valid.
+GOLDEN = {
+    "refund": "870f0f31b587fa0ad98a4ed8a6f0c4e18d6e718040bf963fd5ec24bf53eacfc9",
+    "after_sales_ticket": "f23935e36ff3615c8cd762db1ca81124984d39b484df20457ee3d265d29297e4",
+    "pickup": "03289eecf47a2f678cfc83334d1aa109f1317721e8df3ed483ae07483cf9d729",
+    "ticket_cancel": "296956f10ad11806a67f04c5f03878c19e077fd7aeed007b7d8e0a6fd93631d5",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_fingerprints_of_valid_intents_are_unchanged(name: str) -> None:
+    assert FP.fingerprint(name, REGISTRY.get(name).parse(SAMPLES[name])) == GOLDEN[name]
+    leap = {"ticket_id": "T1", "day": "2024-02-29", "slot": "evening"}
+    assert FP.fingerprint("pickup", PICKUP.parse(leap)) == (
+        "f2b266692294d70414d140f391ba30e0ef8f47bc9c63d1d50dd3b0b36b9772ef"
+    )
+
+
+def _patterns(annotation_metadata: list[Any]) -> list[str]:
+    found = []
+    for item in annotation_metadata:
+        pattern = getattr(item, "pattern", None)
+        if isinstance(pattern, str):
+            found.append(pattern)
+    return found
+
+
+@pytest.mark.parametrize("name", REGISTRY.names())
+def test_no_intent_pattern_uses_unicode_aware_shorthand_classes(name: str) -> None:
+    # pydantic's regex engine gives \d, \w and \s their Unicode meaning: "٣" is a \d.
+    kind = REGISTRY.get(name)
+    for field_name, info in kind.intent.model_fields.items():
+        for pattern in _patterns(info.metadata):
+            assert not re.search(r"\\[dDwWsSbB]", pattern), (field_name, pattern)
+
+
+@pytest.mark.parametrize("value", ["A١٠٤٢", "A𝟙042", "A1042\n", "Ａ1042", "A1042\u200b"])
+def test_refs_take_ascii_only(value: str) -> None:
+    with pytest.raises(InvalidParams):
+        REFUND.parse({**GOOD, "order_id": value})
