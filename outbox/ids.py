@@ -10,13 +10,17 @@ import re
 import threading
 import time
 
-from outbox.errors import InvalidIdentifier
+from outbox.errors import InvalidIdentifier, InvalidInput
 
 # ASCII-only allow-lists: no whitespace, no unicode look-alikes, no quoting characters.
 TENANT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 OP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,79}")
+# Correlation data (a model's tool-call id, a trace id) comes from elsewhere, so it may be
+# longer and may hold base64's "/+=" too; it stays printable ASCII with no quoting characters.
+CORRELATION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=-]{0,199}")
 TENANT_MAX = 63
 OP_ID_MAX = 80
+CORRELATION_ID_MAX = 200
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _lock = threading.Lock()
@@ -48,26 +52,56 @@ def new_op_id(prefix: str = "op") -> str:
     return f"{prefix}_{_b32(ms, 10)}{_b32(rand, 16)}"
 
 
+def _checked(value: object, pattern: re.Pattern[str], *, field: str, rule: str) -> str:
+    """Return ``value`` if it is a string ``pattern`` matches whole, else raise InvalidIdentifier.
+
+    The message names the rule, never the value: a bad identifier may be anything the caller
+    had at hand (a secret, a payee), and error texts end up in logs.
+    """
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise InvalidIdentifier(
+            f"{field} must match {pattern.pattern} ({rule})", code=f"invalid_{field}", field=field
+        )
+    return value
+
+
 def validate_tenant(tenant: object) -> str:
     """Return ``tenant`` if it is a well-formed tenant name, else raise InvalidIdentifier."""
-    if not isinstance(tenant, str) or TENANT_RE.fullmatch(tenant) is None:
-        raise InvalidIdentifier(
-            f"tenant must match {TENANT_RE.pattern} (lower-case ASCII, at most {TENANT_MAX})",
-            code="invalid_tenant",
-            field="tenant",
-        )
-    return tenant
+    return _checked(
+        tenant, TENANT_RE, field="tenant", rule=f"lower-case ASCII, at most {TENANT_MAX}"
+    )
 
 
 def validate_op_id(op_id: object) -> str:
     """Return ``op_id`` if it is a well-formed op_id, else raise InvalidIdentifier."""
-    if not isinstance(op_id, str) or OP_ID_RE.fullmatch(op_id) is None:
-        raise InvalidIdentifier(
-            f"op_id must match {OP_ID_RE.pattern} (ASCII, at most {OP_ID_MAX})",
-            code="invalid_op_id",
-            field="op_id",
+    return _checked(op_id, OP_ID_RE, field="op_id", rule=f"ASCII, at most {OP_ID_MAX}")
+
+
+def validate_correlation_id(correlation_id: object) -> str:
+    """Return ``correlation_id`` if it is a well-formed correlation id (a model's tool-call
+    id, a trace id), else raise InvalidIdentifier."""
+    return _checked(
+        correlation_id,
+        CORRELATION_ID_RE,
+        field="correlation_id",
+        rule=f"ASCII, at most {CORRELATION_ID_MAX}",
+    )
+
+
+def validate_label(value: object, *, field: str, max_length: int) -> str:
+    """Return ``value`` if it is printable text of 1 to ``max_length`` characters (a run's
+    title, an actor's name), else raise InvalidInput.
+
+    Unicode is welcome; control and format characters, lone surrogates and NUL are not: they
+    cannot be stored everywhere, and a database error would carry the statement's parameters.
+    """
+    if not isinstance(value, str) or not 0 < len(value) <= max_length or not value.isprintable():
+        raise InvalidInput(
+            f"{field} must be printable text of 1 to {max_length} characters",
+            code=f"invalid_{field}",
+            field=field,
         )
-    return op_id
+    return value
 
 
 def derive_idempotency_key(secret: bytes, tenant: str, op_id: str) -> str:

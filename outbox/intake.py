@@ -16,17 +16,22 @@ from sqlalchemy import Table, bindparam, func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import has_identity
 
 from outbox.db import db_now
 from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
 from outbox.fingerprint import Fingerprinter, canonical_params
-from outbox.ids import derive_idempotency_key, validate_op_id, validate_tenant
+from outbox.ids import (
+    derive_idempotency_key,
+    validate_correlation_id,
+    validate_op_id,
+    validate_tenant,
+)
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Operation, OperationEvent, Run, UTCDateTime
 from outbox.settings import Settings
 from outbox.states import State
 
-MAX_CORRELATION_ID = 200
 #: ``Session.info`` key listing the operations created in the session's transaction.
 CREATED_KEY = "settled.created"
 MAX_ATTEMPTS_LIMIT = 100
@@ -87,14 +92,7 @@ class Outbox:
         spec = self.registry.get(kind)
         intent = spec.parse(params)
         if correlation_id is not None:
-            if not isinstance(correlation_id, str) or not (
-                0 < len(correlation_id) <= MAX_CORRELATION_ID
-            ):
-                raise InvalidIdentifier(
-                    f"correlation_id must be a string of 1 to {MAX_CORRELATION_ID} characters",
-                    code="invalid_correlation_id",
-                    field="correlation_id",
-                )
+            correlation_id = validate_correlation_id(correlation_id)
             if correlation_id == op_id:
                 # A tool-call id names one model turn, not one business intent: a retried
                 # turn gets a new call id, so using it as op_id would send the intent twice.
@@ -114,16 +112,11 @@ class Outbox:
                 code="invalid_budget",
                 field="max_attempts",
             )
-        if deadline is not None and (deadline.tzinfo is None or deadline <= datetime.now(UTC)):
-            raise InvalidInput(
-                "deadline must be an aware datetime in the future",
-                code="invalid_budget",
-                field="deadline",
-            )
-        if run is not None and run.tenant != tenant:
-            raise NotFound("no such run for this tenant", code="run_not_found")
-        if compensates is not None and compensates.tenant != tenant:
-            raise NotFound("no such operation for this tenant", code="operation_not_found")
+        deadline = _checked_deadline(deadline)
+        run_id = _stored_id(run, Run, tenant, field="run", code="run_not_found")
+        compensates_id = _stored_id(
+            compensates, Operation, tenant, field="compensates", code="operation_not_found"
+        )
 
         version = self.fingerprinter.current
         values: dict[str, Any] = {
@@ -136,9 +129,9 @@ class Outbox:
             "idempotency_key": derive_idempotency_key(self.idempotency_secret, tenant, op_id),
             "max_attempts": attempts,
             "deadline": deadline,  # None: the default deadline, in database time
-            "run_id": run.id if run is not None else None,
+            "run_id": run_id,
             "correlation_id": correlation_id,
-            "compensates_id": compensates.id if compensates is not None else None,
+            "compensates_id": compensates_id,
         }
         stmt = _insert_operation(session.get_bind().dialect.name, self.deadline.total_seconds())
         # Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
@@ -172,6 +165,49 @@ class Outbox:
                 op_id=op_id,
             )
         return Enqueued(existing, created=False)
+
+
+def _checked_deadline(deadline: object) -> datetime | None:
+    """``deadline`` in UTC if it is an aware datetime in the future; else InvalidInput."""
+    if deadline is None:
+        return None
+    bad = InvalidInput(
+        "deadline must be an aware datetime in the future",
+        code="invalid_budget",
+        field="deadline",
+    )
+    if not isinstance(deadline, datetime):
+        raise bad
+    try:
+        # Aware means utcoffset() is not None (a tzinfo may return None, or nonsense: its
+        # errors, and an offset that leaves datetime's range, are the caller's bad input).
+        utc = deadline.astimezone(UTC) if deadline.utcoffset() is not None else None
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
+    if utc is None or utc <= datetime.now(UTC):
+        raise bad
+    return utc
+
+
+def _stored_id(
+    row: object, model: type[Run | Operation], tenant: str, *, field: str, code: str
+) -> int | None:
+    """The id of ``row``, a stored run or operation of ``tenant`` (or None for no row).
+
+    A row that was never stored, or whose insert was rolled back, has no identity: the insert
+    would fail on the foreign key, with the statement's parameters in the error's text.
+    """
+    if row is None:
+        return None
+    if not isinstance(row, model) or not has_identity(row):
+        raise InvalidInput(
+            f"{field} must be a {model.__name__} that was stored (flushed), not a new object",
+            code=f"invalid_{field}",
+            field=field,
+        )
+    if row.tenant != tenant:
+        raise NotFound(f"no such {model.__name__.lower()} for this tenant", code=code)
+    return row.id
 
 
 _INTAKE_PARAMS = (

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient
 
+from outbox import runs
 from outbox.errors import (
     IdempotencyConflict,
     InvalidIdentifier,
@@ -17,11 +21,28 @@ from outbox.errors import (
     NotFound,
     UnknownKind,
 )
-from outbox.ids import new_op_id
+from outbox.fingerprint import canonical_params
+from outbox.ids import CORRELATION_ID_RE, OP_ID_RE, new_op_id
 from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent, Run
 
 GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+PICKUP = {"ticket_id": "T1", "day": "2026-12-01", "slot": "morning"}
+
+
+class OddTZ(tzinfo):
+    """A tzinfo whose utcoffset() returns what it was given: None (so the datetime is naive
+    after all), something that is not an offset, or one out of range."""
+
+    def __init__(self, offset: object) -> None:
+        self.offset = offset
+
+    def utcoffset(self, dt: datetime | None) -> Any:
+        return self.offset
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
 
 business = MetaData()
 refund_requests = Table(
@@ -211,7 +232,35 @@ BAD_INPUT: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         InvalidIdentifier,
         "invalid_correlation_id",
     ),
-]
+    *[
+        (f"correlation {v!r}", {"correlation_id": v}, InvalidIdentifier, "invalid_correlation_id")
+        for v in ["a\x00b", "\ud800", "", " call_02", "call 02", "cäll_02", "call_٣", 'c"1', 7]
+    ],
+    *[
+        (f"pickup day {day}", {"kind": "pickup", "params": {**PICKUP, "day": day}},
+         InvalidParams, "invalid_params")
+        for day in ["20٣٣-01-01", "20𝟘𝟘-01-01", "2024-02-31"]
+    ],
+    *[
+        (case, {"deadline": deadline}, InvalidInput, "invalid_budget")
+        for case, deadline in [
+            ("naive deadline", datetime(2099, 1, 1)),
+            ("past deadline", datetime(2000, 1, 1, tzinfo=UTC)),
+            ("offsetless tzinfo", datetime(2099, 1, 1, tzinfo=OddTZ(None))),
+            ("tzinfo offset not a timedelta", datetime(2099, 1, 1, tzinfo=OddTZ("x"))),
+            ("tzinfo offset over a day", datetime(2099, 1, 1, tzinfo=OddTZ(timedelta(days=2)))),
+            ("past year 9999 in UTC", datetime.max.replace(tzinfo=timezone(-timedelta(hours=5)))),
+            ("string deadline", "2099-01-01T00:00:00Z"),
+            ("date deadline", date(2099, 1, 1)),
+        ]
+    ],
+    ("unstored run", {"run": Run(tenant="acme", handle="run_" + "a" * 32)},
+     InvalidInput, "invalid_run"),
+    ("not a run", {"run": "run_" + "a" * 32}, InvalidInput, "invalid_run"),
+    ("unstored compensated op", {"compensates": Operation(tenant="acme", op_id="op-1")},
+     InvalidInput, "invalid_compensates"),
+    ("not an operation", {"compensates": 1}, InvalidInput, "invalid_compensates"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -270,3 +319,211 @@ def test_concurrent_intake_of_one_op_id_makes_exactly_one_row(pg: Engine, outbox
     for r in results:
         parity, outcome = r.split(":")
         assert outcome in ({"created", "existing"} if parity == winner_parity else {"conflict"})
+
+
+def test_a_run_whose_insert_was_rolled_back_is_refused(engine: Engine, outbox: Outbox) -> None:
+    with Session(engine) as s:
+        run = runs.open_run(s, tenant="acme")
+        s.rollback()  # the run's row is gone; the object still holds its id
+        assert run.id is not None
+        with pytest.raises(InvalidInput) as info:
+            enqueue(outbox, s, run=run)
+        assert info.value.code == "invalid_run"
+        s.rollback()
+    assert count(engine) == 0
+
+
+def test_correlation_id_errors_carry_no_sql_parameters(engine: Engine, outbox: Outbox) -> None:
+    # The DataError this used to raise printed the statement's parameters: the fingerprint and
+    # the idempotency key of the intent.
+    with Session(engine) as s, s.begin():
+        for bad in ["a\x00b", "\ud800"]:
+            with pytest.raises(InvalidIdentifier) as info:
+                enqueue(outbox, s, correlation_id=bad)
+            text = repr(info.value) + repr(info.value.as_dict())
+            assert "stl_" not in text and "A1042" not in text and bad not in text
+    assert count(engine) == 0
+
+
+@pytest.mark.parametrize(
+    "correlation_id", ["call_02", "toolu_01A09q90qw90lq917835lq9", "c2VjcmV0/Ym9keQ+=="]
+)
+def test_well_formed_correlation_ids_are_stored(
+    engine: Engine, outbox: Outbox, correlation_id: str
+) -> None:
+    with Session(engine) as s, s.begin():
+        enqueue(outbox, s, correlation_id=correlation_id)
+    with Session(engine) as s:
+        assert s.scalars(select(Operation.correlation_id)).one() == correlation_id
+        evidence = s.scalars(select(OperationEvent.evidence)).one()
+        assert evidence == {"correlation_id": correlation_id}
+
+
+def test_an_aware_deadline_in_any_offset_is_stored_as_that_instant(
+    engine: Engine, outbox: Outbox
+) -> None:
+    deadline = datetime(2099, 1, 1, 8, tzinfo=timezone(timedelta(hours=8)))
+    with Session(engine) as s, s.begin():
+        enqueue(outbox, s, deadline=deadline)
+    with Session(engine) as s:
+        assert s.scalars(select(Operation.deadline)).one() == datetime(2099, 1, 1, tzinfo=UTC)
+
+
+# -- fuzzing every argument ----------------------------------------------------------------
+
+NASTY = [
+    "", " ", "\x00", "a\x00b", "\ud800", "a\udfffb", "٣", "20٣٣", "𝟘", "Ａ", "a\n", "a\r\nb",
+    "'", '"', "\\", "%00", "x" * 300, "op-9", "call_02", "acme", "\u200b", "\ufeffa",
+]  # fmt: skip
+any_text = st.text(st.characters(exclude_categories=()), max_size=90)
+junk = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.binary(max_size=8), st.just(["a"])
+)
+bad_text = st.one_of(st.sampled_from(NASTY), any_text, junk)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | any_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
+    max_leaves=8,
+)
+PARAMS = {
+    "refund": GOOD,
+    "after_sales_ticket": {"ticket_id": "T1", "order_id": "A1042", "reason": "damaged"},
+    "pickup": PICKUP,
+    "ticket_cancel": {"ticket_id": "T1", "reason": "pickup_failed"},
+}
+field_values = st.one_of(
+    json_values,
+    st.sampled_from(NASTY),
+    st.integers(-(10**20), 10**20),
+    st.builds(  # day-shaped, with any script's digits, and months and days out of range
+        "20{}-{:02d}-{:02d}".format,
+        st.text(st.characters(categories=["Nd"]), min_size=2, max_size=2),
+        st.integers(0, 13),
+        st.integers(0, 32),
+    ),
+)
+
+
+@st.composite
+def bad_params(draw: st.DrawFn, kind: object) -> object:
+    """The kind's sample params with fields changed, dropped or added; or not an object."""
+    params = dict(PARAMS.get(str(kind), GOOD))
+    if draw(st.booleans()):
+        return draw(json_values)
+    for name in draw(st.lists(st.sampled_from([*params, "extra"]), min_size=1, max_size=3)):
+        if draw(st.booleans()):
+            params.pop(name, None)
+        else:
+            params[name] = draw(field_values)
+    return params
+
+
+offsets = st.builds(timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23)))
+ROWS = ["none", "own", "other tenant's", "unstored", "rolled back", "junk"]
+GOOD_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "tenant": st.sampled_from(["acme", "globex"]),
+    "op_id": st.sampled_from(["op-9", "op-base"]) | st.from_regex(OP_ID_RE, fullmatch=True),
+    "kind": st.sampled_from(sorted(PARAMS)),
+    "run": st.sampled_from(ROWS[:2]),
+    "correlation_id": st.none() | st.from_regex(CORRELATION_ID_RE, fullmatch=True),
+    "compensates": st.sampled_from(ROWS[:2]),
+    "max_attempts": st.none() | st.integers(1, 100),
+    "deadline": st.none() | st.datetimes(datetime(2100, 1, 1), timezones=st.just(UTC) | offsets),
+}
+BAD_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "tenant": bad_text,
+    "op_id": bad_text,
+    "kind": bad_text,
+    "run": st.sampled_from(ROWS[2:]),
+    "correlation_id": bad_text,
+    "compensates": st.sampled_from(ROWS[2:]),
+    "max_attempts": st.integers(-3, 120) | st.integers(10**18, 10**30) | junk | any_text,
+    "deadline": st.one_of(
+        st.datetimes(datetime(2000, 1, 1), datetime.max, timezones=st.just(UTC) | offsets),
+        st.datetimes(),  # naive
+        st.builds(
+            lambda dt, offset: dt.replace(tzinfo=OddTZ(offset)),
+            st.datetimes(datetime(2000, 1, 1)),
+            st.none() | st.timedeltas() | st.integers() | st.text(max_size=3),
+        ),
+        st.dates(),
+        st.text(max_size=30),
+        junk,
+    ),
+}
+ARGS = [*GOOD_ARGS, "params"]
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_any_intake_is_a_typed_error_that_wrote_nothing_or_an_operation(
+    engine: Engine, outbox: Outbox, data: st.DataObject
+) -> None:
+    # Mostly one bad argument with all the others good: a bad value reaches the database only
+    # when nothing before it was refused.
+    broken = data.draw(st.sets(st.sampled_from(ARGS), max_size=3), label="broken")
+    args = {
+        name: data.draw(BAD_ARGS[name] if name in broken else GOOD_ARGS[name], label=name)
+        for name in GOOD_ARGS
+    }
+    kind = args["kind"]
+    params = data.draw(
+        bad_params(kind) if "params" in broken else st.just(PARAMS.get(str(kind), GOOD)),
+        label="params",
+    )
+    with Session(engine) as s:
+        base_run = runs.open_run(s, tenant="acme")
+        base_op = enqueue(outbox, s, op_id="op-base", run=base_run).operation
+        others_run = runs.open_run(s, tenant="globex")
+        others_op = enqueue(outbox, s, tenant="globex", op_id="op-base").operation
+        gone_run = runs.open_run(s, tenant="acme")
+        s.expunge(gone_run)
+        make_transient(gone_run)  # as after the rollback of its insert: an id, but no row
+        rows: dict[str, tuple[object, object]] = {
+            "none": (None, None),
+            "own": (base_run, base_op),
+            "other tenant's": (others_run, others_op),
+            "unstored": (
+                Run(tenant="acme", handle=runs.new_handle()),
+                Operation(tenant="acme", op_id="op-x"),
+            ),
+            "rolled back": (gone_run, gone_run),
+            "junk": ("run", 12),
+        }
+        args["run"] = rows[args["run"]][0]
+        args["compensates"] = rows[args["compensates"]][1]
+
+        def written() -> tuple[int, int]:
+            return (
+                int(s.scalar(select(func.count()).select_from(Operation)) or 0),
+                int(s.scalar(select(func.count()).select_from(OperationEvent)) or 0),
+            )
+
+        before = written()
+        try:
+            got = outbox.enqueue(s, params=params, **args)
+        except (InvalidInput, NotFound, IdempotencyConflict):
+            # A typed error, and nothing written: not a row, not an event, nothing pending.
+            # (Anything else, a SettledError of another class included, fails the test.)
+            assert not s.new
+            assert written() == before
+        else:
+            op = got.operation
+            assert (op.tenant, op.op_id) == (args["tenant"], args["op_id"])
+            if got.created:
+                assert written() == (before[0] + 1, before[1] + 1)
+                assert (op.kind, op.state) == (kind, "planned")
+                assert op.correlation_id == args["correlation_id"]
+                if args["deadline"] is not None:
+                    assert op.deadline == args["deadline"]
+                s.refresh(op)  # what the database holds reads back as what was accepted
+                assert op.params == canonical_params(outbox.registry.get(kind).parse(params))
+            else:
+                assert written() == before
+                assert op.id in (base_op.id, others_op.id)
+        finally:
+            s.rollback()
