@@ -46,7 +46,11 @@ class Fingerprinter:
         version = version or self.current
         key = self.keys.get(version)
         if key is None:
-            raise SettledError("fingerprint key version is not configured", key_version=version)
+            raise SettledError(
+                "fingerprint key version is not configured",
+                code="fingerprint_key_unknown",
+                key_version=version,
+            )
         return hmac.new(key, canonical_bytes(kind, intent), hashlib.sha256).hexdigest()
 
     def matches(self, kind: str, intent: Intent, version: str, fingerprint: str) -> bool:

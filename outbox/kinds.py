@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -101,8 +101,16 @@ class DownstreamContract:
     key_retention: timedelta = timedelta(hours=24)  # how long the downstream remembers a key
     #: statuses documented as "refused before processing": safe to send again, same key
     not_executed_statuses: frozenset[int] = frozenset({429})
-    #: longest the downstream may take to make a result visible to lookups
+    #: longest from a request leaving Settled to its result being visible to lookups
+    #: (network transit included)
     processing_time: timedelta = timedelta(seconds=2)
+    #: automatic resends stop this long before the key retention ends: slack for the
+    #: downstream's clock and for a lookup outage that ends near the edge
+    retention_margin: timedelta = timedelta(hours=1)
+
+    def resend_until(self, first_sent_at: datetime) -> datetime:
+        """The last moment the first key may be sent again (and a "not found" trusted)."""
+        return first_sent_at + self.key_retention - self.retention_margin
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,9 @@ class Attempt(Base):
     lease_version: Mapped[int]
     worker: Mapped[str | None] = mapped_column(String(100))
     started_at: Mapped[datetime]
+    #: the latest the request may be on the wire: the sender's lease end (database time); no
+    #: send starts after it, so a "not found" is trusted only after it (plus processing time)
+    not_after: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     #: what the communication proved: done / not_done / not_sent / not_executed / unknown /
     #: misuse; NULL while the attempt is in flight or if the worker died mid-send

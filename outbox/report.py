@@ -1,8 +1,10 @@
 """The report of a run: what is done, what is not, what is still uncertain.
 
-Pure: built from operation snapshots (states, reject reasons, receipt references) and nothing
-else, never from free text. Wording lives in one message table per language; a line says
-"restored" only when the compensation succeeded *and* carries the downstream's receipt.
+Pure: built from operation snapshots (states, reject reasons, receipt references, whether an
+attempt was ever made) and nothing else, never from free text. Wording lives in one message
+table per language. A line says "not sent" only when no attempt was ever made; "restored" only
+when the compensation succeeded *and* carries the downstream's receipt; an outcome support
+staff settled by their own statement (no downstream record) is reported as their statement.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Compensation(enum.StrEnum):
     """Where the compensations of an operation stand, best first."""
 
     RESTORED = "restored"  # a compensation succeeded and its receipt says so
+    STAFF = "staff"  # support staff recorded it done, on their own statement
     PENDING = "pending"  # sent, or recorded done without a receipt: not confirmed
     NOT_SENT = "not_sent"  # planned: not sent yet
     NOT_DONE = "not_done"  # rejected or cancelled: the offset did not happen
@@ -48,6 +51,8 @@ class OpFacts:
     receipt_status: str | None = None  # the receipt's own status ("succeeded", "rejected")
     in_review: bool = False
     compensates: str | None = None  # op_id of the operation this one offsets
+    sent: bool = False  # an attempt was made (an attempt row exists)
+    by_staff: bool = False  # settled by support staff's statement, not a downstream record
 
 
 @dataclass(frozen=True)
@@ -173,16 +178,22 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
     evidence: dict[str, Any] = {}
     if op.state is State.SUCCEEDED:
         message = "done" if op.reference else "done_no_receipt"
+        if op.by_staff:
+            message = "done_staff"
         evidence["reference"] = op.reference
     elif op.state is State.REJECTED:
-        message = "rejected"
+        message = "rejected_staff" if op.by_staff else "rejected"
         evidence["reason"] = op.reason
+        if op.reason == "not_executed" and op.sent:
+            evidence["reason"] = "not_executed_sent"  # sent, and proven not carried out
         if op.code:
             evidence["code"] = op.code
     elif op.state is State.CANCELLED:
-        message = "cancelled"
+        message = "cancelled_after_check" if op.sent else "cancelled"
     elif op.state is State.PLANNED:
         message = "planned_stopped" if cancelled else "planned"
+        if op.sent:
+            message += "_again"
     else:
         message = "pending_stopped" if cancelled else "pending"
         if op.in_review:
@@ -204,6 +215,8 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
 
 def _status(op: OpFacts) -> Compensation:
     if op.state is State.SUCCEEDED:
+        if op.by_staff:
+            return Compensation.STAFF
         # "Restored" needs the compensation's own receipt, saying it succeeded.
         if op.reference and op.receipt_status == "succeeded":
             return Compensation.RESTORED
@@ -211,7 +224,7 @@ def _status(op: OpFacts) -> Compensation:
     if op.state in (State.SUBMITTED, State.UNKNOWN):
         return Compensation.PENDING
     if op.state is State.PLANNED:
-        return Compensation.NOT_SENT
+        return Compensation.PENDING if op.sent else Compensation.NOT_SENT
     return Compensation.NOT_DONE
 
 
@@ -227,9 +240,8 @@ def compensation_note(compensations: Iterable[OpFacts]) -> CompensationNote | No
     if best is None:
         return None
     _, op, status = best
-    return CompensationNote(
-        op.op_id, status, op.reference if status is Compensation.RESTORED else None
-    )
+    shown = status in (Compensation.RESTORED, Compensation.STAFF)
+    return CompensationNote(op.op_id, status, op.reference if shown else None)
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -248,10 +260,29 @@ MESSAGES: dict[str, dict[str, str]] = {
         "done_no_receipt": (
             "Operation {op} ({kind}) is recorded as done, without a downstream receipt."
         ),
+        "done_staff": (
+            "Operation {op} ({kind}) is recorded as done by support staff (reference {ref}); "
+            "this is their statement, not a receipt from the service."
+        ),
         "rejected": "Operation {op} ({kind}) was not done: {reason}{code}.",
+        "rejected_staff": (
+            "Operation {op} ({kind}) is recorded as not done by support staff; "
+            "this is their statement, not a record from the service."
+        ),
         "cancelled": "Operation {op} ({kind}) was cancelled before it was sent.",
+        "cancelled_after_check": (
+            "Operation {op} ({kind}) was cancelled; its earlier attempts were checked and had "
+            "no effect."
+        ),
         "planned": "Operation {op} ({kind}) has not been sent yet.",
+        "planned_again": (
+            "Operation {op} ({kind}) has not been done yet; its earlier attempts had no effect "
+            "and it will be tried again."
+        ),
         "planned_stopped": "Operation {op} ({kind}) was stopped before it was sent.",
+        "planned_stopped_again": (
+            "Operation {op} ({kind}) was stopped; its earlier attempts had no effect."
+        ),
         "pending": "The result of operation {op} ({kind}) is still pending confirmation.",
         "pending_review": (
             "The result of operation {op} ({kind}) is still pending confirmation; "
@@ -268,6 +299,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compensation_prefix": "Compensation of {of}: ",
         "code": " ({code})",
         "comp.restored": " Restored by compensation {comp} (receipt {ref}).",
+        "comp.staff": (
+            " Support staff recorded compensation {comp} as done (reference {ref}); this is "
+            "their statement, not a receipt from the service."
+        ),
         "comp.pending": " Compensation {comp} is still pending confirmation.",
         "comp.not_sent": " Compensation {comp} has not been sent yet.",
         "comp.not_done": " Compensation {comp} was not done, so nothing has been reversed.",
@@ -275,6 +310,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "reason.invalid_params": "the request was invalid",
         "reason.permission_denied": "not permitted",
         "reason.not_executed": "it could not be sent in time",
+        "reason.not_executed_sent": "it was not carried out in time",
         "reason.None": "refused",
     },
     "zh": {
@@ -286,10 +322,20 @@ MESSAGES: dict[str, dict[str, str]] = {
         "none": "  （无）",
         "done": "操作 {op}（{kind}）已完成（回执 {ref}）。",
         "done_no_receipt": "操作 {op}（{kind}）记录为已完成，但没有下游回执。",
+        "done_staff": (
+            "客服人员将操作 {op}（{kind}）记录为已完成（参考号 {ref}）；"
+            "这是客服人员的陈述，不是对方服务的回执。"
+        ),
         "rejected": "操作 {op}（{kind}）未完成：{reason}{code}。",
+        "rejected_staff": (
+            "客服人员将操作 {op}（{kind}）记录为未完成；这是客服人员的陈述，不是对方服务的记录。"
+        ),
         "cancelled": "操作 {op}（{kind}）在发送前已取消。",
+        "cancelled_after_check": "操作 {op}（{kind}）已取消；此前的尝试经核实未生效。",
         "planned": "操作 {op}（{kind}）尚未发送。",
+        "planned_again": "操作 {op}（{kind}）尚未完成；此前的尝试未生效，将再次尝试。",
         "planned_stopped": "操作 {op}（{kind}）在发送前已停止。",
+        "planned_stopped_again": "操作 {op}（{kind}）已停止；此前的尝试未生效。",
         "pending": "操作 {op}（{kind}）的结果仍待确认。",
         "pending_review": "操作 {op}（{kind}）的结果仍待确认，客服人员正在核查。",
         "pending_stopped": "已停止继续处理，但操作 {op}（{kind}）的结果仍待确认。",
@@ -299,6 +345,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compensation_prefix": "{of} 的补偿：",
         "code": "（{code}）",
         "comp.restored": "已由补偿操作 {comp} 撤销，已恢复（回执 {ref}）。",
+        "comp.staff": (
+            "客服人员将补偿操作 {comp} 记录为已完成（参考号 {ref}）；"
+            "这是客服人员的陈述，不是对方服务的回执。"
+        ),
         "comp.pending": "补偿操作 {comp} 的结果仍待确认。",
         "comp.not_sent": "补偿操作 {comp} 尚未发送。",
         "comp.not_done": "补偿操作 {comp} 未完成，原操作未被撤销。",
@@ -306,6 +356,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "reason.invalid_params": "请求无效",
         "reason.permission_denied": "没有权限",
         "reason.not_executed": "未能及时发送",
+        "reason.not_executed_sent": "未能及时执行",
         "reason.None": "被拒绝",
     },
 }

@@ -37,8 +37,14 @@ class Settings(BaseSettings):
     #: Budget given to a new operation.
     max_attempts: int = 5
     deadline_seconds: float = 3600.0
-    #: How long a claim is held before another worker or the reconciler may take over.
+    #: How long a claim is held before another worker or the reconciler may take over. No send
+    #: starts, or runs, past its lease (less the clock margin).
     lease_seconds: float = 60.0
+    #: Largest difference assumed between the database's clock and the downstream's: a send
+    #: must be over this long before its lease ends.
+    clock_margin_seconds: float = Field(default=1.0, ge=0)
+    #: Automatic resends stop this long before the downstream's key retention ends.
+    key_retention_margin_seconds: float = Field(default=3600.0, ge=0)
     #: Period of the sweeper, which re-hints every due operation (beat).
     sweep_seconds: float = 1.0
     #: Due operations a worker claims beside the hinted ones, sent concurrently.

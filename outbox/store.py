@@ -274,6 +274,12 @@ class Move:
         return changes
 
     @property
+    def settles_review(self) -> bool:
+        """An operation leaving ``unknown`` takes its open review item with it: nobody could
+        close an item whose operation is no longer unknown."""
+        return self.claimed.state is State.UNKNOWN and self.to is not State.UNKNOWN
+
+    @property
     def note(self) -> str | None:
         """The event row's reason: the reject reason, else why it stopped, else the review."""
         return (
@@ -318,6 +324,8 @@ def apply(session: Bind, one: Move, *, actor: str) -> None:
     )  # fmt: skip
     if one.review is not None:
         open_review(session, one.claimed.id, one.claimed.tenant, one.review, one.evidence or {})
+    if one.settles_review:
+        close_reviews(session, [one.claimed.id], by=actor, state=one.to)
 
 
 _statements: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], Any] = {}
@@ -507,9 +515,13 @@ def _write_moves(
         return set()
     conn = _conn(bind)
     finishes = finishes or {}
-    if conn.dialect.name == "postgresql":
-        return _write_moves_pg(conn, moves, actor=actor, start=start, finishes=finishes)
-    return _write_moves_each(conn, moves, actor=actor, start=start, finishes=finishes)
+    if conn.dialect.name != "postgresql":  # ``apply`` settles review items itself
+        return _write_moves_each(conn, moves, actor=actor, start=start, finishes=finishes)
+    written = _write_moves_pg(conn, moves, actor=actor, start=start, finishes=finishes)
+    for one in moves:
+        if one.settles_review and one.claimed.id in written:
+            close_reviews(conn, [one.claimed.id], by=actor, state=one.to)
+    return written
 
 
 def _write_moves_each(
@@ -537,6 +549,7 @@ def _write_moves_each(
                     "number": c.attempts + 1,
                     "lease_version": c.lease_version,
                     "worker": actor,
+                    "not_after": c.lease_until,
                 },
             )
         if (f := finishes.get(c.id)) is not None:
@@ -690,7 +703,7 @@ def _pg_moves_statement(
         f"WITH v AS (SELECT * FROM {rows})",  # noqa: S608
         f"m AS (UPDATE operations AS o SET {assignments} FROM v"  # noqa: S608
         " WHERE o.id = v.id AND o.lease_version = v.lease_version AND o.state = v.from_state"
-        " RETURNING o.id)",
+        " RETURNING o.id, o.lease_until)",
         "e AS (INSERT INTO operation_events"
         " (operation_id, from_state, to_state, actor, lease_version, reason, evidence, at)"
         " SELECT v.id, v.from_state, v.to_state, :actor, v.lease_version, v.note,"
@@ -706,8 +719,9 @@ def _pg_moves_statement(
         )
     if start:
         parts.append(
-            "a AS (INSERT INTO attempts (operation_id, number, lease_version, worker, started_at)"
-            " SELECT v.id, v.number, v.lease_version, :actor, clock_timestamp()"
+            "a AS (INSERT INTO attempts"
+            " (operation_id, number, lease_version, worker, started_at, not_after)"
+            " SELECT v.id, v.number, v.lease_version, :actor, clock_timestamp(), m.lease_until"
             " FROM v JOIN m ON m.id = v.id)"
         )
     if finish:
@@ -748,18 +762,35 @@ class Facts:
     lookups: int
     last_sent_at: datetime | None
     in_review: bool
+    #: per attempt: when it started, and the latest it may have been on the wire (its
+    #: outcome's time, else its sender's lease end; None for attempts written before 0.2)
+    sends: tuple[tuple[datetime, datetime | None], ...] = ()
 
 
 def facts(session: Session, operation_id: int) -> Facts:
     row = session.execute(
         select(ops.c.unknown_since, ops.c.lookups).where(ops.c.id == operation_id)
     ).one()
-    last = session.scalar(
-        select(func.max(Attempt.started_at)).where(Attempt.operation_id == operation_id)
-    )
+    attempts = session.execute(
+        select(Attempt.started_at, Attempt.not_after, Attempt.finished_at).where(
+            Attempt.operation_id == operation_id
+        )
+    ).all()
+    sends = tuple((a.started_at, _on_wire_until(a.not_after, a.finished_at)) for a in attempts)
     return Facts(
-        row.unknown_since, row.lookups, last, open_review_id(session, operation_id) is not None
+        row.unknown_since,
+        row.lookups,
+        max((start for start, _ in sends), default=None),
+        open_review_id(session, operation_id) is not None,
+        sends,
     )
+
+
+def _on_wire_until(not_after: datetime | None, finished_at: datetime | None) -> datetime | None:
+    """The earlier of the two bounds known: the attempt's lease end (no send outlives it) and
+    the time its outcome was written (the request was over by then)."""
+    bounds = [b for b in (not_after, finished_at) if b is not None]
+    return min(bounds) if bounds else None
 
 
 def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]:
@@ -781,7 +812,7 @@ def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]
 
 
 def touch(
-    session: Session,
+    session: Bind,
     claimed: Claimed,
     *,
     actor: str,
@@ -817,17 +848,19 @@ def open_review_id(session: Bind, operation_id: int) -> int | None:
     )
 
 
-def close_reviews(
-    session: Session, operation_id: int, *, by: str, resolution: dict[str, Any]
-) -> None:
-    """Close the open review item of an operation that an automatic path has settled."""
-    session.execute(
+def close_reviews(bind: Bind, operation_ids: Sequence[int], *, by: str, state: State) -> None:
+    """Close the open review items of operations that left ``unknown`` (to ``state``).
+
+    Always after the operation's own row was written in the same transaction: the operation
+    row, then its review item, is the one lock order (the reconciler's and staff's alike).
+    """
+    _conn(bind).execute(
         update(ReviewItem)
-        .where(ReviewItem.operation_id == operation_id, ReviewItem.resolved_at.is_(None))
+        .where(ReviewItem.operation_id.in_(operation_ids), ReviewItem.resolved_at.is_(None))
         .values(
             resolved_at=db_now(),
             resolved_by=by,
-            resolution=resolution,
+            resolution={"state": state.value, "by": by, "settled_with_operation": True},
             version=ReviewItem.version + 1,
         )
     )
@@ -856,11 +889,14 @@ def settle_unknown(
     reason: RejectReason | None = None,
     receipt: dict[str, Any] | None = None,
     evidence: dict[str, Any] | None = None,
+    close_review: bool = True,
 ) -> bool:
     """Settle an ``unknown`` operation outside any claim (staff, or a staff-asked lookup).
 
     Bumps the fencing version, so a reconciler holding a lease can no longer write. Returns
-    False, writing nothing, if the operation is no longer unknown.
+    False, writing nothing, if the operation is no longer unknown. Its open review item is
+    closed with it, unless ``close_review`` is False (the caller resolves the item itself,
+    after this: the operation row first, then the item, is the one lock order).
     """
     transition(State.UNKNOWN, event, to, reason)
     row = session.execute(
@@ -892,6 +928,8 @@ def settle_unknown(
             at=db_now(),
         )
     )
+    if close_review:
+        close_reviews(session, [operation_id], by=actor, state=to)
     return True
 
 

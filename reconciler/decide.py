@@ -2,8 +2,10 @@
 the downstream contract and the time. No database, clock or network in here.
 
 It only ever settles from evidence: a receipt found by a lookup settles; "not found" is
-trusted only after quiescence, inside the key retention window, with an idempotent
-downstream, and then only sends the operation back to ``planned`` with the *same* key.
+trusted only when the lookup was *asked* after quiescence (no attempt can still be on the
+wire, and what reached the downstream is visible), inside the key retention window less its
+margin, with an idempotent downstream, and then only sends the operation back to ``planned``
+with the *same* key.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from typing import Any
 
 from outbox.kinds import DownstreamContract
 from outbox.states import Event, RejectReason, State
-from workers.gateway import Found, LookupMisuse, LookupOutcome, NotFound, Unavailable
+from workers.gateway import (
+    Found,
+    LookupMisuse,
+    LookupOutcome,
+    NotFound,
+    Unavailable,
+    lookup_name,
+)
 
 #: Longest the reconciler waits between two looks at one operation.
 MAX_RECHECK = timedelta(minutes=5)
@@ -33,18 +42,34 @@ class Situation:
     client_timeout: timedelta
     review_after: timedelta
     in_review: bool
+    #: database time read *before* the lookup was asked (None: ``now``); a "not found" is
+    #: dated by it, never by when the answer came back
+    asked_at: datetime | None = None
+    #: per attempt: its start, and the latest it may have been on the wire (store.Facts)
+    sends: tuple[tuple[datetime, datetime | None], ...] = ()
 
     @property
     def quiet_at(self) -> datetime:
-        """When a "not found" becomes trustworthy: nothing sent can still land after it."""
-        sent = self.last_sent_at or self.first_sent_at or self.now
-        return sent + self.client_timeout + self.contract.processing_time
+        """When a "not found" becomes trustworthy: no attempt can be on the wire any more (its
+        outcome was written, or its sender's lease is over: no send outlives its lease), and
+        whatever reached the downstream is visible. An attempt with neither bound (written
+        before 0.2) counts from its start plus the client timeout."""
+        if self.sends:
+            last = max(end or start + self.client_timeout for start, end in self.sends)
+        else:
+            last = (self.last_sent_at or self.first_sent_at or self.now) + self.client_timeout
+        return last + self.contract.processing_time
+
+    @property
+    def asked(self) -> datetime:
+        return self.asked_at or self.now
 
     @property
     def past_retention(self) -> bool:
-        return (
-            self.first_sent_at is not None
-            and self.now >= self.first_sent_at + self.contract.key_retention
+        """Past the key retention less its margin: nothing may be re-sent, and a "not found"
+        may only mean the downstream forgot the key."""
+        return self.first_sent_at is not None and self.now >= self.contract.resend_until(
+            self.first_sent_at
         )
 
     @property
@@ -66,6 +91,18 @@ class Decision:
     review: str | None = None  # open a review item with this reason code
     recheck_at: datetime | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def not_found_doubt(s: Situation) -> str | None:
+    """Why a "not found" cannot prove that nothing ran, or None when it can.
+
+    The one rule behind the reconciler's requeue and staff's "rejected" on a lookup.
+    """
+    if s.asked < s.quiet_at:
+        return "not_quiet"  # a send may still be on the wire, or not yet visible
+    if s.past_retention:
+        return "past_key_retention"  # the downstream may have forgotten the key
+    return None
 
 
 def backoff(s: Situation) -> datetime:
@@ -100,7 +137,7 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Decision:
             Event.ABANDON,
             State.UNKNOWN,
             recheck_at=s.now,
-            evidence={"detail": "worker lost during send", "lookup": _name(lookup)},
+            evidence={"detail": "worker lost during send", "lookup": lookup_name(lookup)},
         )
     if isinstance(lookup, LookupMisuse):
         return _review(s, "lookup_mismatch", {"code": lookup.code, "detail": lookup.detail})
@@ -112,14 +149,17 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Decision:
         )
         return _review(s, why, {"lookup": "none"})
     if not s.contract.idempotent:
-        return _review(s, "ambiguous_without_idempotency", {"lookup": _name(lookup)})
+        return _review(s, "ambiguous_without_idempotency", {"lookup": lookup_name(lookup)})
     if isinstance(lookup, NotFound):
-        if s.now < s.quiet_at:
+        doubt = not_found_doubt(s)
+        if doubt == "not_quiet":
             return Decision(
-                "wait_quiescence", recheck_at=s.quiet_at, evidence={"lookup": "not_found"}
+                "wait_quiescence",
+                recheck_at=max(s.quiet_at, s.now),
+                evidence={"lookup": "not_found"},
             )
-        if s.past_retention:
-            return _review(s, "past_key_retention", {"lookup": "not_found"})
+        if doubt is not None:
+            return _review(s, doubt, {"lookup": "not_found"})
         return Decision(
             "requeued",
             Event.REQUEUE,
@@ -140,12 +180,3 @@ def _review(s: Situation, reason: str, evidence: dict[str, Any]) -> Decision:
         recheck_at=backoff(s),
         evidence={**evidence, "review": reason},
     )
-
-
-def _name(lookup: LookupOutcome | None) -> str:
-    return {
-        Found: "found",
-        NotFound: "not_found",
-        Unavailable: "unavailable",
-        LookupMisuse: "mismatch",
-    }.get(type(lookup), "none")

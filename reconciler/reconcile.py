@@ -3,11 +3,18 @@
 Each pass leases a bounded batch of ``unknown`` operations due for a look, and ``submitted``
 ones whose worker died, with the same lease rules as workers; asks the downstream (it only
 queries, never sends); and writes what the pure ``decide`` function concluded.
+
+A pass claims a few operations at a time, as many as its lookups can answer inside one
+lease. A "not found" is dated by the database time read before the question was asked (the
+claim's), never by when the answer came back. One operation that cannot be reconciled (a
+value the database refuses, a bug) is logged, put in review if it can be, and the pass goes
+on with the others.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,12 +23,13 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
+from outbox.clock import DbClock, Monotonic
 from outbox.db import db_now
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
 from outbox.states import State
-from reconciler.decide import Decision, Situation, decide
-from workers.gateway import Gateway, LookupOutcome, look_up
+from reconciler.decide import MAX_RECHECK, Decision, Situation, decide
+from workers.gateway import Gateway, LookupOutcome, look_up, lookup_deadline
 
 log = logging.getLogger(__name__)
 
@@ -55,43 +63,92 @@ class Reconciler:
     review_after: float = 600.0
     batch: int = 100
     totals: Counter[str] = field(default_factory=Counter)
+    monotonic: Monotonic = time.monotonic
 
     @property
     def actor(self) -> str:
         """Lease owner and event actor: marks every write as the reconciler's."""
         return f"reconciler:{self.worker}"
 
+    @property
+    def lookup_seconds(self) -> float:
+        """Longest one lookup may take."""
+        return min(self.client_timeout, 30.0)
+
+    @property
+    def chunk(self) -> int:
+        """Operations claimed at once: their lookups, one after another, fit in one lease."""
+        return max(1, min(self.batch, int(self.lease_seconds // (2 * self.lookup_seconds))))
+
     def run_once(self) -> PassReport:
         """One pass over at most ``batch`` operations."""
-        with self.sessions.begin() as session:
-            claims = store.claim_unresolved(
-                session, worker=self.actor, lease_seconds=self.lease_seconds, limit=self.batch
-            )
         outcomes: Counter[str] = Counter()
-        for claimed in claims:
-            try:
-                outcomes[self._reconcile(claimed)] += 1
-            except StaleLease:
-                outcomes["stale"] += 1
+        claimed_total = 0
+        while claimed_total < self.batch:
+            mono = self.monotonic()
+            with self.sessions.begin() as session:
+                claims = store.claim_unresolved(
+                    session,
+                    worker=self.actor,
+                    lease_seconds=self.lease_seconds,
+                    limit=min(self.chunk, self.batch - claimed_total),
+                )
+            claimed_total += len(claims)
+            for claimed in claims:
+                outcomes[
+                    self._reconcile_safely(claimed, DbClock(claimed.now, mono, self.monotonic))
+                ] += 1
+            if not claims:
+                break
         with self.sessions() as session:
             oldest = store.oldest_unknown_since(session)
             now = store.db_time(session)
         self.totals.update(outcomes)
         report = PassReport(
-            len(claims),
+            claimed_total,
             dict(outcomes),
             (now - oldest).total_seconds() if oldest else None,
             now,
         )
-        if claims:
+        if claimed_total:
             log.info("reconcile pass", extra=report.as_dict())
         return report
 
-    def _reconcile(self, claimed: store.Claimed) -> str:
+    def _reconcile_safely(self, claimed: store.Claimed, clock: DbClock) -> str:
+        """``_reconcile``, and whatever goes wrong stays with this operation."""
+        try:
+            return self._reconcile(claimed, clock)
+        except StaleLease:
+            return "stale"
+        except Exception as exc:
+            log.exception("reconcile failed for an operation", extra={"operation_id": claimed.id})
+            self._to_review(claimed, type(exc).__name__)
+            return "error"
+
+    def _to_review(self, claimed: store.Claimed, error: str) -> None:
+        """Record the failure and put the operation in review, to be looked at again later;
+        if even that fails, the lease expires and a later pass tries again."""
+        try:
+            with self.sessions.begin() as session:
+                store.touch(
+                    session,
+                    claimed,
+                    actor=self.actor,
+                    note="reconcile_failed",
+                    recheck_at=claimed.now + MAX_RECHECK,
+                    looked=False,
+                    evidence={"error": error},
+                    review="reconcile_failed" if claimed.state is State.UNKNOWN else None,
+                )
+        except Exception:
+            log.exception("could not record the failure", extra={"operation_id": claimed.id})
+
+    def _reconcile(self, claimed: store.Claimed, clock: DbClock) -> str:
         kind = self.registry.get(claimed.kind)
         lookup: LookupOutcome | None = None
         if kind.contract.queryable:
-            lookup = look_up(self.gateway, claimed, kind, seconds=min(self.client_timeout, 30.0))
+            deadline = lookup_deadline(clock, claimed, self.lookup_seconds)
+            lookup = look_up(self.gateway, claimed, kind, deadline=deadline)
         with self.sessions.begin() as session:
             facts = store.facts(session, claimed.id)
             now = store.db_time(session)
@@ -107,6 +164,9 @@ class Reconciler:
                 client_timeout=timedelta(seconds=self.client_timeout),
                 review_after=timedelta(seconds=self.review_after),
                 in_review=facts.in_review,
+                # the claim's time: read before the lookup was asked
+                asked_at=claimed.now,
+                sends=facts.sends,
             )
             decision = decide(situation, lookup)
             self._write(session, claimed, decision, looked=lookup is not None, before=facts.lookups)
@@ -148,10 +208,3 @@ class Reconciler:
             receipt=d.receipt,
             looked=looked,
         )
-        if d.to.terminal:
-            store.close_reviews(
-                session,
-                claimed.id,
-                by=self.actor,
-                resolution={"state": d.to.value, "by": "reconciler", **d.evidence},
-            )

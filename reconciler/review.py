@@ -12,25 +12,35 @@ from __future__ import annotations
 import enum
 import logging
 import re
+import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
+from outbox.clock import DbClock
 from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict
-from outbox.kinds import KindRegistry
+from outbox.kinds import DownstreamContract, KindRegistry
 from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.states import Event, RejectReason, State
-from workers.gateway import Found, Gateway, LookupOutcome, Unavailable
+from reconciler.decide import Situation, not_found_doubt
+from workers.gateway import (
+    Found,
+    Gateway,
+    LookupOutcome,
+    Unavailable,
+    lookup_name,
+    valid_reference,
+)
 from workers.gateway import NotFound as LookupNotFound
+from workers.verdicts import found_verdict
 
 audit = logging.getLogger("settled.audit")
 
 STAFF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
-REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 MIN_JUSTIFICATION = 10
 MAX_JUSTIFICATION = 2000
 
@@ -163,29 +173,19 @@ class ReviewQueue:
         with self.sessions() as session:
             _, op = self._load(session, item_id, open_only=True)
             snapshot = _snapshot(op)
-        lookup = self._lookup(snapshot)
-        result: dict[str, Any] = {"item": item_id, "lookup": _lookup_name(lookup)}
+            clock = self._clock(session)
+        lookup = self._lookup(snapshot, clock)
+        result: dict[str, Any] = {"item": item_id, "lookup": lookup_name(lookup)}
         with self.sessions.begin() as session:
             if isinstance(lookup, Found):
-                to = State.SUCCEEDED if lookup.receipt.status == "succeeded" else State.REJECTED
-                reason = (
-                    None
-                    if to is State.SUCCEEDED
-                    else (lookup.reason or RejectReason.BUSINESS_REJECTED)
-                )
+                verdict = found_verdict(lookup, Event.FIND)
                 evidence = {"lookup": "found", "by": staff.actor, "role": staff.role.value}
                 if not store.settle_unknown(
-                    session, snapshot["id"], Event.FIND, to, actor=staff.actor, reason=reason,
-                    receipt=lookup.receipt.as_dict(), evidence=evidence,
+                    session, snapshot["id"], Event.FIND, verdict.to, actor=staff.actor,
+                    reason=verdict.reason, receipt=verdict.receipt, evidence=evidence,
                 ):  # fmt: skip
                     raise ReviewConflict("the operation is no longer unknown", code="settled")
-                store.close_reviews(
-                    session,
-                    snapshot["id"],
-                    by=staff.actor,
-                    resolution={"state": to.value, **evidence},
-                )
-                result["state"] = to.value
+                result["state"] = verdict.to.value
             else:
                 store.record_note(
                     session,
@@ -207,62 +207,68 @@ class ReviewQueue:
         version: int,
         reference: str | None = None,
         justification: str | None = None,
+        override: bool = False,
     ) -> dict[str, Any]:
-        """Settle the item's operation as ``succeeded`` or ``rejected``, with evidence."""
+        """Settle the item's operation as ``succeeded`` or ``rejected``, with evidence.
+
+        ``rejected`` on a lookup's "not found" needs the proof the reconciler needs (asked
+        after quiescence, inside the key retention less its margin); ``override`` (a
+        supervisor, with the written justification) accepts it without, and says so in the
+        audit trail.
+        """
         _require(staff)
         to = _outcome(outcome)
-        if to is State.SUCCEEDED and (
-            not isinstance(reference, str) or REFERENCE.fullmatch(reference) is None
-        ):
+        if to is State.SUCCEEDED and not valid_reference(reference):
             raise InvalidInput(
                 "resolving as succeeded needs the downstream's reference",
                 code="reference_required",
             )
-        if to is State.REJECTED:
-            text = (justification or "").strip()
-            if not MIN_JUSTIFICATION <= len(text) <= MAX_JUSTIFICATION:
-                raise InvalidInput(
-                    f"resolving as rejected needs a written justification "
-                    f"({MIN_JUSTIFICATION} to {MAX_JUSTIFICATION} characters)",
-                    code="justification_required",
-                )
+        text = (justification or "").strip()
+        if (to is State.REJECTED or override) and not (
+            MIN_JUSTIFICATION <= len(text) <= MAX_JUSTIFICATION
+        ):
+            raise InvalidInput(
+                f"resolving as rejected, or overriding, needs a written justification "
+                f"({MIN_JUSTIFICATION} to {MAX_JUSTIFICATION} characters)",
+                code="justification_required",
+            )
+        if override and staff.role is not Role.SUPERVISOR:
+            raise Forbidden("only a supervisor may override the evidence rule", code="forbidden")
         with self.sessions() as session:
             item, op = self._load(session, item_id)
             if item.resolved_at is not None:
-                raise ReviewConflict("this item was already resolved", code="already_resolved")
+                raise _already_resolved(item)
             if item.version != version:
                 raise ReviewConflict(
                     "this item changed since you read it; show it again", code="stale_version"
                 )
             snapshot = _snapshot(op)
+            facts = store.facts(session, op.id)
+            clock = self._clock(session)
         kind = self.registry.get(snapshot["kind"])
-        lookup = self._lookup(snapshot) if kind.contract.queryable else None
-        _check_against(lookup, to, reference)
+        lookup = self._lookup(snapshot, clock)
+        doubt = None
+        if to is State.REJECTED and isinstance(lookup, LookupNotFound):
+            doubt = not_found_doubt(self._situation(snapshot, kind.contract, facts, clock))
+        _check_against(lookup, to, reference, doubt=doubt, override=override)
         evidence = {
             "by": staff.actor,
             "role": staff.role.value,
             "reference": reference,
             "justification": justification,
-            "lookup": _lookup_name(lookup),
+            "lookup": lookup_name(lookup),
             "review_item": item_id,
         }
-        receipt = None
-        if to is State.SUCCEEDED:
-            receipt = (
-                lookup.receipt.as_dict()
-                if isinstance(lookup, Found)
-                else {"reference": reference, "status": "succeeded", "source": "staff"}
-            )
+        if doubt is not None:  # accepted only through the override
+            evidence.update(override=True, unproven=doubt)
+        if isinstance(lookup, Found):
+            receipt = lookup.receipt.as_dict()
+        else:  # a person's statement, and recorded as one (never as the downstream's receipt)
+            receipt = {"source": "staff", "staff": staff.id, "status": to.value}
+            if reference is not None:
+                receipt["reference"] = reference
         with self.sessions.begin() as session:
-            if not store.resolve_review(
-                session,
-                item_id,
-                version=version,
-                by=staff.actor,
-                resolution={"state": to.value, "reference": reference},
-                note=justification,
-            ):
-                raise ReviewConflict("somebody else resolved this item first", code="lost_race")
+            # The operation row first, then the item: the lock order of every writer.
             if not store.settle_unknown(
                 session,
                 snapshot["id"],
@@ -272,10 +278,63 @@ class ReviewQueue:
                 reason=RejectReason.NOT_EXECUTED if to is State.REJECTED else None,
                 receipt=receipt,
                 evidence=evidence,
+                close_review=False,
             ):
-                raise ReviewConflict("the operation is no longer unknown", code="settled")
+                raise self._conflict(session, item_id)
+            if not store.resolve_review(
+                session,
+                item_id,
+                version=version,
+                by=staff.actor,
+                resolution={"state": to.value, "reference": reference, "override": override},
+                note=justification,
+            ):
+                raise self._conflict(session, item_id)
         audit.info("review resolve", extra={"staff": staff.id, "item": item_id, "state": to.value})
         return {"item": item_id, "state": to.value, "operation": snapshot["op_id"]}
+
+    def _conflict(self, session: Session, item_id: int) -> ReviewConflict:
+        """Why a resolve lost: the item was resolved by somebody else, or the operation was
+        settled by an automatic path first."""
+        item = session.get(ReviewItem, item_id, populate_existing=True)
+        if item is not None and item.resolved_at is not None:
+            return ReviewConflict(
+                f"somebody else resolved this item first: {item.resolved_by}",
+                code="lost_race",
+                resolved_by=item.resolved_by,
+            )
+        if item is not None:
+            return ReviewConflict(
+                "this item changed since you read it; show it again", code="stale_version"
+            )
+        return ReviewConflict("the operation is no longer unknown", code="settled")
+
+    def _clock(self, session: Session) -> DbClock:
+        mono = time.monotonic()
+        return DbClock(store.db_time(session), mono)
+
+    def _situation(
+        self,
+        snapshot: dict[str, Any],
+        contract: DownstreamContract,
+        facts: store.Facts,
+        clock: DbClock,
+    ) -> Situation:
+        return Situation(
+            state=State.UNKNOWN,
+            contract=contract,
+            now=clock.now(),
+            deadline=snapshot["deadline"],
+            first_sent_at=snapshot["first_sent_at"],
+            last_sent_at=facts.last_sent_at,
+            unknown_since=facts.unknown_since,
+            lookups=facts.lookups,
+            client_timeout=timedelta(seconds=self.lookup_timeout),
+            review_after=timedelta(0),
+            in_review=True,
+            asked_at=clock.db_at,
+            sends=facts.sends,
+        )
 
     def _load(
         self, session: Session, item_id: int, *, open_only: bool = False
@@ -284,12 +343,12 @@ class ReviewQueue:
         if item is None:
             raise NotFound("no such review item", code="review_item_not_found")
         if open_only and item.resolved_at is not None:
-            raise ReviewConflict("this item was already resolved", code="already_resolved")
+            raise _already_resolved(item)
         op = session.get(Operation, item.operation_id)
         assert op is not None
         return item, op
 
-    def _lookup(self, snapshot: dict[str, Any]) -> LookupOutcome | None:
+    def _lookup(self, snapshot: dict[str, Any], clock: DbClock) -> LookupOutcome | None:
         kind = self.registry.get(snapshot["kind"])
         if not kind.contract.queryable:
             return None
@@ -298,7 +357,7 @@ class ReviewQueue:
             kind=kind,
             idempotency_key=snapshot["idempotency_key"],
             params=snapshot["params"],
-            deadline=datetime.now(UTC) + timedelta(seconds=self.lookup_timeout),
+            deadline=clock.after(self.lookup_timeout),
         )
         return result
 
@@ -316,8 +375,19 @@ def _outcome(outcome: str) -> State:
     raise InvalidInput("outcome must be 'succeeded' or 'rejected'", code="invalid_outcome")
 
 
-def _check_against(lookup: LookupOutcome | None, to: State, reference: str | None) -> None:
-    """Refuse a resolution the downstream's own record contradicts (or cannot confirm now)."""
+def _check_against(
+    lookup: LookupOutcome | None,
+    to: State,
+    reference: str | None,
+    *,
+    doubt: str | None = None,
+    override: bool = False,
+) -> None:
+    """Refuse a resolution the downstream's own record contradicts (or cannot confirm now).
+
+    ``doubt`` is why the lookup's "not found" cannot prove that nothing ran
+    (``reconciler.decide.not_found_doubt``); only an override accepts a rejection on it.
+    """
     if lookup is None:
         return  # no lookup API: the staff's evidence is all there is
     if isinstance(lookup, Unavailable):
@@ -337,10 +407,37 @@ def _check_against(lookup: LookupOutcome | None, to: State, reference: str | Non
         )
     if not agrees:
         raise ReviewConflict(
-            f"the downstream's lookup ({_lookup_name(lookup)}) contradicts '{to.value}'",
+            f"the downstream's lookup ({lookup_name(lookup)}) contradicts '{to.value}'",
             code="contradicts_downstream",
-            lookup=_lookup_name(lookup),
+            lookup=lookup_name(lookup),
         )
+    if doubt is not None and not override:
+        raise ReviewConflict(
+            NOT_FOUND_DOUBTS.get(doubt, doubt),
+            code="not_found_unproven",
+            why=doubt,
+        )
+
+
+#: Why a "not found" proves nothing yet, as staff read it.
+NOT_FOUND_DOUBTS = {
+    "not_quiet": (
+        "the downstream has no record yet, but a send may still be landing: a 'not found' "
+        "proves nothing until the operation is quiet; ask again later"
+    ),
+    "past_key_retention": (
+        "the downstream may have forgotten this key (past its retention): a 'not found' "
+        "proves nothing; a supervisor may override with a justification"
+    ),
+}
+
+
+def _already_resolved(item: ReviewItem) -> ReviewConflict:
+    return ReviewConflict(
+        f"this item was already resolved by {item.resolved_by}",
+        code="already_resolved",
+        resolved_by=item.resolved_by,
+    )
 
 
 def _snapshot(op: Operation) -> dict[str, Any]:
@@ -351,6 +448,8 @@ def _snapshot(op: Operation) -> dict[str, Any]:
         "kind": op.kind,
         "params": op.params,
         "idempotency_key": op.idempotency_key,
+        "deadline": op.deadline,
+        "first_sent_at": op.first_sent_at,
     }
 
 
@@ -365,9 +464,3 @@ def _item(item: ReviewItem) -> dict[str, Any]:
         "resolved_by": item.resolved_by,
         "evidence": item.evidence,
     }
-
-
-def _lookup_name(lookup: LookupOutcome | None) -> str:
-    if lookup is None:
-        return "none"
-    return type(lookup).__name__.lower()

@@ -3,12 +3,18 @@
 1. claim the hinted operations by a conditional update (lease in database time, fencing
    version bumped); re-check cancel flag, fingerprint and budget; write the attempt row and
    ``submitted``, committed before anything is sent.
-2. send each with the stored idempotency key and the remaining deadline, no transaction open
-   (a batch is sent concurrently).
+2. send each with the stored idempotency key, no transaction open. A batch is sent at once,
+   a thread each, and every send is bounded by its lease: it never starts, and never runs,
+   past ``min(deadline, lease end - clock margin)`` (database time, measured on the monotonic
+   clock: ``outbox.clock``). A worker delayed past its lease therefore sends nothing, and the
+   reconciler may trust a "not found" once the lease is over (plus the processing time).
 3. write the outcomes of the batch, each under its own lease version (a stale worker's write
    is refused and skips that operation only), with the event rows; a not-sent / not-executed
-   outcome schedules ``next_attempt_at`` or stops.
+   outcome schedules ``next_attempt_at`` or stops. An outcome the database refuses to store
+   is written alone; failing that, the operation goes to ``unknown`` and review.
 An operation found ``submitted`` with an expired lease may have been sent: it is only queried.
+Hints larger than ``max_batch`` are worked in consecutive batches, each claimed just before
+it is sent.
 
 On PostgreSQL every write of a step is a single statement per batch, atomic by itself (the
 UPDATE fenced row by row, with the event, attempt and review rows of the rows it updated), so
@@ -27,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -35,12 +41,21 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
-from outbox.errors import InvalidInput
+from outbox.clock import DbClock, Deadline, Monotonic
+from outbox.errors import InvalidInput, SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
-from outbox.states import State
+from outbox.states import Event, State
 from workers.failpoints import failpoint
-from workers.gateway import Accepted, Gateway, Refused, SubmitOutcome, look_up
+from workers.gateway import (
+    Accepted,
+    Gateway,
+    NotSent,
+    Refused,
+    SubmitOutcome,
+    look_up,
+    lookup_deadline,
+)
 from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery, judge_submit
 
 log = logging.getLogger(__name__)
@@ -85,7 +100,8 @@ class Sent:
     claimed: store.Claimed
     kind: Kind
     outcome: SubmitOutcome
-    elapsed: float
+    #: database time when the outcome came back (estimated on the monotonic clock)
+    at: datetime
 
 
 @dataclass
@@ -100,7 +116,12 @@ class Executor:
     lease_seconds: float = 60.0
     #: due operations claimed beside the hinted ones, sent concurrently
     batch_extra: int = 0
+    #: most operations claimed and sent at once (a thread each, so all start together)
+    max_batch: int = 32
+    #: a send ends this long before its lease does: slack for the downstream's clock
+    clock_margin: float = 1.0
     rand: Callable[[], float] = random.random
+    monotonic: Monotonic = time.monotonic
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     #: PostgreSQL: the sessions' engine, and the same on autocommit connections
     _autocommit: tuple[Engine, Engine] | None = field(default=None, init=False, repr=False)
@@ -118,33 +139,64 @@ class Executor:
 
     def execute(self, ids: Sequence[int]) -> dict[int, State]:
         """Claim, send and record the hinted operations; returns the states written."""
-        to_send, to_recover, written = self._claim(ids)
-        for claimed in to_recover:
-            written.update(self._recover(claimed))
+        unique = list(dict.fromkeys(ids))
+        size = max(1, self.max_batch)
+        chunks = [unique[i : i + size] for i in range(0, len(unique), size)] or [[]]
+        written: dict[int, State] = {}
+        for n, chunk in enumerate(chunks):
+            extra = min(self.batch_extra, size - len(chunk)) if n == 0 else 0
+            written.update(self._execute_batch(chunk, extra))
+        return written
+
+    def _execute_batch(self, ids: Sequence[int], extra: int) -> dict[int, State]:
+        # Taken before the claim is asked: database time estimated from it runs ahead of the
+        # database's, never behind (outbox.clock).
+        mono = self.monotonic()
+        to_send, to_recover, blocked, written = self._claim(ids, extra)
+        if blocked:
+            written.update(self._hold(blocked))
         failpoint("after_claim")
-        sent = self._send(to_send)
+        sent = self._send([(c, k, self._clock(c, mono)) for c, k in to_send])
         if sent:
             failpoint("after_send")
             written.update(self._record(sent))
+        for claimed in to_recover:
+            written.update(self._recover(claimed, self._clock(claimed, mono)))
         failpoint("after_outcome")
         return written
 
+    def _clock(self, claimed: store.Claimed, mono: float) -> DbClock:
+        return DbClock(claimed.now, mono, self.monotonic)
+
     def _claim(
-        self, ids: Sequence[int]
-    ) -> tuple[list[tuple[store.Claimed, Kind]], list[store.Claimed], dict[int, State]]:
-        return self._step(lambda conn: self._claim_in(conn, ids))
+        self, ids: Sequence[int], extra: int
+    ) -> tuple[
+        list[tuple[store.Claimed, Kind]],
+        list[store.Claimed],
+        list[tuple[store.Claimed, str]],
+        dict[int, State],
+    ]:
+        return self._step(lambda conn: self._claim_in(conn, ids, extra))
 
     def _claim_in(
-        self, conn: Connection, ids: Sequence[int]
-    ) -> tuple[list[tuple[store.Claimed, Kind]], list[store.Claimed], dict[int, State]]:
+        self, conn: Connection, ids: Sequence[int], extra: int
+    ) -> tuple[
+        list[tuple[store.Claimed, Kind]],
+        list[store.Claimed],
+        list[tuple[store.Claimed, str]],
+        dict[int, State],
+    ]:
         to_recover: list[store.Claimed] = []
         stops: list[tuple[store.Move, str]] = []
+        #: claimed operations this worker cannot judge (its configuration lacks their kind or
+        #: fingerprint key): not sent, held for later; the rest of the batch goes on
+        blocked: list[tuple[store.Claimed, str]] = []
         claims = store.claim_for_send(
             conn,
             worker=self.worker,
             lease_seconds=self.lease_seconds,
             ids=ids,
-            extra=self.batch_extra,
+            extra=extra,
         )
         cancelled = store.cancelled_runs(conn, (c.run_id for c in claims))
         fresh: list[tuple[store.Claimed, Kind]] = []
@@ -152,7 +204,16 @@ class Executor:
             if claimed.state is State.SUBMITTED:
                 to_recover.append(claimed)
                 continue
-            kind = self.registry.get(claimed.kind)
+            try:
+                kind = self.registry.get(claimed.kind)
+                fingerprint_ok = self._fingerprint_ok(claimed, kind)
+            except SettledError as exc:
+                log.error(
+                    "not sent: this worker cannot check the operation",
+                    extra={"operation_id": claimed.id, "error": exc.code},
+                )
+                blocked.append((claimed, exc.code))
+                continue
             check = check_before_send(
                 now=claimed.now,
                 deadline=claimed.deadline,
@@ -164,7 +225,7 @@ class Executor:
                 first_sent_at=claimed.first_sent_at,
                 contract=kind.contract,
                 run_cancelled=claimed.run_id in cancelled,
-                fingerprint_ok=self._fingerprint_ok(claimed, kind),
+                fingerprint_ok=fingerprint_ok,
             )
             if check is not None:
                 stop = store.Move(
@@ -185,9 +246,11 @@ class Executor:
                 log.info("not sent", extra={"operation_id": stop.claimed.id, "stop": why})
         kinds = {c.id: k for c, k in fresh}
         started = store.start_attempts(conn, [c for c, _ in fresh], worker=self.worker)
-        return [(c, kinds[c.id]) for c in started], to_recover, written
+        return [(c, kinds[c.id]) for c in started], to_recover, blocked, written
 
     def _fingerprint_ok(self, claimed: store.Claimed, kind: Kind) -> bool:
+        """Whether the stored params still match the stored fingerprint. Raises SettledError
+        when the fingerprint's key version is not configured here (nothing can be checked)."""
         try:
             intent = kind.parse(claimed.params)
         except InvalidInput:
@@ -196,23 +259,59 @@ class Executor:
             kind.name, intent, claimed.fingerprint_key_version, claimed.fingerprint
         )
 
-    def _send(self, batch: list[tuple[store.Claimed, Kind]]) -> list[Sent]:
-        if len(batch) <= 1:
-            return [self._send_one(c, k) for c, k in batch]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="settled-send")
-        return list(self._pool.map(lambda ck: self._send_one(*ck), batch))
+    def _hold(self, blocked: list[tuple[store.Claimed, str]]) -> dict[int, State]:
+        """Release operations this worker cannot check, to be looked at again a lease later
+        (by a worker whose configuration has what is missing): an event row says why."""
+        held: dict[int, State] = {}
+        for claimed, why in blocked:
 
-    def _send_one(self, claimed: store.Claimed, kind: Kind) -> Sent:
-        started = time.monotonic()
-        outcome = self.gateway.submit(
-            tenant=claimed.tenant,
-            kind=kind,
-            idempotency_key=claimed.idempotency_key,
-            params=claimed.params,
-            deadline=claimed.deadline,
-        )
-        return Sent(claimed, kind, outcome, time.monotonic() - started)
+            def hold(session: Session, c: store.Claimed = claimed, why: str = why) -> None:
+                store.touch(
+                    session, c, actor=self.worker, note=why, looked=False,
+                    recheck_at=c.now + timedelta(seconds=self.lease_seconds),
+                    evidence={"held": why, "sent": False},
+                )  # fmt: skip
+
+            try:
+                in_transaction(self.sessions, hold)
+            except SettledError:  # StaleLease: a newer claim holds it
+                continue
+            held[claimed.id] = claimed.state
+        return held
+
+    def _send(self, batch: list[tuple[store.Claimed, Kind, DbClock]]) -> list[Sent]:
+        if len(batch) <= 1:
+            return [self._send_one(*one) for one in batch]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=max(1, self.max_batch), thread_name_prefix="settled-send"
+            )
+        return list(self._pool.map(lambda one: self._send_one(*one), batch))
+
+    def send_deadline(self, claimed: store.Claimed, clock: DbClock) -> Deadline:
+        """When this attempt must be over: the operation's deadline, or its lease's end less
+        the clock margin, whichever comes first (database time)."""
+        lease_end = claimed.lease_until - timedelta(seconds=self.clock_margin)
+        return clock.deadline(min(claimed.deadline, lease_end))
+
+    def _send_one(self, claimed: store.Claimed, kind: Kind, clock: DbClock) -> Sent:
+        failpoint("before_send")
+        deadline = self.send_deadline(claimed, clock)
+        outcome: SubmitOutcome
+        if deadline.left() <= 0:
+            # Delayed past the lease (a pause, a queue): another worker or the reconciler may
+            # own the operation now. Provably nothing was sent.
+            log.warning("not sent: the lease ended first", extra={"operation_id": claimed.id})
+            outcome = NotSent("the lease ended before sending")
+        else:
+            outcome = self.gateway.submit(
+                tenant=claimed.tenant,
+                kind=kind,
+                idempotency_key=claimed.idempotency_key,
+                params=claimed.params,
+                deadline=deadline,
+            )
+        return Sent(claimed, kind, outcome, clock.now())
 
     def _record(self, batch: list[Sent]) -> dict[int, State]:
         """Write the outcomes of a batch, each under its own lease version.
@@ -223,9 +322,20 @@ class Executor:
         judged = [(sent, self._judge(sent)) for sent in batch]
         moves = [self._move(sent.claimed, verdict) for sent, verdict in judged]
         finishes = [_finish(sent) for sent, _ in judged]
-        done = self._step(
-            lambda conn: store.record(conn, moves, actor=self.worker, finishes=finishes)
-        )
+        try:
+            done = self._step(
+                lambda conn: store.record(conn, moves, actor=self.worker, finishes=finishes)
+            )
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise
+            # One operation's outcome the database will not take (a value out of range, a
+            # constraint) must not cost the others theirs: write them one by one.
+            log.error(
+                "outcomes of a batch refused by the database; writing them one by one",
+                extra={"error": type(exc.orig).__name__},
+            )
+            done = self._record_each(moves, finishes)
         written: dict[int, State] = {}
         for sent, verdict in judged:
             if sent.claimed.id in done:
@@ -247,15 +357,59 @@ class Executor:
             sent.outcome,
             budget=Budget(claimed.attempts, claimed.max_attempts, claimed.deadline),
             contract=sent.kind.contract,
-            now=claimed.now + timedelta(seconds=sent.elapsed),
+            now=sent.at,
             rand=self.rand,
         )
 
-    def _recover(self, claimed: store.Claimed) -> dict[int, State]:
+    def _record_each(
+        self, moves: Sequence[store.Move], finishes: Sequence[store.Finish]
+    ) -> set[int]:
+        """Write each outcome alone; one the database refuses becomes ``unknown`` with a
+        review item (its effect may have happened: it must not be lost, nor re-sent)."""
+        done: set[int] = set()
+
+        def alone(move: store.Move, finish: store.Finish) -> set[int]:
+            return self._step(
+                lambda conn: store.record(conn, [move], actor=self.worker, finishes=[finish])
+            )
+
+        for one, finish in zip(moves, finishes, strict=True):
+            try:
+                done |= alone(one, finish)
+                continue
+            except DBAPIError as exc:
+                if exc.connection_invalidated:
+                    raise
+                error = type(exc.orig).__name__
+            log.error(
+                "outcome refused by the database; to review",
+                extra={"operation_id": one.claimed.id, "error": error},
+            )
+            evidence = {"detail": "the database refused the outcome", "error": error}
+            fallback = store.Move(
+                one.claimed, Event.LOSE, State.UNKNOWN, evidence=evidence,
+                review="outcome_not_recorded",
+            )  # fmt: skip
+            proof = store.Finish(one.claimed, finish.proof, finish.status_code, {"error": error})
+            try:
+                done |= alone(fallback, proof)
+            except DBAPIError:
+                # Left submitted under an expiring lease: the reconciler will look it up.
+                log.exception(
+                    "could not record the operation", extra={"operation_id": one.claimed.id}
+                )
+        return done
+
+    def _recover(self, claimed: store.Claimed, clock: DbClock) -> dict[int, State]:
         """The worker that sent this died before recording: ask, never re-send."""
-        kind = self.registry.get(claimed.kind)
+        try:
+            kind = self.registry.get(claimed.kind)
+        except SettledError:
+            log.error("cannot look up an unknown kind", extra={"operation_id": claimed.id})
+            return {}
         if kind.contract.queryable:
-            found = look_up(self.gateway, claimed, kind, seconds=self.lease_seconds / 2)
+            deadline = lookup_deadline(clock, claimed, self.lease_seconds / 2)
+            found = look_up(self.gateway, claimed, kind, deadline=deadline)
             verdict = judge_recovery(found)
         else:
             verdict = judge_recovery(None)

@@ -7,11 +7,13 @@ Both calls return values for every expected outcome; each value says what it *pr
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Protocol
 
+from outbox.clock import DbClock, Deadline
 from outbox.kinds import Kind
 from outbox.states import RejectReason
 from outbox.store import Claimed
@@ -128,6 +130,18 @@ class LookupMisuse:
 LookupOutcome = Found | NotFound | Unavailable | LookupMisuse
 
 
+def lookup_name(lookup: LookupOutcome | None) -> str:
+    """The one name of a lookup's result in evidence, events and messages (None: no lookup)."""
+    if lookup is None:
+        return "none"
+    return {
+        Found: "found",
+        NotFound: "not_found",
+        Unavailable: "unavailable",
+        LookupMisuse: "mismatch",
+    }[type(lookup)]
+
+
 class Gateway(Protocol):
     """The downstream, as workers and the reconciler see it."""
 
@@ -138,9 +152,13 @@ class Gateway(Protocol):
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
-        deadline: datetime,
+        deadline: Deadline | datetime,
     ) -> SubmitOutcome:
-        """Send one attempt; never retries; never spends past ``deadline``."""
+        """Send one attempt; never retries; never spends past ``deadline``.
+
+        Nothing may leave after ``deadline``: a send that cannot start in time is ``NotSent``.
+        A ``datetime`` is a deadline on this process's wall clock.
+        """
         ...
 
     def lookup(
@@ -150,10 +168,21 @@ class Gateway(Protocol):
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
-        deadline: datetime,
+        deadline: Deadline | datetime,
     ) -> LookupOutcome:
         """Ask what happened to ``idempotency_key``; the receipt is checked against ``params``."""
         ...
+
+
+#: The longest downstream reference Settled stores (the ``downstream_ref`` column).
+MAX_REFERENCE = 200
+_REFERENCE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{MAX_REFERENCE - 1}}}", re.ASCII)
+
+
+def valid_reference(reference: object) -> bool:
+    """A downstream reference Settled can store and show: ASCII letters, digits and ``_.:-``,
+    at most MAX_REFERENCE characters. Anything else is not accepted as proof."""
+    return isinstance(reference, str) and _REFERENCE.fullmatch(reference) is not None
 
 
 def receipt_matches(params: Mapping[str, Any], receipt: Receipt) -> bool:
@@ -161,12 +190,17 @@ def receipt_matches(params: Mapping[str, Any], receipt: Receipt) -> bool:
     return all(receipt.params.get(name) == value for name, value in params.items())
 
 
-def look_up(gateway: Gateway, claimed: Claimed, kind: Kind, *, seconds: float) -> LookupOutcome:
-    """Ask the downstream about a claimed operation, spending at most ``seconds``."""
+def look_up(gateway: Gateway, claimed: Claimed, kind: Kind, *, deadline: Deadline) -> LookupOutcome:
+    """Ask the downstream about a claimed operation, within ``deadline``."""
     return gateway.lookup(
         tenant=claimed.tenant,
         kind=kind,
         idempotency_key=claimed.idempotency_key,
         params=claimed.params,
-        deadline=claimed.now + timedelta(seconds=seconds),
+        deadline=deadline,
     )
+
+
+def lookup_deadline(clock: DbClock, claimed: Claimed, seconds: float) -> Deadline:
+    """``seconds`` from the claim, and never past the claim's lease."""
+    return clock.after(seconds).earlier(clock.deadline(claimed.lease_until))

@@ -23,8 +23,9 @@ from urllib.parse import quote
 import httpx
 from pydantic import SecretStr
 
+from outbox.clock import Deadline
 from outbox.kinds import Kind
-from outbox.retry import parse_retry_after, remaining
+from outbox.retry import parse_retry_after
 from outbox.states import RejectReason
 from workers import wire
 from workers.gateway import (
@@ -42,6 +43,7 @@ from workers.gateway import (
     Unavailable,
     Unknown,
     receipt_matches,
+    valid_reference,
 )
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,21 @@ _MAYBE_SENT_ERRORS = (
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class _Left(dict[str, float]):
+    """httpcore's per-phase timeouts (pool, connect, write, read), each what is left of the
+    whole attempt when the phase starts, so that the phases together never outlive the
+    deadline (httpcore asks for a phase's timeout as the phase begins)."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def get(self, key: str, default: Any = None) -> float:
+        # Never 0, which some transports read as "no timeout": a phase that starts with
+        # nothing left fails at once (a timeout), classified by its phase as usual.
+        return max(self._deadline.left(), 0.001)
 
 
 class HttpGateway:
@@ -127,7 +144,7 @@ class HttpGateway:
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
-        deadline: datetime,
+        deadline: Deadline | datetime,
     ) -> SubmitOutcome:
         """Send one attempt; never retries; never spends past ``deadline``."""
         key = self._authorization.get(tenant)
@@ -136,20 +153,20 @@ class HttpGateway:
                 "submit refused locally: no API key for tenant=%s key=%s", tenant, idempotency_key
             )
             return Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0)
-        timeout = self._timeout_until(deadline)
-        if timeout is None:
+        until = self._deadline(deadline)
+        if until.left() <= 0:
             log.info("submit not sent: deadline passed tenant=%s key=%s", tenant, idempotency_key)
             return NotSent("deadline passed before sending")
         url = self._urls.get(kind.endpoint)
         if url is None:
             url = self._urls[kind.endpoint] = httpx.URL(self._base_url + kind.endpoint)
-        headers = self._headers(key, deadline)
+        headers = self._headers(key, until)
         headers[wire.IDEMPOTENCY_KEY] = idempotency_key
         headers["Content-Type"] = "application/json"
         # As httpx encodes ``json=``: compact, UTF-8, no NaN.
         body = json.dumps(dict(params), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         try:
-            response = self._send("POST", url, headers, body.encode(), timeout)
+            response = self._send("POST", url, headers, body.encode(), until)
         except _NOT_SENT_ERRORS as exc:
             log.info(
                 "submit not sent tenant=%s key=%s: %s", tenant, idempotency_key, type(exc).__name__
@@ -163,7 +180,9 @@ class HttpGateway:
                 type(exc).__name__,
             )
             return Unknown(type(exc).__name__)
-        outcome = classify_submit(response, kind, params, now=self._clock())
+        outcome = classify_submit(
+            response, kind, params, now=self._clock(), idempotency_key=idempotency_key
+        )
         log.info(
             "submit tenant=%s key=%s status=%s proof=%s",
             tenant,
@@ -180,19 +199,19 @@ class HttpGateway:
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
-        deadline: datetime,
+        deadline: Deadline | datetime,
     ) -> LookupOutcome:
         """Ask what happened to ``idempotency_key``; the receipt is checked against ``params``."""
         key = self._authorization.get(tenant)
         if key is None:
             return Unavailable("no API key configured for the tenant")
-        timeout = self._timeout_until(deadline)
-        if timeout is None:
+        until = self._deadline(deadline)
+        if until.left() <= 0:
             return Unavailable("deadline passed before sending")
         path = wire.LOOKUP_PATH.format(key=quote(idempotency_key, safe=""))
         url = httpx.URL(self._base_url + path)
         try:
-            response = self._send("GET", url, self._headers(key, deadline), None, timeout)
+            response = self._send("GET", url, self._headers(key, until), None, until)
         except httpx.TransportError as exc:
             log.info(
                 "lookup unavailable tenant=%s key=%s: %s",
@@ -201,7 +220,7 @@ class HttpGateway:
                 type(exc).__name__,
             )
             return Unavailable(type(exc).__name__)
-        outcome = classify_lookup(response, params)
+        outcome = classify_lookup(response, params, idempotency_key=idempotency_key)
         log.info(
             "lookup tenant=%s key=%s status=%s outcome=%s",
             tenant,
@@ -211,17 +230,18 @@ class HttpGateway:
         )
         return outcome
 
-    def _timeout_until(self, deadline: datetime) -> float | None:
-        left = remaining(deadline, self._clock())
-        if left <= 0:
-            return None
-        return min(self._timeout, left)
+    def _deadline(self, deadline: Deadline | datetime) -> Deadline:
+        """The attempt's deadline: the caller's, and never more than the configured timeout."""
+        if isinstance(deadline, datetime):  # on this process's wall clock
+            deadline = Deadline.from_wall(deadline, self._clock())
+        return deadline.capped(self._timeout)
 
-    @staticmethod
-    def _headers(authorization: SecretStr, deadline: datetime) -> dict[str, str]:
+    def _headers(self, authorization: SecretStr, deadline: Deadline) -> dict[str, str]:
+        # The downstream is told the caller's deadline (database time), capped by this
+        # attempt's own timeout.
         return {
             wire.AUTHORIZATION: authorization.get_secret_value(),
-            wire.DEADLINE: wire.format_deadline(deadline),
+            wire.DEADLINE: wire.format_deadline(deadline.at),
         }
 
     def _send(
@@ -230,28 +250,51 @@ class HttpGateway:
         url: httpx.URL,
         headers: dict[str, str],
         content: bytes | None,
-        timeout: float,
+        deadline: Deadline,
     ) -> httpx.Response:
-        """One request exactly as built, its whole body read (errors reading it are raised)."""
+        """One request exactly as built, its whole body read (errors reading it are raised).
+
+        Every phase gets what is left of ``deadline`` (see ``_Left``), and the body is read
+        only while time is left: the whole attempt, not each phase, is bounded.
+        """
         request = httpx.Request(
             method,
             url,
             headers=headers,
             content=content,
-            extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)},
+            extensions={"timeout": _Left(deadline)},
         )
         response = self._transport.handle_request(request)
         try:
-            response.read()
+            if response.is_stream_consumed:  # read already (an in-memory transport)
+                return response
+            chunks = []
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+                if deadline.left() <= 0:
+                    raise httpx.ReadTimeout("the attempt's deadline passed", request=request)
         finally:
             response.close()  # back to the pool (or closed, after an error)
-        return response
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=b"".join(chunks),
+            request=request,
+        )
 
 
 def classify_submit(
-    response: httpx.Response, kind: Kind, params: Mapping[str, Any], *, now: datetime
+    response: httpx.Response,
+    kind: Kind,
+    params: Mapping[str, Any],
+    *,
+    now: datetime,
+    idempotency_key: str | None = None,
 ) -> SubmitOutcome:
-    """What a submit response proves (DESIGN.md, "What an outcome proves")."""
+    """What a submit response proves (DESIGN.md, "What an outcome proves").
+
+    With ``idempotency_key``, a receipt naming another key is not this operation's receipt.
+    """
     status = response.status_code
     if status in kind.contract.not_executed_statuses:
         retry_after = parse_retry_after(response.headers.get(wire.RETRY_AFTER), now)
@@ -261,8 +304,9 @@ def classify_submit(
         receipt = _receipt(body)
         if receipt is None or receipt.status != "succeeded":
             return Unknown("2xx without a readable receipt", status)
-        if not receipt_matches(params, receipt):
-            return Misuse("receipt_mismatch", "the receipt does not match the intent", status)
+        misfit = _misfit(receipt, params, idempotency_key)
+        if misfit is not None:
+            return Misuse(misfit, _MISFITS[misfit], status)
         return Accepted(receipt)
     error_type, code = _error(body)
     if status in (401, 403):
@@ -284,8 +328,11 @@ def classify_submit(
     return Misuse("unexpected_response", f"unexpected HTTP {status}", status)
 
 
-def classify_lookup(response: httpx.Response, params: Mapping[str, Any]) -> LookupOutcome:
-    """What a lookup response proves; a found record is checked against ``params``."""
+def classify_lookup(
+    response: httpx.Response, params: Mapping[str, Any], *, idempotency_key: str | None = None
+) -> LookupOutcome:
+    """What a lookup response proves; a found record is checked against ``params`` (and,
+    with ``idempotency_key``, must name that key)."""
     status = response.status_code
     body = _json_object(response)
     if status == 404 and _error(body)[1] == wire.KEY_NOT_FOUND:
@@ -296,12 +343,33 @@ def classify_lookup(response: httpx.Response, params: Mapping[str, Any]) -> Look
     receipt = _receipt(body)
     if receipt is None or receipt.status not in ("succeeded", "rejected"):
         return Unavailable("lookup answered without a readable record")
-    if not receipt_matches(params, receipt):
-        return LookupMisuse("receipt_mismatch", "the recorded params do not match the intent")
+    misfit = _misfit(receipt, params, idempotency_key)
+    if misfit is not None:
+        return LookupMisuse(misfit, _MISFITS[misfit])
     if receipt.status == "succeeded":
         return Found(receipt)
     _, code = _error(body)
     return Found(receipt, RejectReason.BUSINESS_REJECTED, code or "business_error")
+
+
+#: Why a readable receipt is still not this operation's proof; each goes to review at once.
+_MISFITS = {
+    "receipt_mismatch": "the receipt does not match the intent",
+    "receipt_key_mismatch": "the receipt names another idempotency key",
+    "receipt_unreadable": "the receipt's reference is not a valid reference",
+}
+
+
+def _misfit(receipt: Receipt, params: Mapping[str, Any], idempotency_key: str | None) -> str | None:
+    """Why ``receipt`` cannot settle the operation, or None when it can."""
+    if not valid_reference(receipt.reference):
+        return "receipt_unreadable"
+    echoed = receipt.raw.get("idempotency_key")
+    if idempotency_key is not None and echoed is not None and echoed != idempotency_key:
+        return "receipt_key_mismatch"
+    if not receipt_matches(params, receipt):
+        return "receipt_mismatch"
+    return None
 
 
 def _json_object(response: httpx.Response) -> Mapping[str, Any]:

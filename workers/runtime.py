@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine
@@ -53,6 +54,9 @@ def build_runtime(
     **engine_kwargs: Any,
 ) -> Runtime:
     registry = registry or default_registry()
+    margin = timedelta(seconds=settings.key_retention_margin_seconds)
+    for name in registry.names():
+        registry = registry.with_contract(name, retention_margin=margin)
     # No pre-ping: it costs a round trip and a commit per checkout (two per operation). The
     # executor runs a transaction again when its pooled connection turns out to be dead
     # (``workers.executor.in_transaction``); other users of these sessions fail once and the
@@ -75,6 +79,7 @@ def build_runtime(
         worker=worker_name(),
         lease_seconds=settings.lease_seconds,
         batch_extra=settings.claim_batch,
+        clock_margin=settings.clock_margin_seconds,
     )
     reconciler = Reconciler(
         sessions=sessions,

@@ -23,6 +23,7 @@ from workers.gateway import (
     Refused,
     SubmitOutcome,
     Unknown,
+    lookup_name,
 )
 
 
@@ -122,7 +123,7 @@ def judge_recovery(found: LookupOutcome | None) -> Verdict:
     """
     if isinstance(found, Found):
         return found_verdict(found, Event.FIND)
-    lookup = "none" if found is None else type(found).__name__
+    lookup = lookup_name(found)
     return Verdict(
         Event.ABANDON,
         State.UNKNOWN,
@@ -176,7 +177,7 @@ def check_before_send(
         stop = "deadline_passed"
     elif attempts >= max_attempts:
         stop = "attempts_exhausted"
-    elif first_sent_at is not None and now >= first_sent_at + contract.key_retention:
+    elif first_sent_at is not None and now >= contract.resend_until(first_sent_at):
         stop = "key_retention_passed"
     elif not contract.idempotent and reached_downstream >= 1:
         stop = "one_send_without_idempotency"

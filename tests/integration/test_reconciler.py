@@ -197,7 +197,11 @@ def test_found_later_closes_the_open_review_item(rig: Rig) -> None:
     assert rig.reconciler().run_once().outcomes == {"found": 1}
     (item,) = rig.reviews(op)
     assert item.resolved_at is not None
-    assert item.resolution is not None and item.resolution["by"] == "reconciler"
+    assert item.resolution == {
+        "state": "succeeded",
+        "by": "reconciler:r1",
+        "settled_with_operation": True,
+    }
 
 
 def test_two_reconcilers_at_once_resolve_each_operation_once(rig: Rig) -> None:

@@ -117,13 +117,14 @@ def test_rejected_needs_a_justification_and_not_found_evidence(rig: Rig) -> None
     with pytest.raises(InvalidInput) as info:
         q.resolve(ALICE, item, outcome="rejected", version=1, justification="no")
     assert info.value.code == "justification_required"
-    q.resolve(
-        ALICE,
-        item,
-        outcome="rejected",
-        version=1,
-        justification="downstream has no record after 1 h; customer informed",
-    )
+    why = "downstream has no record after 1 h; customer informed"
+    # Just after the send a "not found" proves nothing: the send may still be landing.
+    with pytest.raises(ReviewConflict) as conflict:
+        q.resolve(ALICE, item, outcome="rejected", version=1, justification=why)
+    assert (conflict.value.code, conflict.value.data["why"]) == ("not_found_unproven", "not_quiet")
+    assert rig.op(op).state == "unknown"
+    rig.age_attempts(op, 60)  # quiet now: no attempt can be on the wire any more
+    q.resolve(ALICE, item, outcome="rejected", version=1, justification=why)
     row = rig.op(op)
     assert (row.state, row.reason) == ("rejected", "not_executed")
     assert rig.effects(op) == 0

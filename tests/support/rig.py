@@ -85,12 +85,12 @@ class Rig:
             s.execute(update(Operation).where(Operation.id == op_id).values(**values))
 
     def age_attempts(self, op_id: int, seconds: float) -> None:
+        """Make the operation's attempts (their start, lease end and outcome) ``seconds`` old."""
+        ago = datetime.now(UTC) - timedelta(seconds=seconds)
         with self.sessions.begin() as s:
-            s.execute(
-                update(Attempt)
-                .where(Attempt.operation_id == op_id)
-                .values(started_at=datetime.now(UTC) - timedelta(seconds=seconds))
-            )
+            attempts = update(Attempt).where(Attempt.operation_id == op_id)
+            s.execute(attempts.values(started_at=ago, not_after=ago))
+            s.execute(attempts.where(Attempt.finished_at.is_not(None)).values(finished_at=ago))
 
     def enqueue(self, op_id: str = "op-1", params: dict[str, Any] | None = None, **kw: Any) -> int:
         with self.sessions.begin() as s:

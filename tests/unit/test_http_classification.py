@@ -12,6 +12,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from outbox.clock import Deadline
 from outbox.kinds import Kind, default_registry
 from outbox.states import RejectReason
 from workers import wire
@@ -46,13 +47,15 @@ PARAMS: dict[str, Any] = {
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
-def receipt(params: Mapping[str, Any] = PARAMS, status: str = "succeeded") -> dict[str, Any]:
+def receipt(
+    params: Mapping[str, Any] = PARAMS, status: str = "succeeded", key: str = KEY
+) -> dict[str, Any]:
     return {
         "id": "re_1",
         "object": "refund",
         "status": status,
         "params": dict(params),
-        "idempotency_key": KEY,
+        "idempotency_key": key,
     }
 
 
@@ -280,9 +283,18 @@ def test_request_carries_key_deadline_auth_and_params_on_the_kind_endpoint() -> 
     assert request.url == "https://pay.example/v1/refunds"
     assert request.headers["Authorization"] == f"Bearer {API_KEY}"
     assert request.headers["Idempotency-Key"] == KEY
-    assert request.headers["Settled-Deadline"] == "2026-03-01T12:01:00.000Z"
-    assert wire.parse_deadline(request.headers["Settled-Deadline"]) == DEADLINE
+    # The downstream is told when this attempt's caller stops waiting: the deadline, or the
+    # client's own timeout (10 s) when that comes first.
+    told = wire.parse_deadline(request.headers["Settled-Deadline"])
+    assert told is not None
+    assert NOW + timedelta(seconds=10) <= told < NOW + timedelta(seconds=11)
     assert json.loads(request.content) == PARAMS
+
+
+def test_the_deadline_header_is_the_callers_deadline_when_it_comes_first() -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    submit(recorder, deadline=NOW + timedelta(seconds=5))
+    assert recorder.requests[0].headers["Settled-Deadline"] == "2026-03-01T12:00:05.000Z"
 
 
 @pytest.mark.parametrize(("configured", "left", "expected"), [(10.0, 60.0, 10.0), (10.0, 2.5, 2.5)])
@@ -299,7 +311,8 @@ def test_attempt_timeout_is_bounded_by_what_is_left_of_the_deadline(
             deadline=NOW + timedelta(seconds=left),
         )
     timeouts = recorder.requests[0].extensions["timeout"]
-    assert timeouts == dict.fromkeys(("connect", "read", "write", "pool"), expected)
+    for phase in ("connect", "read", "write", "pool"):
+        assert expected - 1.0 < timeouts.get(phase) <= expected
 
 
 @pytest.mark.parametrize("past", [timedelta(0), timedelta(seconds=5)])
@@ -399,7 +412,7 @@ def test_client_drops_idle_connections_before_the_simulator_does() -> None:
 
 
 def test_lookup_found_with_matching_record() -> None:
-    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt(key="stl_a/b c")))
     outcome = lookup(recorder, key="stl_a/b c")
     assert isinstance(outcome, Found)
     assert outcome.reason is None
@@ -479,3 +492,118 @@ def test_api_key_never_appears_in_logs_outcomes_or_gateway_repr(
         "P7" not in record.getMessage() and "10000" not in record.getMessage()
         for record in caplog.records
     ), "logs must not carry params or payees"
+
+
+# -- what the downstream may not make us believe (issue: receipts bounded, keys compared) ---
+
+
+@pytest.mark.parametrize(
+    "reference",
+    ["r" * 201, "re 1", "re_\u0663", "", "re_1\n", "-re"],
+    ids=["too_long", "space", "unicode_digit", "empty", "newline", "leading_dash"],
+)
+def test_a_receipt_whose_reference_cannot_be_stored_is_misuse_not_done(reference: str) -> None:
+    body = {**receipt(), "id": reference}
+    outcome = submit(lambda r: httpx.Response(200, json=body))
+    assert outcome == Misuse(
+        "receipt_unreadable", "the receipt's reference is not a valid reference", 200
+    )
+    found = lookup(lambda r: httpx.Response(200, json=body))
+    assert isinstance(found, LookupMisuse)
+    assert found.code == "receipt_unreadable"
+
+
+def test_a_reference_of_200_characters_is_accepted() -> None:
+    body = {**receipt(), "id": "r" * 200}
+    outcome = submit(lambda r: httpx.Response(200, json=body))
+    assert isinstance(outcome, Accepted)
+    assert outcome.receipt.reference == "r" * 200
+
+
+def test_a_2xx_receipt_naming_another_idempotency_key_is_not_this_operations_receipt() -> None:
+    outcome = submit(lambda r: httpx.Response(200, json=receipt(key="stl_someone_else")))
+    assert isinstance(outcome, Misuse)
+    assert outcome.code == "receipt_key_mismatch"
+    found = lookup(lambda r: httpx.Response(200, json=receipt(key="stl_someone_else")))
+    assert isinstance(found, LookupMisuse)
+    assert found.code == "receipt_key_mismatch"
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_each_phase_gets_only_what_is_left_of_the_whole_attempt() -> None:
+    mono = FakeMonotonic()
+    seen: dict[str, float] = {}
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions["timeout"]
+        seen["connect"] = timeouts.get("connect")
+        mono.t += 3.0  # connecting took 3 s: the phases after it get what is left
+        seen["write"] = timeouts.get("write")
+        mono.t += 4.0
+        seen["read"] = timeouts.get("read")
+        return httpx.Response(200, json=receipt())
+
+    deadline = Deadline(NOW + timedelta(seconds=8), mono.t + 8.0, mono)
+    with gateway(respond) as gw:
+        outcome = gw.submit(
+            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+        )
+    assert isinstance(outcome, Accepted)
+    assert seen == {"connect": 8.0, "write": 5.0, "read": 1.0}
+
+
+def test_a_body_still_arriving_at_the_deadline_is_an_unknown_outcome() -> None:
+    mono = FakeMonotonic()
+
+    class Drip(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            body = json.dumps(receipt()).encode()
+            for i in range(0, len(body), 10):
+                mono.t += 1.0  # each piece takes a second
+                yield body[i : i + 10]
+
+    deadline = Deadline(NOW + timedelta(seconds=5), mono.t + 5.0, mono)
+    with gateway(lambda r: httpx.Response(200, stream=Drip())) as gw:
+        outcome = gw.submit(
+            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+        )
+    assert outcome == Unknown("ReadTimeout")
+
+
+def test_a_database_time_deadline_ignores_the_process_wall_clock() -> None:
+    """A worker whose wall clock runs 15 s ahead of the database still sends (and is told the
+    database-time deadline): deadlines are measured on the monotonic clock."""
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    mono = FakeMonotonic()
+    deadline = Deadline(NOW + timedelta(seconds=5), mono.t + 5.0, mono)
+    with gateway(recorder, now=NOW + timedelta(seconds=15)) as gw:
+        outcome = gw.submit(
+            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+        )
+        found = gw.lookup(
+            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+        )
+    assert isinstance(outcome, Accepted)
+    assert isinstance(found, Found)
+    assert [r.headers["Settled-Deadline"] for r in recorder.requests] == [
+        "2026-03-01T12:00:05.000Z"
+    ] * 2
+
+
+def test_a_deadline_passed_on_the_monotonic_clock_sends_nothing() -> None:
+    recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
+    mono = FakeMonotonic()
+    deadline = Deadline(NOW + timedelta(seconds=5), mono.t - 0.001, mono)
+    with gateway(recorder) as gw:
+        outcome = gw.submit(
+            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+        )
+    assert isinstance(outcome, NotSent)
+    assert recorder.requests == []
