@@ -86,20 +86,17 @@ class Reconciler:
         claimed_total = 0
         while claimed_total < self.batch:
             mono = self.monotonic()
+            limit = min(self.chunk, self.batch - claimed_total)
             with self.sessions.begin() as session:
                 claims = store.claim_unresolved(
-                    session,
-                    worker=self.actor,
-                    lease_seconds=self.lease_seconds,
-                    limit=min(self.chunk, self.batch - claimed_total),
+                    session, worker=self.actor, lease_seconds=self.lease_seconds, limit=limit
                 )
             claimed_total += len(claims)
             for claimed in claims:
-                outcomes[
-                    self._reconcile_safely(claimed, DbClock(claimed.now, mono, self.monotonic))
-                ] += 1
-            if not claims:
-                break
+                clock = DbClock(claimed.now, mono, self.monotonic)
+                outcomes[self._reconcile_safely(claimed, clock)] += 1
+            if len(claims) < limit:
+                break  # nothing more was due
         with self.sessions() as session:
             oldest = store.oldest_unknown_since(session)
             now = store.db_time(session)

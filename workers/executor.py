@@ -295,7 +295,6 @@ class Executor:
         return clock.deadline(min(claimed.deadline, lease_end))
 
     def _send_one(self, claimed: store.Claimed, kind: Kind, clock: DbClock) -> Sent:
-        failpoint("before_send")
         deadline = self.send_deadline(claimed, clock)
         outcome: SubmitOutcome
         if deadline.left() <= 0:
@@ -322,6 +321,7 @@ class Executor:
         judged = [(sent, self._judge(sent)) for sent in batch]
         moves = [self._move(sent.claimed, verdict) for sent, verdict in judged]
         finishes = [_finish(sent) for sent, _ in judged]
+        written: dict[int, State] = {}
         try:
             done = self._step(
                 lambda conn: store.record(conn, moves, actor=self.worker, finishes=finishes)
@@ -335,10 +335,9 @@ class Executor:
                 "outcomes of a batch refused by the database; writing them one by one",
                 extra={"error": type(exc.orig).__name__},
             )
-            done = self._record_each(moves, finishes)
-        written: dict[int, State] = {}
+            done, written = self._record_each(moves, finishes)
         for sent, verdict in judged:
-            if sent.claimed.id in done:
+            if sent.claimed.id in done and sent.claimed.id not in written:
                 written[sent.claimed.id] = verdict.to
                 log.info(
                     "attempt recorded",
@@ -363,10 +362,12 @@ class Executor:
 
     def _record_each(
         self, moves: Sequence[store.Move], finishes: Sequence[store.Finish]
-    ) -> set[int]:
+    ) -> tuple[set[int], dict[int, State]]:
         """Write each outcome alone; one the database refuses becomes ``unknown`` with a
-        review item (its effect may have happened: it must not be lost, nor re-sent)."""
+        review item (its effect may have happened: it must not be lost, nor re-sent).
+        Returns the ids written, and the states of those written otherwise than judged."""
         done: set[int] = set()
+        instead: dict[int, State] = {}
 
         def alone(move: store.Move, finish: store.Finish) -> set[int]:
             return self._step(
@@ -392,13 +393,15 @@ class Executor:
             )  # fmt: skip
             proof = store.Finish(one.claimed, finish.proof, finish.status_code, {"error": error})
             try:
-                done |= alone(fallback, proof)
+                if alone(fallback, proof):
+                    done.add(one.claimed.id)
+                    instead[one.claimed.id] = State.UNKNOWN
             except DBAPIError:
                 # Left submitted under an expiring lease: the reconciler will look it up.
                 log.exception(
                     "could not record the operation", extra={"operation_id": one.claimed.id}
                 )
-        return done
+        return done, instead
 
     def _recover(self, claimed: store.Claimed, clock: DbClock) -> dict[int, State]:
         """The worker that sent this died before recording: ask, never re-send."""

@@ -1,0 +1,80 @@
+"""Gateways for tests: a real gateway with a test's interleaving run at one exact point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from outbox.clock import Deadline
+from outbox.kinds import Kind
+from workers.gateway import Gateway, LookupOutcome, SubmitOutcome
+
+
+@dataclass
+class Interposed:
+    """Sends and looks up through ``inner``; runs ``before_submit`` (once) after the executor
+    decided to send and before the request reaches ``inner``; runs ``after_lookup`` (once)
+    after a lookup was answered and before the reconciler reads the answer; ``lookup_as``
+    replaces what a lookup of a key answers."""
+
+    inner: Gateway
+    before_submit: Callable[[str], None] | None = None
+    after_lookup: Callable[[LookupOutcome], None] | None = None
+    lookup_as: dict[str, LookupOutcome] = field(default_factory=dict)
+
+    def submit(
+        self,
+        *,
+        tenant: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: Deadline | datetime,
+    ) -> SubmitOutcome:
+        hook, self.before_submit = self.before_submit, None
+        if hook is not None:
+            hook(idempotency_key)
+        return self.inner.submit(
+            tenant=tenant,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            params=params,
+            deadline=deadline,
+        )
+
+    def lookup(
+        self,
+        *,
+        tenant: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: Deadline | datetime,
+    ) -> LookupOutcome:
+        found = self.inner.lookup(
+            tenant=tenant,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            params=params,
+            deadline=deadline,
+        )
+        found = self.lookup_as.get(idempotency_key, found)
+        hook, self.after_lookup = self.after_lookup, None
+        if hook is not None:
+            hook(found)
+        return found
+
+
+class FakeMonotonic:
+    """A monotonic clock a test moves by hand (a worker paused for as long as it likes)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
