@@ -17,8 +17,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from outbox import store
-from outbox.errors import IdempotencyConflict, InvalidInput, NotFound
-from outbox.ids import validate_tenant
+from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
+from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Enqueued, Outbox
 from outbox.models import Operation, OperationEvent, ReviewItem, Run
 from outbox.report import OpFacts, Report, RunFacts, build_line, build_report
@@ -38,12 +38,8 @@ def new_handle() -> str:
 def open_run(session: Session, *, tenant: str, title: str | None = None) -> Run:
     """Create a run in ``session`` (flushed, never committed)."""
     tenant = validate_tenant(tenant)
-    if title is not None and (not isinstance(title, str) or not 0 < len(title) <= MAX_TITLE):
-        raise InvalidInput(
-            f"title must be a string of 1 to {MAX_TITLE} characters",
-            code="invalid_title",
-            field="title",
-        )
+    if title is not None:
+        title = validate_label(title, field="title", max_length=MAX_TITLE)
     run = Run(tenant=tenant, handle=new_handle(), title=title)
     session.add(run)
     session.flush()
@@ -52,6 +48,7 @@ def open_run(session: Session, *, tenant: str, title: str | None = None) -> Run:
 
 def find_run(session: Session, tenant: str, handle: str) -> Run:
     """The run ``handle`` of ``tenant``; NotFound (the same error) for any other handle."""
+    tenant = validate_tenant(tenant)
     if not isinstance(handle, str) or HANDLE_RE.fullmatch(handle) is None:
         raise NotFound("no such run", code="run_not_found")
     run = session.scalar(select(Run).where(Run.tenant == tenant, Run.handle == handle))
@@ -75,12 +72,7 @@ def cancel_run(session: Session, tenant: str, handle: str, *, actor: str) -> Can
     Operations already sent stay as they are until a lookup settles them; the executor
     re-checks the flag before every send. Cancelling twice is harmless. Never commits.
     """
-    if not isinstance(actor, str) or not 0 < len(actor) <= MAX_ACTOR:
-        raise InvalidInput(
-            f"actor must be a string of 1 to {MAX_ACTOR} characters",
-            code="invalid_actor",
-            field="actor",
-        )
+    actor = validate_label(actor, field="actor", max_length=MAX_ACTOR)
     run = find_run(session, tenant, handle)
     first = store.request_run_cancel(session, run.id, actor=actor)
     ids = store.cancel_planned(session, run.id, actor=actor)
@@ -170,9 +162,18 @@ def run_report(session: Session, tenant: str, handle: str) -> Report:
 
 
 def operation_status(session: Session, tenant: str, op_id: str) -> dict[str, Any]:
-    """One operation of ``tenant`` as the status API shows it (NotFound otherwise)."""
+    """One operation of ``tenant`` as the status API shows it (NotFound otherwise).
+
+    An op_id that could never have been stored (NUL, non-ASCII, overlong: anything from a URL)
+    is "not found" before any SQL, exactly like an unknown one: no database error, no oracle.
+    """
+    tenant = validate_tenant(tenant)
+    try:
+        op_id = validate_op_id(op_id)
+    except InvalidIdentifier:
+        raise NotFound("no such operation", code="operation_not_found") from None
     stmt = select(Operation).where(Operation.tenant == tenant, Operation.op_id == op_id)
-    op = session.scalar(stmt) if isinstance(op_id, str) else None
+    op = session.scalar(stmt)
     if op is None:
         raise NotFound("no such operation", code="operation_not_found")
     comps = list(
@@ -238,6 +239,8 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             receipt_status=_receipt_status(op.receipt),
             in_review=op.id in in_review,
             compensates=op_ids.get(op.compensates_id) if op.compensates_id else None,
+            sent=op.attempts > 0,
+            by_staff=(op.receipt or {}).get("source") == "staff",
         )
         for op in ops
     ]

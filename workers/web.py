@@ -2,8 +2,10 @@
 
 Every request needs a tenant's API key (``Authorization: Bearer stk_...``): none or a bad one
 answers 401. A handle or op_id of another tenant answers 404 with exactly the body of one that
-does not exist. Endpoints are sync and use the sync session; the app is built by a factory,
-so importing this module creates no engine.
+does not exist, and so does one that could not exist (NUL, non-ASCII, overlong): ``outbox.runs``
+refuses those before any SQL, so no database error turns bad input into a 500. Endpoints are
+sync and use the sync session; the app is built by a factory, so importing this module creates
+no engine.
 """
 
 from __future__ import annotations

@@ -5,16 +5,21 @@ from __future__ import annotations
 import secrets
 import socket
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import StarletteDeprecationWarning
 
 from outbox import runs
 from outbox.apikeys import create_api_key, revoke_api_key
@@ -23,6 +28,12 @@ from outbox.models import ApiKey, Operation, Run
 from tests.support.rig import GOOD
 from tests.support.simtools import wait_until
 from workers.web import NOT_FOUND, UNAUTHORIZED, create_web_app
+
+with warnings.catch_warnings():
+    # Starlette's TestClient would rather run on httpx2, which is not a dependency (yet); on
+    # httpx it works the same, and warns once at import.
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
 
 
 @contextmanager
@@ -276,3 +287,131 @@ def test_health_and_metrics_need_no_key_and_follow_the_database(api: Api) -> Non
     # make_tenant left one operation of each tenant unknown and one planned
     assert 'settled_operations{state="unknown"} 2.0' in lines
     assert "settled_review_queue_depth 0.0" in lines
+
+
+# -- bad input at the edge -------------------------------------------------------------------
+
+MALFORMED = [
+    "%00", "a%00b", "op-acme-1%00", "%00op-acme-1", "%C3%B3p-1", "op-%D9%A3", "%F0%9D%9F%98",
+    "%FF", "%ED%A0%80", "op-acme-1%0A", "op-acme-1%20", "%20", "o" * 81, "op%22x", "op%27x",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("segment", MALFORMED)
+def test_a_malformed_op_id_answers_exactly_as_an_unknown_one(api: Api, segment: str) -> None:
+    unknown = api.client.get(
+        "/v1/operations/op-unknown-1", headers={"Authorization": f"Bearer {api.acme.key}"}
+    )
+    r = api.client.get(
+        f"/v1/operations/{segment}", headers={"Authorization": f"Bearer {api.acme.key}"}
+    )
+    assert (r.status_code, r.json()) == (404, NOT_FOUND)
+    assert r.content == unknown.content
+
+
+@pytest.mark.parametrize("template", ["/v1/runs/{}", "/v1/runs/{}/cancel", "/v1/runs/{}?lang=en"])
+@pytest.mark.parametrize("mangle", ["{}%00", "%00{}", "{}%0A", "{}%C3%B3", "%ED%A0%80"])
+def test_a_malformed_handle_answers_exactly_as_an_unknown_one(
+    api: Api, template: str, mangle: str
+) -> None:
+    method = "POST" if "cancel" in template else "GET"
+    path = template.format(mangle.format(api.acme.handle))
+    assert call(api, method, path, api.acme.key) == (404, NOT_FOUND)
+    assert api.state("op-acme-1", "acme") == "planned"  # nothing was cancelled
+
+
+@dataclass
+class Fuzzed:
+    client: TestClient
+    sessions: sessionmaker[Session]
+    acme: Tenant
+    globex: Tenant
+
+
+@pytest.fixture
+def fuzzed(engine: Engine, outbox: Outbox) -> Iterator[Fuzzed]:
+    """The app in process (FastAPI's TestClient): a request costs no socket and no thread."""
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    acme = make_tenant(sessions, outbox, "acme")
+    globex = make_tenant(sessions, outbox, "globex")
+    with TestClient(create_web_app(sessions), raise_server_exceptions=False) as client:
+        yield Fuzzed(client, sessions, acme, globex)
+
+
+API = ["/v1/runs/{}", "/v1/runs/{}/cancel", "/v1/operations/{}"]
+ROUTES = [*API, *API, *API, "/v1/runs/{}/{}", "/v1/{}", "/{}", "/healthz", "/metrics"]
+any_text = st.text(st.characters(exclude_categories=()), max_size=40)
+printable = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
+raw_bytes = st.binary(max_size=40)
+
+
+def encoded(value: str | bytes) -> str:
+    """``value`` percent-encoded, every byte of it (lone surrogates as their UTF-8-like bytes)."""
+    return quote(value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value, "")
+
+
+def segments(real: list[str]) -> st.SearchStrategy[str]:
+    """Path segments: any text or bytes, odd escapes, or a real id with something around it
+    (never a real id as it is: a cancel of a real run would be a legitimate write)."""
+    around = st.builds(
+        lambda r, before, after: before + r + after,
+        st.sampled_from(real),
+        st.text(st.characters(exclude_categories=()), min_size=1, max_size=5),
+        any_text,
+    )
+    escapes = st.sampled_from(
+        ["%00", "a%00b", "op-acme-1%00", "%ZZ", "%", "..", "%2F", "%F0%9D%9F%98", "%ED%A0%80"]
+    )
+    odd = st.one_of(any_text, raw_bytes, around).map(encoded)
+    return st.booleans().flatmap(lambda b: escapes if b else odd)
+
+
+HEADER_NAMES = [
+    "authorization", "content-type", "content-length", "cookie", "accept", "accept-language",
+    "x-forwarded-for", "host", "transfer-encoding", "x-custom",
+]  # fmt: skip
+query_pairs = st.tuples(
+    st.sampled_from(["lang", "x"]) | printable,
+    st.sampled_from(["en", "zh"]) | printable | raw_bytes,
+).map(lambda kv: f"{encoded(kv[0])}={encoded(kv[1])}")
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_no_request_to_the_status_api_answers_5xx(fuzzed: Fuzzed, data: st.DataObject) -> None:
+    acme, globex = fuzzed.acme, fuzzed.globex
+    real = [acme.handle, acme.op_id, "op-acme-2", globex.handle, globex.op_id]
+    route = data.draw(st.sampled_from(ROUTES), label="route")
+    path = route.format(*(data.draw(segments(real)) for _ in range(route.count("{}"))))
+    if route in ("/v1/runs/{}", "/v1/operations/{}") and data.draw(st.integers(0, 4)) == 0:
+        path = route.format(data.draw(st.sampled_from(real)))  # a real one: read only
+    query = data.draw(st.lists(query_pairs, max_size=3), label="query")
+    # Mostly a valid key: without one, every API route stops at the 401.
+    keys = st.sampled_from([acme.key, globex.key])
+    others = st.none() | printable.map("Bearer {}".format)
+    key = data.draw(st.integers(0, 4).flatmap(lambda i: others if i == 0 else keys), label="key")
+    headers: list[tuple[bytes, bytes]] = []
+    if key is not None:
+        auth = key if key.startswith("Bearer ") else f"Bearer {key}"
+        headers.append((b"authorization", auth.encode("utf-8", "surrogatepass")))
+    extra = st.lists(st.tuples(st.sampled_from(HEADER_NAMES), raw_bytes), max_size=3)
+    headers += [(name.encode(), value) for name, value in data.draw(extra, label="headers")]
+    natural = st.just("POST" if route.endswith("/cancel") else "GET")
+    odd = st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"])
+    method = data.draw(st.integers(0, 4).flatmap(lambda i: odd if i == 0 else natural))
+    url = path + ("?" + "&".join(query) if query else "")
+
+    response = fuzzed.client.request(method, url, headers=headers)
+
+    assert response.status_code < 500, (method, url, headers, response.text)
+    if response.status_code >= 400 and method != "HEAD":
+        assert set(response.json()) == {"error"}
+    with fuzzed.sessions() as s:  # nothing was written: no run cancelled, no state changed
+        assert s.scalars(select(Run.cancel_requested_at)).all() == [None, None]
+        assert sorted(s.scalars(select(Operation.state))) == [
+            "planned", "planned", "unknown", "unknown"
+        ]  # fmt: skip
