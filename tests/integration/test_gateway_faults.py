@@ -315,12 +315,26 @@ def test_connection_refused_is_not_sent() -> None:
 def test_deadline_reaches_the_downstream_in_the_header(
     sim_gateway: HttpGateway, sim_control: SimulatorControl
 ) -> None:
-    when = deadline(45)
+    when = deadline(CLIENT_TIMEOUT / 2)  # comes before the client's own timeout
     sim_gateway.submit(
         tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=when
     )
     (row,) = sim_control.ledger()["requests"]
     assert row["last_deadline"] == wire.format_deadline(when)
+
+
+def test_the_header_deadline_is_the_client_timeout_when_that_comes_first(
+    sim_gateway: HttpGateway, sim_control: SimulatorControl
+) -> None:
+    before = datetime.now(UTC)
+    sim_gateway.submit(
+        tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline(3600)
+    )
+    (row,) = sim_control.ledger()["requests"]
+    told = wire.parse_deadline(row["last_deadline"])
+    assert told is not None
+    timeout = timedelta(seconds=CLIENT_TIMEOUT)
+    assert before + timeout - timedelta(seconds=0.01) <= told <= datetime.now(UTC) + timeout
 
 
 def test_passed_deadline_sends_nothing(

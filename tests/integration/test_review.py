@@ -9,13 +9,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select
+from sqlalchemy import event, select
 
+from outbox import runs
 from outbox.cli import main
 from outbox.errors import Forbidden, InvalidInput, ReviewConflict
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent
+from outbox.states import State
 from reconciler.review import ReviewQueue, Staff
+from tests.support.rig import GOOD as GOOD_REFUND
 from tests.support.rig import HOLD, Rig
 
 ALICE = Staff.parse("alice", "support")
@@ -166,7 +169,8 @@ def test_two_staff_resolving_at_once_one_wins_the_other_gets_a_conflict(rig: Rig
         t.start()
     for t in threads:
         t.join(30)
-    assert sorted(results) in (["lost_race", "won"], ["settled", "won"])
+    # The loser is told somebody else resolved it: at its write, or already at its read.
+    assert sorted(results) in (["lost_race", "won"], ["already_resolved", "won"])
     with rig.sessions() as s:
         resolutions = s.scalars(
             select(OperationEvent.actor).where(
@@ -259,3 +263,204 @@ def test_reconcile_once_prints_the_pass_report(rig: Rig) -> None:
     assert report["claimed"] == 1
     assert report["outcomes"] == {"found": 1}
     assert rig.op(op).state == "succeeded"
+
+
+# -- a "not found" staff can trust; one lock order; items settle with their operation -------
+
+
+WHY = "downstream has no record of it; customer informed by phone"
+
+
+def test_rejected_on_not_found_past_key_retention_needs_a_supervisors_override(
+    rig: Rig,
+) -> None:
+    op, item = in_review(rig, fault="reset_before")  # never executed downstream
+    rig.age_attempts(op, 25 * 3600)
+    rig.set(op, first_sent_at=datetime.now(UTC) - timedelta(hours=25))
+    q = queue(rig)
+    with pytest.raises(ReviewConflict) as conflict:
+        q.resolve(ALICE, item, outcome="rejected", version=1, justification=WHY)
+    assert (conflict.value.code, conflict.value.data["why"]) == (
+        "not_found_unproven",
+        "past_key_retention",
+    )
+    with pytest.raises(Forbidden):
+        q.resolve(ALICE, item, outcome="rejected", version=1, justification=WHY, override=True)
+    with pytest.raises(InvalidInput):
+        q.resolve(BOB, item, outcome="succeeded", version=1, reference="re_x", override=True)
+    assert rig.op(op).state == "unknown"
+    q.resolve(BOB, item, outcome="rejected", version=1, justification=WHY, override=True)
+    assert rig.op(op).state == "rejected"
+    with rig.sessions() as s:
+        evidence = s.scalars(
+            select(OperationEvent.evidence).where(
+                OperationEvent.operation_id == op, OperationEvent.to_state == "rejected"
+            )
+        ).one()
+    assert evidence["override"] is True
+    assert evidence["unproven"] == "past_key_retention"
+    assert evidence["by"] == "staff:bob"
+    assert rig.reviews(op)[0].resolution["override"] is True  # type: ignore[index]
+    assert rig.effects(op) == 0
+
+
+def test_rejected_right_after_a_send_to_a_downstream_without_idempotency_is_refused(
+    rig: Rig,
+) -> None:
+    registry = default_registry().with_contract("refund", idempotent=False)
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    rig.control.set_switches(lookup_visibility_delay=3600)  # done, not yet visible
+    op = rig.enqueue()
+    rig.executor(registry).execute([op])
+    assert rig.reconciler(registry).run_once().outcomes == {"to_review": 1}
+    (item,) = rig.reviews(op)
+    assert item.reason == "ambiguous_without_idempotency"
+    with pytest.raises(ReviewConflict) as conflict:
+        queue(rig, registry).resolve(
+            ALICE, item.id, outcome="rejected", version=1, justification=WHY
+        )
+    assert conflict.value.data["why"] == "not_quiet"
+    assert rig.op(op).state == "unknown"
+    assert rig.effects(op) == 1
+
+
+def writes(statements: list[str]) -> list[str]:
+    """The tables written, in order, by the statements captured."""
+    tables = []
+    for sql in statements:
+        words = sql.split()
+        if words[0] == "UPDATE":
+            tables.append(words[1])
+        elif words[:2] == ["INSERT", "INTO"]:
+            tables.append(words[2])
+    return tables
+
+
+@pytest.fixture
+def statements(rig: Rig) -> Any:
+    seen: list[str] = []
+
+    def capture(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        seen.append(sql.strip())
+
+    event.listen(rig.engine, "before_cursor_execute", capture)
+    yield seen
+    event.remove(rig.engine, "before_cursor_execute", capture)
+
+
+def first_write(tables: list[str], name: str) -> int:
+    return next(i for i, t in enumerate(tables) if t == name)
+
+
+def test_staff_resolve_locks_the_operation_before_its_review_item(
+    rig: Rig, statements: list[str]
+) -> None:
+    """The reconciler writes the operation row, then the review item; staff must too, or the
+    two deadlock on PostgreSQL."""
+    op, item = in_review(rig)
+    ref = receipt_reference(rig, op)
+    statements.clear()
+    queue(rig).resolve(ALICE, item, outcome="succeeded", version=1, reference=ref)
+    tables = writes(statements)
+    assert first_write(tables, "operations") < first_write(tables, "review_items")
+
+
+def test_the_reconciler_locks_the_operation_before_its_review_item(
+    rig: Rig, statements: list[str]
+) -> None:
+    op, _item = in_review(rig)
+    rig.make_due(op)
+    statements.clear()
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    tables = writes(statements)
+    assert first_write(tables, "operations") < first_write(tables, "review_items")
+
+
+def race_staff_and_reconciler(rig: Rig, op: int, item: int, ref: str) -> list[BaseException]:
+    """Staff resolve and a reconcile pass settle ``op`` at the same moment; what they raised
+    other than the expected conflict."""
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def staff() -> None:
+        barrier.wait()
+        try:
+            queue(rig).resolve(ALICE, item, outcome="succeeded", version=1, reference=ref)
+        except ReviewConflict:
+            pass
+        except BaseException as exc:  # a deadlock would surface here
+            errors.append(exc)
+
+    def reconcile() -> None:
+        barrier.wait()
+        try:
+            rig.reconciler().run_once()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=staff), threading.Thread(target=reconcile)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return errors
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_staff_and_reconciler_on_one_item_at_once_never_deadlock(rig: Rig) -> None:
+    """Both settle the same operation concurrently, many times over: one of them settles it
+    each time, and the database never reports a deadlock."""
+    for n in range(8):
+        rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+        rig.control.add_rule("lookup_unavailable", times=1)
+        op = rig.enqueue(f"op-{n}", {**GOOD_REFUND, "amount_minor": 100 + n})
+        rig.executor().execute([op])
+        rig.set(op, unknown_since=datetime.now(UTC) - timedelta(hours=1))
+        assert rig.reconciler().run_once().outcomes == {"to_review": 1}
+        (item,) = rig.reviews(op)
+        ref = receipt_reference(rig, op)
+        rig.make_due(op)
+        assert race_staff_and_reconciler(rig, op, item.id, ref) == []
+        assert rig.op(op).state == "succeeded"
+        assert rig.reviews(op)[0].resolved_at is not None
+
+
+def test_an_operation_requeued_after_its_item_opened_takes_the_item_with_it(rig: Rig) -> None:
+    op, item = in_review(rig, fault="reset_before")  # never executed downstream
+    rig.age_attempts(op, 60)
+    rig.make_due(op)
+    assert rig.reconciler().run_once().outcomes == {"requeued": 1}
+    (review,) = rig.reviews(op)
+    assert review.resolved_at is not None
+    assert review.resolution == {
+        "state": "planned",
+        "by": "reconciler:r1",
+        "settled_with_operation": True,
+    }
+    with pytest.raises(ReviewConflict) as conflict:
+        queue(rig).resolve(ALICE, item, outcome="rejected", version=1, justification=WHY)
+    assert conflict.value.code == "already_resolved"
+    assert rig.executor().execute([op]) == {op: State.SUCCEEDED}
+    assert rig.effects(op) == 1
+
+
+def test_a_staff_statement_without_lookup_is_reported_as_theirs(rig: Rig) -> None:
+    registry = default_registry().with_contract("refund", queryable=False)
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    op = rig.enqueue()
+    rig.executor(registry).execute([op])
+    assert rig.reconciler(registry).run_once().outcomes == {"to_review": 1}
+    (item,) = rig.reviews(op)
+    queue(rig, registry).resolve(
+        ALICE, item.id, outcome="succeeded", version=1, reference="bank-stmt-77"
+    )
+    row = rig.op(op)
+    assert row.receipt == {
+        "source": "staff",
+        "staff": "alice",
+        "status": "succeeded",
+        "reference": "bank-stmt-77",
+    }
+    with rig.sessions() as s:
+        status = runs.operation_status(s, "acme", "op-1")
+    assert status["message"] == "done_staff"

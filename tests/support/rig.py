@@ -40,6 +40,9 @@ class Rig:
     sessions: sessionmaker[Session]
     #: every gateway handed out, closed at teardown (their pools hold keep-alive sockets)
     gateways: list[HttpGateway] = field(default_factory=list)
+    #: whether the test ends on ``check_truthful`` (off only for tests that write outcomes
+    #: into the store by hand, with nothing sent)
+    judged_by_ledger: bool = True
 
     def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
         gateway = self.gateway()
@@ -68,6 +71,26 @@ class Rig:
     def close(self) -> None:
         for gateway in self.gateways:
             gateway.close()
+
+    def check_truthful(self) -> None:
+        """The invariant every rig test ends on, judged by the simulator's ledger: an operation
+        reported ``rejected`` or ``cancelled`` caused no business effect, and one reported
+        ``succeeded`` on the downstream's receipt caused exactly one."""
+        effects: dict[tuple[str, str], int] = {}
+        for e in self.control.ledger()["effects"]:
+            key = (e["tenant"], e["idempotency_key"])
+            effects[key] = effects.get(key, 0) + 1
+        with self.sessions() as s:
+            rows = s.execute(
+                select(Operation.op_id, Operation.tenant, Operation.idempotency_key,
+                       Operation.state, Operation.receipt)
+            ).all()  # fmt: skip
+        for row in rows:
+            n = effects.get((row.tenant, row.idempotency_key), 0)
+            if row.state in ("rejected", "cancelled"):
+                assert n == 0, f"{row.op_id} is {row.state} but caused {n} effect(s)"
+            if row.state == "succeeded" and (row.receipt or {}).get("source") != "staff":
+                assert n == 1, f"{row.op_id} is succeeded on a receipt but caused {n} effect(s)"
 
     def reconciler(self, registry: KindRegistry | None = None, **kw: Any) -> Reconciler:
         kw.setdefault("client_timeout", 1.0)
@@ -147,4 +170,8 @@ def rig(
         sessionmaker(engine, expire_on_commit=False),
     )
     yield rig
-    rig.close()
+    try:
+        if rig.judged_by_ledger:
+            rig.check_truthful()
+    finally:
+        rig.close()

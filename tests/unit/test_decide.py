@@ -141,3 +141,60 @@ def test_recheck_backoff_is_capped() -> None:
     s = situation(State.UNKNOWN, "idempotent", "quiet")
     many = Situation(**{**s.__dict__, "lookups": 40})
     assert decide(many, Unavailable("x")).recheck_at == NOW + MAX_RECHECK
+
+
+# -- quiescence counts from the end of an attempt's lease; a "not found" is dated when asked -
+
+
+def quiet_case(**kw: object) -> Situation:
+    base = situation(State.UNKNOWN, "idempotent", "quiet")
+    return Situation(**{**base.__dict__, **kw})  # type: ignore[arg-type]
+
+
+def test_an_abandoned_attempt_is_quiet_only_after_its_lease_ends() -> None:
+    """An attempt started 60 s ago whose sender held its lease until 1 s ago may have left
+    just before the lease ended: "not found" proves nothing until the processing time passed."""
+    s = quiet_case(sends=((NOW - timedelta(seconds=60), NOW - timedelta(seconds=1)),))
+    assert s.quiet_at == NOW + timedelta(seconds=1)
+    assert decide(s, NotFound()).outcome == "wait_quiescence"
+    later = quiet_case(
+        sends=((NOW - timedelta(seconds=60), NOW - timedelta(seconds=3)),),
+    )
+    assert decide(later, NotFound()).outcome == "requeued"
+
+
+def test_every_attempt_counts_not_only_the_newest() -> None:
+    s = quiet_case(
+        sends=(
+            (NOW - timedelta(seconds=90), NOW + timedelta(seconds=5)),  # an older, longer lease
+            (NOW - timedelta(seconds=30), NOW - timedelta(seconds=20)),
+        ),
+    )
+    assert s.quiet_at == NOW + timedelta(seconds=7)
+    assert decide(s, NotFound()).outcome == "wait_quiescence"
+
+
+def test_an_attempt_without_bounds_counts_from_its_start_plus_the_client_timeout() -> None:
+    s = quiet_case(sends=((NOW - timedelta(seconds=11), None),))
+    assert s.quiet_at == NOW + timedelta(seconds=1)
+
+
+def test_a_not_found_asked_before_quiescence_proves_nothing_even_if_answered_after() -> None:
+    sends = ((NOW - timedelta(seconds=5), NOW - timedelta(seconds=3)),)  # quiet at NOW - 1 s
+    asked_early = quiet_case(sends=sends, asked_at=NOW - timedelta(seconds=1.5))
+    assert decide(asked_early, NotFound()).outcome == "wait_quiescence"
+    asked_late = quiet_case(sends=sends, asked_at=NOW - timedelta(seconds=0.5))
+    assert decide(asked_late, NotFound()).outcome == "requeued"
+
+
+def test_not_found_inside_the_retention_margin_goes_to_review() -> None:
+    contract = DownstreamContract(
+        key_retention=timedelta(seconds=5), retention_margin=timedelta(seconds=1)
+    )
+    s = quiet_case(
+        contract=contract,
+        first_sent_at=NOW - timedelta(seconds=4.2),
+        sends=((NOW - timedelta(seconds=4.2), NOW - timedelta(seconds=3)),),
+    )
+    d = decide(s, NotFound())
+    assert (d.outcome, d.review) == ("to_review", "past_key_retention")

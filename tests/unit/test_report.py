@@ -225,3 +225,72 @@ def test_every_message_exists_in_both_languages() -> None:
     for key in MESSAGES["en"]:
         en, zh = (set(re.findall(r"{(\w+)}", MESSAGES[lang][key])) for lang in ("en", "zh"))
         assert en == zh, key
+
+
+# -- "not sent" only when nothing was; a person's statement is reported as one -------------
+
+
+def one_line(facts: OpFacts, lang: str = "en", *, cancelled: bool = False) -> str:
+    report = build_report(RunFacts(handle="run_x", cancelled=cancelled, operations=[facts]))
+    return render_line(report.lines[0], cancelled, lang)  # type: ignore[arg-type]
+
+
+NOT_SENT = {"en": re.compile(r"\bsent\b"), "zh": re.compile("发送")}
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize(
+    ("state", "reason", "cancelled"),
+    [
+        (State.REJECTED, RejectReason.NOT_EXECUTED.value, False),
+        (State.CANCELLED, None, False),
+        (State.PLANNED, None, False),
+        (State.PLANNED, None, True),
+    ],
+)
+def test_an_operation_that_was_sent_is_never_reported_as_not_sent(
+    state: State, reason: str | None, cancelled: bool, lang: str
+) -> None:
+    never = OpFacts("op-9", "refund", state, reason=reason, sent=False)
+    sent = OpFacts("op-9", "refund", state, reason=reason, sent=True)
+    assert NOT_SENT[lang].search(one_line(never, lang, cancelled=cancelled))
+    assert not NOT_SENT[lang].search(one_line(sent, lang, cancelled=cancelled))
+
+
+def test_a_rejection_after_sends_says_it_was_not_carried_out() -> None:
+    facts = OpFacts("op-9", "refund", State.REJECTED, reason="not_executed", sent=True)
+    assert (
+        one_line(facts) == "Operation op-9 (refund) was not done: it was not carried out in time."
+    )
+    assert one_line(facts, "zh") == "操作 op-9（refund）未完成：未能及时执行。"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_staff_statement_is_reported_as_a_persons_statement_not_a_receipt(lang: str) -> None:
+    done = OpFacts(
+        "op-9", "refund", State.SUCCEEDED, reference="ref-typed", receipt_status="succeeded",
+        sent=True, by_staff=True,
+    )  # fmt: skip
+    rejected = OpFacts(
+        "op-9", "refund", State.REJECTED, reason="not_executed", sent=True, by_staff=True
+    )
+    word = {"en": "support staff", "zh": "客服人员"}[lang]
+    for facts in (done, rejected):
+        text = one_line(facts, lang)
+        assert word in text
+        assert not RESTORED[lang].search(text)
+    assert "ref-typed" in one_line(done, lang)
+
+
+def test_a_compensation_settled_by_staff_is_not_restored() -> None:
+    original = OpFacts("op-1", "refund", State.SUCCEEDED, reference="re_1", sent=True)
+    comp = OpFacts(
+        "op-2", "refund", State.SUCCEEDED, reference="ref-typed", receipt_status="succeeded",
+        compensates="op-1", sent=True, by_staff=True,
+    )  # fmt: skip
+    report = build_report(RunFacts(handle="run_x", cancelled=False, operations=[original, comp]))
+    note = report.line("op-1").compensation
+    assert note is not None and note.status is Compensation.STAFF
+    text = render_line(report.line("op-1"), False, "en")
+    assert not RESTORED["en"].search(text)
+    assert "Support staff recorded compensation op-2 as done (reference ref-typed)" in text

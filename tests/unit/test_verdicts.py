@@ -135,6 +135,18 @@ CHECK_BASE: dict[str, object] = {
         ({"deadline": NOW}, "deadline_passed"),
         ({"attempts": 5}, "attempts_exhausted"),
         ({"first_sent_at": NOW - timedelta(hours=24)}, "key_retention_passed"),
+        # automatic resends stop the retention margin (1 h by default) before the key expires
+        ({"first_sent_at": NOW - timedelta(hours=23)}, "key_retention_passed"),
+        ({"first_sent_at": NOW - timedelta(hours=22, minutes=59)}, None),
+        (
+            {
+                "first_sent_at": NOW - timedelta(seconds=4.5),
+                "contract": DownstreamContract(
+                    key_retention=timedelta(seconds=5), retention_margin=timedelta(seconds=1)
+                ),
+            },
+            "key_retention_passed",
+        ),
         (
             {"contract": DownstreamContract(idempotent=False), "reached_downstream": 1},
             "one_send_without_idempotency",

@@ -1,0 +1,69 @@
+"""Migrations: 0003 adds the attempts' send bound and settles review items left open by an
+operation that had already left ``unknown`` (which nobody could close)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, select, text, update
+from sqlalchemy.orm import Session
+
+from outbox.db import make_engine, upgrade
+from outbox.intake import Outbox
+from outbox.models import Operation, ReviewItem
+from tests.support import services
+from tests.support.rig import GOOD
+
+ITEM = (
+    "INSERT INTO review_items (operation_id, tenant, reason, evidence, version)"
+    " VALUES (:id, 'acme', 'lookup_unavailable', '{}', 1)"
+)
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables yet."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'm.sqlite3'}"
+        return
+    server = request.getfixturevalue("pg_server")
+    with services.throwaway_database(server, f"settled_m_{uuid.uuid4().hex[:8]}") as url:
+        yield url
+
+
+def test_0003_closes_review_items_whose_operation_left_unknown(
+    empty_url: str, outbox: Outbox
+) -> None:
+    upgrade(empty_url, "0002")
+    engine = make_engine(empty_url)
+    states = {"op-1": "succeeded", "op-2": "unknown", "op-3": "planned"}
+    try:
+        ids = {}
+        with Session(engine) as s, s.begin():
+            for n, (op_id, state) in enumerate(states.items()):
+                params = {**GOOD, "amount_minor": 100 + n}
+                got = outbox.enqueue(s, tenant="acme", op_id=op_id, kind="refund", params=params)
+                ids[op_id] = got.operation.id
+                s.execute(update(Operation).where(Operation.id == ids[op_id]).values(state=state))
+                s.execute(text(ITEM), {"id": ids[op_id]})
+        upgrade(empty_url)
+        columns = select(
+            ReviewItem.operation_id,
+            ReviewItem.resolved_at,
+            ReviewItem.resolved_by,
+            ReviewItem.version,
+        )
+        with engine.connect() as conn:
+            items = {row.operation_id: row for row in conn.execute(columns)}
+            attempt_columns = {c["name"] for c in inspect(conn).get_columns("attempts")}
+        assert items[ids["op-2"]].resolved_at is None  # still unknown: still in review
+        for op_id in ("op-1", "op-3"):
+            row = items[ids[op_id]]
+            assert row.resolved_at is not None
+            assert (row.resolved_by, row.version) == ("migration:0003", 2)
+        assert "not_after" in attempt_columns
+    finally:
+        engine.dispose()
