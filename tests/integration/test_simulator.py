@@ -196,6 +196,63 @@ def test_invalid_params_are_refused_and_save_nothing(
     assert sim_control.effects("acme", "k1") == 1
 
 
+NESTED = [b"[" * 30000 + b"]" * 30000, b'{"a":' * 10000 + b"1" + b"}" * 10000]  # < 64 KiB
+
+
+@pytest.mark.usefixtures("order")
+@pytest.mark.parametrize("body", NESTED, ids=["array", "object"])
+def test_a_deeply_nested_body_is_a_400_and_burns_no_key(
+    client: Client, sim_control: SimulatorControl, body: bytes
+) -> None:
+    headers = {
+        "Authorization": f"Bearer {client.api_key}",
+        "Idempotency-Key": "k1",
+        "Content-Type": "application/json",
+    }
+    response = client.http.post("/v1/refunds", content=body, headers=headers)
+    assert response.status_code == 400  # it used to close the connection without an answer
+    assert response.json()["error"]["type"] == wire.INVALID_REQUEST
+    assert error_code(response) == "body_not_json"
+    assert sim_control.effects("acme", "k1") == 0
+    assert client.submit("k1").status_code == 200  # the key was not saved with the refusal
+    assert sim_control.effects("acme", "k1") == 1
+
+
+@pytest.mark.parametrize("route", ["rules", "tenants", "orders", "switches", "schedule"])
+@pytest.mark.parametrize(
+    "body",
+    [*NESTED, b"\xff\xfe", b'{"tenant": "\\ud800", "api_key": "\\ud800", "order_id": "\\ud800"}'],
+    ids=["nested-array", "nested-object", "not-utf8", "lone-surrogates"],
+)
+def test_a_control_body_the_simulator_cannot_read_is_a_400(
+    simulator: SimulatorHandle, sim_control: SimulatorControl, route: str, body: bytes
+) -> None:
+    response = httpx.post(f"{simulator.url}/_control/{route}", content=body, trust_env=False)
+    assert response.status_code == 400
+    assert error_code(response) == "bad_control_request"
+    assert sim_control.switches() == Switches()
+    assert sim_control.ledger()["orders"] == []
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("orders", {"tenant": "acme", "order_id": "A1", "currency": "CNY", "amount_minor": 10**30}),
+        ("clock", {"advance_seconds": 10**400}),
+        ("schedule", {"seed": 1, "probabilities": {"reset_before": 10**400}}),
+    ],
+    ids=["order-amount", "clock", "probability"],
+)
+def test_a_control_number_too_large_is_a_400(
+    simulator: SimulatorHandle, sim_control: SimulatorControl, route: str, body: dict[str, Any]
+) -> None:
+    response = httpx.post(f"{simulator.url}/_control/{route}", json=body, trust_env=False)
+    assert response.status_code == 400
+    assert error_code(response) == "bad_control_request"
+    assert sim_control.ledger()["orders"] == []
+    assert sim_control.faults()["schedule"] is None
+
+
 def test_missing_idempotency_key_is_an_invalid_request(client: Client) -> None:
     response = client.http.post(
         "/v1/refunds", json=REFUND, headers={"Authorization": f"Bearer {client.api_key}"}
@@ -605,16 +662,32 @@ def test_header_names_are_case_insensitive(
         (b"POST /v1/refunds HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411),
         (b"POST /v1/refunds HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 413),
         (b"GARBAGE\r\n\r\n", 400),
+        (b'GET /v1/"lookup HTTP/1.1 extra"\r\n\r\n', 400),
         (b"PUT /v1/refunds HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 501),
+        (b'FOO"BAR /v1/refunds HTTP/1.1\r\nContent-Length: 0\r\n\r\n', 501),
+        (b"FOO\\BAR</script> / HTTP/1.1\r\n\r\n", 501),
+        (b"GET /" + b"x" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b'GET / HTTP/1.1\r\nBad"Header\r\n\r\n', 400),
+        (b"GET / HTTP/1.1\r\nX: " + b"y" * 70000 + b"\r\n\r\n", 431),
+        (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", 431),
     ],
-    ids=["bad-length", "chunked", "too-large", "bad-request-line", "method"],
-)
+    ids=[
+        "bad-length", "chunked", "too-large", "bad-request-line", "quoted-request-line", "method",
+        "quoted-method", "backslash-method", "long-line", "bad-header", "long-header",
+        "many-headers",
+    ],
+)  # fmt: skip
 def test_a_request_the_server_cannot_frame_is_answered_and_ends_the_connection(
     simulator: SimulatorHandle, request_head: bytes, status: int
 ) -> None:
-    answered, headers, _ = _exchange(simulator, request_head)
+    answered, headers, body = _exchange(simulator, request_head)
     assert answered == status
     assert headers["connection"] == "close"
+    assert headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]  # valid JSON, whatever the request held
+    assert error["type"] == wire.INVALID_REQUEST
+    assert isinstance(error["code"], str) and isinstance(error["message"], str)
+    assert b"FOO" not in body and b"script" not in body  # the request is never echoed
 
 
 def _exchange(simulator: SimulatorHandle, data: bytes) -> tuple[int, dict[str, str], bytes]:

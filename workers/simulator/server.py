@@ -232,10 +232,6 @@ class _Handler(BaseHTTPRequestHandler):
     # still hits exactly one request, the one in flight on the connection.
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # an answer is one write; send it at once
-    error_content_type = "application/json"
-    error_message_format = (
-        '{"error": {"type": "invalid_request", "code": "%(code)d", "message": "%(message)s"}}'
-    )
     _dropped = False
     #: the request's header fields, by lower-case name (the first of repeated fields)
     fields: dict[str, str]
@@ -264,12 +260,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return  # the client closed the connection (or stop() ended its reading side)
             if len(line) > MAX_LINE:
                 self.requestline, self.request_version, self.command = "", "HTTP/1.1", ""
-                self.send_error(414)
+                self._refuse(414, "request_line_too_long", "request line too long")
                 return
             if not self._parse_head(line):
                 return
             if self.command not in ("GET", "POST", "DELETE"):
-                self.send_error(501, f"Unsupported method ({self.command!r})")
+                self._refuse(501, "unsupported_method", "unsupported method")
                 return
             self._dispatch(self.command)
         except TimeoutError:
@@ -285,14 +281,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.requestline = str(request_line, "iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
         if len(words) != 3 or words[2] not in ("HTTP/1.1", "HTTP/1.0"):
-            self.send_error(400, "Bad request line")
+            self._refuse(400, "bad_request_line", "bad request line")
             return False
         self.command, self.path, self.request_version = words
         fields: dict[str, str] = {}
         for _ in range(MAX_HEADERS):
             line = self.rfile.readline(MAX_LINE + 1)
             if len(line) > MAX_LINE:
-                self.send_error(431, "Header line too long")
+                self._refuse(431, "header_too_long", "header line too long")
                 return False
             if line in (b"\r\n", b"\n"):
                 break
@@ -300,12 +296,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return False  # the client went away mid-request
             name, colon, value = line.partition(b":")
             if not colon or not name.strip():
-                self.send_error(400, "Bad header line")
+                self._refuse(400, "bad_header_line", "bad header line")
                 return False
             field = name.strip().lower().decode("latin-1")
             fields.setdefault(field, value.strip().decode("latin-1"))
         else:
-            self.send_error(431, "Too many headers")
+            self._refuse(431, "too_many_headers", "too many header fields")
             return False
         self.fields = fields
         connection = fields.get("connection", "").lower()
@@ -404,7 +400,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is Fault.RESET_BEFORE:
             self._reset()
         try:
-            params = json.loads(raw)
+            params = _json(raw)
             kind.parse(params)
         except (ValueError, InvalidParams) as exc:
             code = exc.code if isinstance(exc, InvalidParams) else "body_not_json"
@@ -500,11 +496,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _control(self, method: str, route: str, raw: bytes) -> None:
         try:
-            data = json.loads(raw) if raw else {}
+            data = _json(raw) if raw else {}
             if not isinstance(data, dict):
                 raise ValueError("body must be a JSON object")
             result = self._control_route(method, route, data)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
+            # OverflowError: a number too large for a float or for the ledger's integers.
             self._error(400, wire.INVALID_REQUEST, "bad_control_request", str(exc))
             return
         if result is None:
@@ -565,6 +562,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- low level ----------------------------------------------------------------------
 
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        """Answer a request the server cannot frame, and end the connection."""
+        self.close_connection = True
+        self._error(status, wire.INVALID_REQUEST, code, message)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's error answer, as JSON like every other (its own is an HTML template)."""
+        self._refuse(code, "http_error", message or self.responses.get(code, ("error",))[0])
+
     def _error(
         self,
         status: int,
@@ -616,6 +622,19 @@ class _Handler(BaseHTTPRequestHandler):
 @functools.lru_cache(maxsize=2)
 def _http_date(second: int) -> str:
     return email.utils.formatdate(second, usegmt=True)
+
+
+class _BadJSON(ValueError):
+    """The body is not JSON the simulator can read."""
+
+
+def _json(raw: bytes) -> Any:
+    """The body as JSON; _BadJSON for anything else, nesting too deep to decode included
+    (the decoder recurses: a 64 KiB body of "[" would end the thread without an answer)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise _BadJSON("body is not JSON") from exc
 
 
 def _default_field(kind: Kind) -> str:
