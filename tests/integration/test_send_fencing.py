@@ -314,3 +314,28 @@ def poll(condition: Any, timeout: float = 10.0) -> None:
         if time.monotonic() > end:
             raise TimeoutError("condition never held")
         time.sleep(0.02)  # polling a condition, with a deadline
+
+
+def test_no_resend_inside_the_retention_margin_when_the_downstream_clock_runs_ahead(
+    rig: Rig,
+) -> None:
+    """Scaled down: keys kept 5 s, margin 1 s, the downstream's clock 0.3 s ahead. At 4.8 s
+    the downstream has forgotten the key and answers "not found"; resending then would
+    refund twice. The margin sends it to review instead."""
+    registry = rig.outbox.registry.with_contract(
+        "refund", key_retention=timedelta(seconds=5), retention_margin=timedelta(seconds=1)
+    )
+    rig.control.set_switches(key_retention_seconds=5)
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    op = rig.enqueue()
+    rig.executor(registry).execute([op])
+    assert (rig.op(op).state, rig.effects(op)) == ("unknown", 1)
+    # 4.8 s later by the database's clock; 5.1 s later by the downstream's.
+    rig.set(op, first_sent_at=datetime.now(UTC) - timedelta(seconds=4.8))
+    rig.age_attempts(op, 4.8)
+    rig.control.advance_clock(5.1)
+    assert rig.reconciler(registry).run_once().outcomes == {"to_review": 1}
+    assert [r.reason for r in rig.reviews(op)] == ["past_key_retention"]
+    rig.make_due(op)
+    assert rig.executor(registry).execute([op]) == {}  # unknown: nothing to send
+    assert rig.effects(op) == 1 and rig.sends(op) == 1
