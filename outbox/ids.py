@@ -1,4 +1,5 @@
-"""Identifiers: op_id minting, tenant and op_id validation, the downstream idempotency key."""
+"""Identifiers: op_id minting; tenant, op_id and correlation id validation; printable labels;
+the downstream idempotency key."""
 
 from __future__ import annotations
 
