@@ -3,9 +3,56 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
+from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from outbox.errors import InvalidInput
+from outbox.kinds import KindRegistry
+
+
+class ContractSettings(BaseModel):
+    """What one kind's downstream promises, as configured (unset fields keep the kind's own).
+
+    ``idempotent``: replays with the same key return the first result; ``queryable``: a lookup
+    by idempotency key exists; ``key_retention_seconds``: how long it remembers a key;
+    ``processing_seconds``: longest from a request leaving Settled to its result being visible
+    to lookups; ``not_executed_statuses``: HTTP statuses it documents as "refused before
+    processing".
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    idempotent: bool | None = None
+    queryable: bool | None = None
+    key_retention_seconds: float | None = Field(default=None, gt=0)
+    processing_seconds: float | None = Field(default=None, ge=0)
+    not_executed_statuses: frozenset[int] | None = None
+
+    @field_validator("not_executed_statuses")
+    @classmethod
+    def _error_statuses(cls, value: frozenset[int] | None) -> frozenset[int] | None:
+        bad = sorted(s for s in value or () if not 400 <= s <= 599)
+        if bad:
+            raise ValueError(f"must be HTTP error statuses (400-599), not {bad}")
+        return value
+
+    def changes(self) -> dict[str, Any]:
+        """The ``DownstreamContract`` fields these settings change."""
+        changes: dict[str, Any] = {}
+        if self.idempotent is not None:
+            changes["idempotent"] = self.idempotent
+        if self.queryable is not None:
+            changes["queryable"] = self.queryable
+        if self.key_retention_seconds is not None:
+            changes["key_retention"] = timedelta(seconds=self.key_retention_seconds)
+        if self.processing_seconds is not None:
+            changes["processing_time"] = timedelta(seconds=self.processing_seconds)
+        if self.not_executed_statuses is not None:
+            changes["not_executed_statuses"] = self.not_executed_statuses
+        return changes
 
 
 class Settings(BaseSettings):
@@ -60,6 +107,30 @@ class Settings(BaseSettings):
     #: Port of the worker's Prometheus endpoint (None: not served).
     metrics_port: int | None = None
 
+    #: Per kind, what its downstream promises, e.g. ``{"refund": {"idempotent": false}}``
+    #: (``ContractSettings``); kinds not named keep their declared contract.
+    downstream_contracts: dict[str, ContractSettings] = Field(default_factory=dict)
+
+    def apply_contracts(self, registry: KindRegistry) -> KindRegistry:
+        """``registry`` with the configured contracts and the key retention margin applied.
+
+        Raises InvalidInput (code ``invalid_setting``) naming the setting for a kind that is
+        not registered (the contracts' own fields are checked when the settings are read).
+        """
+        unknown = sorted(set(self.downstream_contracts) - set(registry.names()))
+        if unknown:
+            raise InvalidInput(
+                f"SETTLED_DOWNSTREAM_CONTRACTS names unknown kinds {unknown}; "
+                f"known: {registry.names()}",
+                code="invalid_setting",
+                setting="SETTLED_DOWNSTREAM_CONTRACTS",
+            )
+        margin = timedelta(seconds=self.key_retention_margin_seconds)
+        for name in registry.names():
+            changes = self.downstream_contracts.get(name, ContractSettings()).changes()
+            registry = registry.with_contract(name, retention_margin=margin, **changes)
+        return registry
+
     def as_environment(self) -> dict[str, str]:
         """These settings as ``SETTLED_*`` variables, to configure a child process."""
         env: dict[str, str] = {}
@@ -69,14 +140,18 @@ class Settings(BaseSettings):
             if isinstance(value, SecretStr):
                 value = value.get_secret_value()
             elif isinstance(value, dict):
-                value = json.dumps(
-                    {
-                        k: v.get_secret_value() if isinstance(v, SecretStr) else v
-                        for k, v in value.items()
-                    }
-                )
+                value = json.dumps({k: _plain(v) for k, v in value.items()})
             env[f"SETTLED_{name.upper()}"] = str(value)
         return env
 
     def fingerprint_key_bytes(self) -> dict[str, bytes]:
         return {v: k.get_secret_value().encode() for v, k in self.fingerprint_keys.items()}
+
+
+def _plain(value: Any) -> Any:
+    """A setting's value as JSON can carry it (secrets unwrapped: for a child's environment)."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    return value

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine
@@ -53,10 +52,7 @@ def build_runtime(
     gateway: Gateway | None = None,
     **engine_kwargs: Any,
 ) -> Runtime:
-    registry = registry or default_registry()
-    margin = timedelta(seconds=settings.key_retention_margin_seconds)
-    for name in registry.names():
-        registry = registry.with_contract(name, retention_margin=margin)
+    registry = settings.apply_contracts(registry or default_registry())
     # No pre-ping: it costs a round trip and a commit per checkout (two per operation). The
     # executor runs a transaction again when its pooled connection turns out to be dead
     # (``workers.executor.in_transaction``); other users of these sessions fail once and the
