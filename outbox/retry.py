@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
-_SECONDS = re.compile(r"\s*(\d{1,10})\s*")
+_SECONDS = re.compile(r"[ \t]*([0-9]{1,10})[ \t]*")
 
 
 @dataclass(frozen=True)

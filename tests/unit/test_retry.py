@@ -76,6 +76,9 @@ def test_retry_after_beyond_the_deadline_stops_at_once() -> None:
         ("", None),
         ("Sun, 99 Nov 2026 12:00:30 GMT", None),
         (None, None),
+        ("\u0663", None),  # another script's digit is no number of seconds
+        ("\uff11\uff12", None),  # full-width digits
+        ("7\n", None),
     ],
 )
 def test_retry_after_parsing(value: str | None, expected: float | None) -> None:
