@@ -1,0 +1,165 @@
+"""Every ``settled`` command that the README, docker-compose.yml, the Dockerfile and ``settled run``
+name exists: a command removed from the CLI (as ``web`` and ``apikey`` once were) fails here, not
+in a user's terminal or a crash-looping container.
+
+README mentions are checked up to the command (their arguments are placeholders); the command
+lines of compose, the Dockerfile and ``settled run`` are parsed whole, options included.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from ruamel.yaml import YAML
+
+from outbox.cli import main
+
+ROOT = Path(__file__).parents[2]
+
+#: ``settled`` then the words after it that may name (sub)commands; an option, a placeholder
+#: or punctuation ends the run. ``settled_operations`` (a metric) is not a mention.
+MENTION = re.compile(r"(?<![\w-])settled(?![\w-])((?:[ \t]+[a-z][a-z0-9-]*)*)")
+
+
+def resolve(words: list[str], where: str) -> tuple[click.Command, click.Context, list[str]]:
+    """Walk the command tree along ``words``; return the command reached, its parent context
+    and the words left over (arguments of that command)."""
+    command: click.Command = main
+    ctx = click.Context(main, info_name="settled")
+    path = ["settled"]
+    rest = list(words)
+    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+        name = rest.pop(0)
+        sub = command.get_command(ctx, name)
+        assert sub is not None, f"{where}: `{' '.join(path)} {name}` is not a settled command"
+        path.append(name)
+        command = sub
+        ctx = click.Context(sub, info_name=name, parent=ctx)
+    return command, ctx, rest
+
+
+def assert_runs(argv: list[str], where: str) -> None:
+    """``argv`` (after ``settled``) names a command and its options parse, as when it is run."""
+    command, ctx, rest = resolve(argv, where)
+    if isinstance(command, click.Group) and "--help" not in rest:
+        pytest.fail(f"{where}: `settled {' '.join(argv)}` names a group, not a command")
+    try:
+        command.make_context(ctx.info_name, rest, parent=ctx.parent)
+    except click.exceptions.Exit as stop:  # --help
+        if stop.exit_code != 0:
+            pytest.fail(f"{where}: `settled {' '.join(argv)}` exits {stop.exit_code}")
+    except click.UsageError as exc:
+        pytest.fail(f"{where}: `settled {' '.join(argv)}`: {exc.format_message()}")
+
+
+def code_of(markdown: str) -> str:
+    """The code in a markdown text: fenced blocks and inline code spans."""
+    fenced = re.findall(r"^```[^\n]*\n(.*?)^```", markdown, re.S | re.M)
+    prose = re.sub(r"^```[^\n]*\n.*?^```", "", markdown, flags=re.S | re.M)
+    return "\n".join(fenced + re.findall(r"`([^`\n]+)`", prose))
+
+
+def readme_mentions() -> list[list[str]]:
+    return [m.group(1).split() for m in MENTION.finditer(code_of((ROOT / "README.md").read_text()))]
+
+
+def compose_commands() -> dict[str, list[str]]:
+    compose: dict[str, Any] = YAML(typ="safe").load((ROOT / "docker-compose.yml").read_text())
+    commands = {}
+    for name, service in compose["services"].items():
+        command = service.get("command")
+        if isinstance(command, str):
+            command = command.split()
+        if command and command[0] == "settled":
+            commands[name] = [str(word) for word in command[1:]]
+    return commands
+
+
+def dockerfile_commands() -> list[list[str]]:
+    commands = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        instruction, _, rest = line.partition(" ")
+        if instruction not in ("CMD", "ENTRYPOINT", "RUN"):
+            continue
+        words = json.loads(rest) if rest.lstrip().startswith("[") else rest.split()
+        if words and words[0] == "settled":
+            commands.append(words[1:])
+    return commands
+
+
+def run_children(monkeypatch: pytest.MonkeyPatch, *args: str) -> list[list[str]]:
+    """The commands ``settled run ARGS`` starts, captured instead of started."""
+    import workers.supervise
+
+    started: list[list[str]] = []
+
+    def supervise(commands: list[list[str]], **_: Any) -> int:
+        started.extend(list(c) for c in commands)
+        return 0
+
+    monkeypatch.setattr(workers.supervise, "supervise", supervise)
+    result = CliRunner().invoke(main, ["run", *args])
+    assert result.exit_code == 0, result.output
+    prefix = [sys.executable, "-m", "outbox.cli"]
+    assert all(c[:3] == prefix for c in started), started
+    return [c[3:] for c in started]
+
+
+def test_the_readme_names_commands_that_exist() -> None:
+    mentions = readme_mentions()
+    named = {" ".join(m[:2]) for m in mentions}
+    # What the README documents: if these are no longer found, the extraction broke.
+    assert {"db upgrade", "run", "web", "apikey create", "apikey revoke", "review list"} <= named
+    for words in mentions:
+        resolve(words, "README.md")
+
+
+def test_the_compose_services_run_commands_that_exist() -> None:
+    commands = compose_commands()
+    assert {"migrate", "simulator", "worker", "beat", "web"} <= set(commands)
+    for service, argv in commands.items():
+        assert_runs(argv, f"docker-compose.yml service {service}")
+
+
+def test_the_dockerfile_runs_commands_that_exist() -> None:
+    commands = dockerfile_commands()
+    assert commands, "the Dockerfile no longer runs settled"
+    for argv in commands:
+        assert_runs(argv, "Dockerfile")
+
+
+def test_settled_run_starts_commands_that_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    children = run_children(monkeypatch, "--web-port=8123", "--concurrency=3")
+    assert [c[0] for c in children] == ["worker", "beat", "web"]
+    assert "--port=8123" in children[2]
+    for argv in children:
+        assert_runs(argv, "settled run")
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["nosuch"], "`settled nosuch` is not a settled command"),
+        (["apikey", "rotate"], "`settled apikey rotate` is not a settled command"),
+        (["db"], "names a group"),
+        (["worker", "--no-such-option"], "No such option"),
+    ],
+)
+def test_the_check_itself_catches_a_missing_command(argv: list[str], error: str) -> None:
+    with pytest.raises((AssertionError, pytest.fail.Exception), match=re.escape(error)):
+        assert_runs(argv, "test")
+
+
+def test_a_readme_mention_of_a_missing_command_is_caught() -> None:
+    text = "Start it with `settled serve --port 80`, then `settled_operations` is scraped."
+    (words,) = [m.group(1).split() for m in MENTION.finditer(code_of(text))]
+    assert words == ["serve"]
+    with pytest.raises(AssertionError, match="`settled serve` is not a settled command"):
+        resolve(words, "text")
