@@ -53,6 +53,8 @@ class OpFacts:
     compensates: str | None = None  # op_id of the operation this one offsets
     sent: bool = False  # an attempt was made (an attempt row exists)
     by_staff: bool = False  # settled by support staff's statement, not a downstream record
+    #: the downstream's record differs from the intent (a receipt mismatch staff settled)
+    differs: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,8 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         message = "done" if op.reference else "done_no_receipt"
         if op.by_staff:
             message = "done_staff"
+        elif op.differs:
+            message = "done_differs"
         evidence["reference"] = op.reference
     elif op.state is State.REJECTED:
         message = "rejected_staff" if op.by_staff else "rejected"
@@ -264,6 +268,10 @@ MESSAGES: dict[str, dict[str, str]] = {
             "Operation {op} ({kind}) is recorded as done by support staff (reference {ref}); "
             "this is their statement, not a receipt from the service."
         ),
+        "done_differs": (
+            "Operation {op} ({kind}) was done by the service (receipt {ref}), but with other "
+            "details than were asked for; support staff have checked it."
+        ),
         "rejected": "Operation {op} ({kind}) was not done: {reason}{code}.",
         "rejected_staff": (
             "Operation {op} ({kind}) is recorded as not done by support staff; "
@@ -329,6 +337,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "rejected": "操作 {op}（{kind}）未完成：{reason}{code}。",
         "rejected_staff": (
             "客服人员将操作 {op}（{kind}）记录为未完成；这是客服人员的陈述，不是对方服务的记录。"
+        ),
+        "done_differs": (
+            "对方服务已执行操作 {op}（{kind}）（回执 {ref}），但执行内容与请求不同；"
+            "客服人员已核查。"
         ),
         "cancelled": "操作 {op}（{kind}）在发送前已取消。",
         "cancelled_after_check": "操作 {op}（{kind}）已取消；此前的尝试经核实未生效。",

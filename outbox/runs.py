@@ -241,6 +241,7 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             compensates=op_ids.get(op.compensates_id) if op.compensates_id else None,
             sent=op.attempts > 0,
             by_staff=(op.receipt or {}).get("source") == "staff",
+            differs=bool((op.receipt or {}).get("differs_from_intent")),
         )
         for op in ops
     ]

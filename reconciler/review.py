@@ -22,16 +22,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
 from outbox.clock import DbClock
-from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict
+from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, SettledError
 from outbox.kinds import DownstreamContract, KindRegistry
 from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.states import Event, RejectReason, State
 from reconciler.decide import Situation, not_found_doubt
+from reconciler.evidence import weigh
 from workers.gateway import (
     Found,
     Gateway,
     LookupOutcome,
-    Unavailable,
     lookup_name,
     valid_reference,
 )
@@ -39,10 +39,36 @@ from workers.gateway import NotFound as LookupNotFound
 from workers.verdicts import found_verdict
 
 audit = logging.getLogger("settled.audit")
+log = logging.getLogger(__name__)
 
 STAFF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 MIN_JUSTIFICATION = 10
 MAX_JUSTIFICATION = 2000
+
+
+#: Every reason an operation is put in review, and how staff resolve it (README, "The review
+#: queue"). What a resolution may store is weighed by ``reconciler.evidence``.
+REASONS: dict[str, str] = {
+    "lookup_unavailable": "requery once the lookup is back; resolve as its record says",
+    "ambiguous_without_idempotency": "resolve as the lookup shows once it is quiet",
+    "receipt_mismatch": (
+        "the downstream did something else under this key: resolve as its record says (its "
+        "reference); stored as its record, marked as differing; then correct it"
+    ),
+    "lookup_mismatch": "as receipt_mismatch",
+    "receipt_key_mismatch": "requery; a supervisor may override after checking",
+    "receipt_unreadable": "requery; a supervisor may override after checking",
+    "idempotency_error": "resolve as the lookup shows (not found, once quiet: rejected)",
+    "unexpected_response": "resolve as the lookup shows (not found, once quiet: rejected)",
+    "outcome_not_recorded": "requery, or resolve as the lookup shows",
+    "reconcile_failed": "requery, or resolve as the lookup shows",
+    "past_key_retention": "a supervisor resolves with --override and a justification",
+    "no_lookup_replay_cannot_settle": "no lookup: resolve on your own evidence (a statement)",
+    "no_lookup_without_idempotency": "no lookup: resolve on your own evidence (a statement)",
+    "ambiguous_without_idempotency_or_lookup": (
+        "no lookup: resolve on your own evidence (a statement)"
+    ),
+}
 
 
 class Role(enum.StrEnum):
@@ -169,6 +195,13 @@ class ReviewQueue:
 
     def requery(self, staff: Staff, item_id: int) -> dict[str, Any]:
         """Ask the downstream again now; settle the operation if the lookup finds it."""
+        try:
+            return self._requery(staff, item_id)
+        except SettledError as exc:
+            self._refused(staff, item_id, "requery", exc)
+            raise
+
+    def _requery(self, staff: Staff, item_id: int) -> dict[str, Any]:
         _require(staff)
         with self.sessions() as session:
             _, op = self._load(session, item_id, open_only=True)
@@ -211,11 +244,33 @@ class ReviewQueue:
     ) -> dict[str, Any]:
         """Settle the item's operation as ``succeeded`` or ``rejected``, with evidence.
 
-        ``rejected`` on a lookup's "not found" needs the proof the reconciler needs (asked
-        after quiescence, inside the key retention less its margin); ``override`` (a
-        supervisor, with the written justification) accepts it without, and says so in the
-        audit trail.
+        What may be stored is weighed against the downstream's lookup
+        (``reconciler.evidence``): "rejected" on a "not found" needs the proof the reconciler
+        needs (asked after quiescence, inside the key retention less its margin); where the
+        lookup cannot tell, ``override`` (a supervisor, with the written justification)
+        records the resolution as their statement, and says so in the audit trail. A refused
+        resolution is recorded too.
         """
+        try:
+            return self._resolve(
+                staff, item_id, outcome=outcome, version=version, reference=reference,
+                justification=justification, override=override,
+            )  # fmt: skip
+        except SettledError as exc:
+            self._refused(staff, item_id, "resolve", exc, outcome=outcome, override=override)
+            raise
+
+    def _resolve(
+        self,
+        staff: Staff,
+        item_id: int,
+        *,
+        outcome: str,
+        version: int,
+        reference: str | None,
+        justification: str | None,
+        override: bool,
+    ) -> dict[str, Any]:
         _require(staff)
         to = _outcome(outcome)
         if to is State.SUCCEEDED and not valid_reference(reference):
@@ -248,9 +303,9 @@ class ReviewQueue:
         kind = self.registry.get(snapshot["kind"])
         lookup = self._lookup(snapshot, clock)
         doubt = None
-        if to is State.REJECTED and isinstance(lookup, LookupNotFound):
+        if isinstance(lookup, LookupNotFound):
             doubt = not_found_doubt(self._situation(snapshot, kind.contract, facts, clock))
-        _check_against(lookup, to, reference, doubt=doubt, override=override)
+        weighed = weigh(lookup, to, reference, doubt=doubt, override=override)
         evidence = {
             "by": staff.actor,
             "role": staff.role.value,
@@ -259,11 +314,15 @@ class ReviewQueue:
             "lookup": lookup_name(lookup),
             "review_item": item_id,
         }
-        if doubt is not None:  # accepted only through the override
-            evidence.update(override=True, unproven=doubt)
-        if isinstance(lookup, Found):
-            receipt = lookup.receipt.as_dict()
-        else:  # a person's statement, and recorded as one (never as the downstream's receipt)
+        if weighed.unproven is not None:  # accepted only through the override
+            evidence.update(override=True, unproven=weighed.unproven)
+        receipt = weighed.record
+        reason = RejectReason.NOT_EXECUTED if to is State.REJECTED else None
+        if receipt is not None and to is State.REJECTED:  # the downstream's own refusal
+            found_reason = lookup.reason if isinstance(lookup, Found) else None
+            reason = found_reason or RejectReason.BUSINESS_REJECTED
+        if receipt is None and (lookup is None or weighed.unproven is not None):
+            # A person's statement, recorded as one (never as the downstream's receipt).
             receipt = {"source": "staff", "staff": staff.id, "status": to.value}
             if reference is not None:
                 receipt["reference"] = reference
@@ -275,7 +334,7 @@ class ReviewQueue:
                 Event.RESOLVE,
                 to,
                 actor=staff.actor,
-                reason=RejectReason.NOT_EXECUTED if to is State.REJECTED else None,
+                reason=reason,
                 receipt=receipt,
                 evidence=evidence,
                 close_review=False,
@@ -292,6 +351,28 @@ class ReviewQueue:
                 raise self._conflict(session, item_id)
         audit.info("review resolve", extra={"staff": staff.id, "item": item_id, "state": to.value})
         return {"item": item_id, "state": to.value, "operation": snapshot["op_id"]}
+
+    def _refused(
+        self, staff: Staff, item_id: int, action: str, exc: SettledError, **detail: Any
+    ) -> None:
+        """Record a refused staff action in the operation's events: who tried what, and why
+        it was refused (lost race, contradiction, role, bad input). Nothing else changes."""
+        evidence = {"action": action, "code": exc.code, "role": staff.role.value, **detail}
+        audit.warning("review refused", extra={"staff": staff.id, "item": item_id, **evidence})
+        try:
+            with self.sessions.begin() as session:
+                item = session.get(ReviewItem, item_id)
+                if item is None:
+                    return  # no such item: nothing to attach the attempt to
+                store.record_note(
+                    session,
+                    item.operation_id,
+                    actor=staff.actor,
+                    note="staff_refused",
+                    evidence={**evidence, "item": item_id},
+                )
+        except Exception:  # the refusal itself must still reach the caller
+            log.exception("could not record a refused staff action")
 
     def _conflict(self, session: Session, item_id: int) -> ReviewConflict:
         """Why a resolve lost: the item was resolved by somebody else, or the operation was
@@ -373,63 +454,6 @@ def _outcome(outcome: str) -> State:
     if outcome == "rejected":
         return State.REJECTED
     raise InvalidInput("outcome must be 'succeeded' or 'rejected'", code="invalid_outcome")
-
-
-def _check_against(
-    lookup: LookupOutcome | None,
-    to: State,
-    reference: str | None,
-    *,
-    doubt: str | None = None,
-    override: bool = False,
-) -> None:
-    """Refuse a resolution the downstream's own record contradicts (or cannot confirm now).
-
-    ``doubt`` is why the lookup's "not found" cannot prove that nothing ran
-    (``reconciler.decide.not_found_doubt``); only an override accepts a rejection on it.
-    """
-    if lookup is None:
-        return  # no lookup API: the staff's evidence is all there is
-    if isinstance(lookup, Unavailable):
-        raise ReviewConflict(
-            "the downstream's lookup is unavailable; it must confirm first, try again later",
-            code="lookup_unavailable",
-        )
-    if to is State.SUCCEEDED:
-        agrees = (
-            isinstance(lookup, Found)
-            and lookup.receipt.status == "succeeded"
-            and lookup.receipt.reference == reference
-        )
-    else:
-        agrees = isinstance(lookup, LookupNotFound) or (
-            isinstance(lookup, Found) and lookup.receipt.status != "succeeded"
-        )
-    if not agrees:
-        raise ReviewConflict(
-            f"the downstream's lookup ({lookup_name(lookup)}) contradicts '{to.value}'",
-            code="contradicts_downstream",
-            lookup=lookup_name(lookup),
-        )
-    if doubt is not None and not override:
-        raise ReviewConflict(
-            NOT_FOUND_DOUBTS.get(doubt, doubt),
-            code="not_found_unproven",
-            why=doubt,
-        )
-
-
-#: Why a "not found" proves nothing yet, as staff read it.
-NOT_FOUND_DOUBTS = {
-    "not_quiet": (
-        "the downstream has no record yet, but a send may still be landing: a 'not found' "
-        "proves nothing until the operation is quiet; ask again later"
-    ),
-    "past_key_retention": (
-        "the downstream may have forgotten this key (past its retention): a 'not found' "
-        "proves nothing; a supervisor may override with a justification"
-    ),
-}
 
 
 def _already_resolved(item: ReviewItem) -> ReviewConflict:

@@ -125,6 +125,9 @@ class LookupMisuse:
 
     code: str
     detail: str
+    #: the downstream's record, where it is ours but differs from the intent (what the
+    #: downstream actually did); None where it is not ours or cannot be stored
+    record: Receipt | None = None
 
 
 LookupOutcome = Found | NotFound | Unavailable | LookupMisuse

@@ -345,7 +345,8 @@ def classify_lookup(
         return Unavailable("lookup answered without a readable record")
     misfit = _misfit(receipt, params, idempotency_key)
     if misfit is not None:
-        return LookupMisuse(misfit, _MISFITS[misfit])
+        ours = misfit == "receipt_mismatch"  # our key, a storable id, other params
+        return LookupMisuse(misfit, _MISFITS[misfit], receipt if ours else None)
     if receipt.status == "succeeded":
         return Found(receipt)
     _, code = _error(body)

@@ -17,12 +17,14 @@ class Interposed:
     """Sends and looks up through ``inner``; runs ``before_submit`` (once) after the executor
     decided to send and before the request reaches ``inner``; runs ``after_lookup`` (once)
     after a lookup was answered and before the reconciler reads the answer; ``lookup_as``
-    replaces what a lookup of a key answers."""
+    replaces what a lookup of a key answers; ``rewrite_submit`` replaces what a submit
+    answered (after it really went out)."""
 
     inner: Gateway
     before_submit: Callable[[str], None] | None = None
     after_lookup: Callable[[LookupOutcome], None] | None = None
     lookup_as: dict[str, LookupOutcome] = field(default_factory=dict)
+    rewrite_submit: Callable[[SubmitOutcome], SubmitOutcome] | None = None
 
     def submit(
         self,
@@ -36,13 +38,14 @@ class Interposed:
         hook, self.before_submit = self.before_submit, None
         if hook is not None:
             hook(idempotency_key)
-        return self.inner.submit(
+        outcome = self.inner.submit(
             tenant=tenant,
             kind=kind,
             idempotency_key=idempotency_key,
             params=params,
             deadline=deadline,
         )
+        return outcome if self.rewrite_submit is None else self.rewrite_submit(outcome)
 
     def lookup(
         self,

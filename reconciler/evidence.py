@@ -1,0 +1,117 @@
+"""What the downstream's own record lets support staff write: a pure function.
+
+A staff resolution is weighed against a lookup made just before it (none where the kind's
+downstream has no lookup API). The lookup either settles what is stored, or contradicts the
+resolution, or cannot tell; only then may a supervisor override, and what they write is
+their statement, recorded as such.
+
+==========================================  ==========================  =======================
+what the lookup says                        resolve "succeeded"         resolve "rejected"
+==========================================  ==========================  =======================
+no lookup API                               staff statement             staff statement
+found, succeeded                            its receipt (same ref)      contradicted
+found, rejected                             contradicted                its record
+its record, other params (mismatch)         its record, marked as       its record, if a
+                                            differing (same ref)        refusal
+not found, proven (quiet, key retained)     contradicted                proven: not executed
+not found, unproven                         override: statement         override: statement
+unavailable                                 override: statement         override: statement
+a record not ours or not storable           override: statement         override: statement
+==========================================  ==========================  =======================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.errors import ReviewConflict
+from outbox.states import State
+from workers.gateway import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, lookup_name
+
+#: Why a lookup cannot settle a resolution yet, as staff read it.
+UNPROVEN = {
+    "not_quiet": (
+        "the downstream has no record yet, but a send may still be landing: a 'not found' "
+        "proves nothing until the operation is quiet; ask again later"
+    ),
+    "past_key_retention": (
+        "the downstream may have forgotten this key (past its retention): a 'not found' "
+        "proves nothing; a supervisor may override with a justification"
+    ),
+    "lookup_unavailable": (
+        "the downstream's lookup is unavailable; it must confirm first: try again later, or a "
+        "supervisor may override with a justification"
+    ),
+    "unusable_record": (
+        "the downstream answered with a record that is not this operation's or cannot be "
+        "stored; a supervisor may override with a justification after checking with it"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Weighed:
+    """What a resolution may store."""
+
+    #: the downstream's record to store; None: the staff's own statement
+    record: dict[str, Any] | None
+    #: why the lookup could not confirm it, where a supervisor's override accepted it
+    unproven: str | None = None
+
+
+def weigh(
+    lookup: LookupOutcome | None,
+    to: State,
+    reference: str | None,
+    *,
+    doubt: str | None = None,
+    override: bool = False,
+) -> Weighed:
+    """What resolving as ``to`` may store, given ``lookup``; ReviewConflict when refused.
+
+    ``doubt`` is why the lookup's "not found" cannot prove that nothing ran
+    (``reconciler.decide.not_found_doubt``); ``override`` is a supervisor's explicit choice,
+    checked by the caller.
+    """
+    if lookup is None:
+        return Weighed(None)  # no lookup API: the staff's evidence is all there is
+    if isinstance(lookup, Found):
+        return Weighed(_agreeing(lookup.receipt, to, reference, lookup))
+    if isinstance(lookup, LookupMisuse) and lookup.record is not None:
+        record = _agreeing(lookup.record, to, reference, lookup)
+        return Weighed({**record, "differs_from_intent": True, "mismatch": lookup.code})
+    if isinstance(lookup, NotFound) and doubt is None:
+        if to is State.REJECTED:
+            return Weighed(None)  # proven: nothing was executed
+        raise _contradiction(lookup, to)
+    unproven = "lookup_unavailable"
+    if isinstance(lookup, LookupMisuse):
+        unproven = "unusable_record"
+    elif isinstance(lookup, NotFound) and doubt is not None:
+        unproven = doubt
+    if not override:
+        code = "not_found_unproven" if isinstance(lookup, NotFound) else unproven
+        raise ReviewConflict(UNPROVEN[unproven], code=code, why=unproven)
+    return Weighed(None, unproven)
+
+
+def _agreeing(
+    record: Receipt, to: State, reference: str | None, lookup: LookupOutcome
+) -> dict[str, Any]:
+    """The downstream's record, if it says what the resolution says."""
+    if to is State.SUCCEEDED:
+        agrees = record.status == "succeeded" and record.reference == reference
+    else:
+        agrees = record.status != "succeeded"
+    if not agrees:
+        raise _contradiction(lookup, to)
+    return record.as_dict()
+
+
+def _contradiction(lookup: LookupOutcome, to: State) -> ReviewConflict:
+    return ReviewConflict(
+        f"the downstream's lookup ({lookup_name(lookup)}) contradicts '{to.value}'",
+        code="contradicts_downstream",
+        lookup=lookup_name(lookup),
+    )
