@@ -6,7 +6,15 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.errors import InvalidInput
@@ -55,6 +63,11 @@ class ContractSettings(BaseModel):
         return changes
 
 
+#: Development values: the demo and tests run on them; production must set its own.
+DEV_FINGERPRINT_KEY = "settled-dev-fingerprint-key-change-me"
+DEV_IDEMPOTENCY_SECRET = "settled-dev-idempotency-secret"  # noqa: S105 (a known, public value)
+
+
 class Settings(BaseSettings):
     """Every knob of a Settled process. Secrets are ``SecretStr`` and never printed."""
 
@@ -68,48 +81,86 @@ class Settings(BaseSettings):
     broker_folder: str = "var/broker"
     #: Fingerprint keys by version, e.g. ``{"v1": "..."}``; at least 16 bytes each.
     fingerprint_keys: dict[str, SecretStr] = Field(
-        default_factory=lambda: {"v1": SecretStr("settled-dev-fingerprint-key-change-me")}
+        default_factory=lambda: {"v1": SecretStr(DEV_FINGERPRINT_KEY)}, min_length=1
     )
     fingerprint_key_version: str = "v1"
-    #: Secret the downstream idempotency keys are derived from.
-    idempotency_secret: SecretStr = SecretStr("settled-dev-idempotency-secret")
+    #: Secret the downstream idempotency keys are derived from (at least 16 bytes).
+    idempotency_secret: SecretStr = SecretStr(DEV_IDEMPOTENCY_SECRET)
+    #: Allow the development key and secret against PostgreSQL (never in production).
+    development: bool = False
 
     #: Base URL of the downstream payment service.
     downstream_url: str = "http://127.0.0.1:8700"
     #: Downstream API key per tenant, e.g. ``{"acme": "sk_test_..."}``.
     downstream_api_keys: dict[str, SecretStr] = Field(default_factory=dict)
     #: Longest a single HTTP attempt may take, before the operation's deadline bounds it further.
-    downstream_timeout: float = 10.0
+    downstream_timeout: float = Field(default=10.0, gt=0)
 
     #: Budget given to a new operation.
-    max_attempts: int = 5
-    deadline_seconds: float = 3600.0
+    max_attempts: int = Field(default=5, ge=1)
+    deadline_seconds: float = Field(default=3600.0, gt=0)
     #: How long a claim is held before another worker or the reconciler may take over. No send
     #: starts, or runs, past its lease (less the clock margin).
-    lease_seconds: float = 60.0
+    lease_seconds: float = Field(default=60.0, gt=0)
     #: Largest difference assumed between the database's clock and the downstream's: a send
     #: must be over this long before its lease ends.
     clock_margin_seconds: float = Field(default=1.0, ge=0)
     #: Automatic resends stop this long before the downstream's key retention ends.
     key_retention_margin_seconds: float = Field(default=3600.0, ge=0)
     #: Period of the sweeper, which re-hints every due operation (beat).
-    sweep_seconds: float = 1.0
+    sweep_seconds: float = Field(default=1.0, gt=0)
     #: Due operations a worker claims beside the hinted ones, sent concurrently.
-    claim_batch: int = 0
+    claim_batch: int = Field(default=0, ge=0)
     #: Operation ids per hint message (the sweeper's; the app passes its own to the relay).
     hint_batch: int = Field(default=20, ge=1, le=500)
     #: Where beat keeps its schedule state.
     beat_schedule_file: str = "var/celerybeat-schedule"
     #: How often the reconciler runs, and how long "unknown" may last before review.
-    reconcile_seconds: float = 10.0
-    review_after_seconds: float = 600.0
+    reconcile_seconds: float = Field(default=10.0, gt=0)
+    review_after_seconds: float = Field(default=600.0, gt=0)
 
     #: Port of the worker's Prometheus endpoint (None: not served).
-    metrics_port: int | None = None
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     #: Per kind, what its downstream promises, e.g. ``{"refund": {"idempotent": false}}``
     #: (``ContractSettings``); kinds not named keep their declared contract.
     downstream_contracts: dict[str, ContractSettings] = Field(default_factory=dict)
+
+    @field_validator("fingerprint_keys")
+    @classmethod
+    def _long_enough_keys(cls, keys: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        short = sorted(v for v, k in keys.items() if len(k.get_secret_value().encode()) < 16)
+        if short:
+            raise ValueError(f"keys must be at least 16 bytes; too short: {short}")
+        return keys
+
+    @field_validator("idempotency_secret")
+    @classmethod
+    def _long_enough_secret(cls, secret: SecretStr) -> SecretStr:
+        if len(secret.get_secret_value().encode()) < 16:
+            raise ValueError("must be at least 16 bytes")
+        return secret
+
+    @model_validator(mode="after")
+    def _current_key_exists(self) -> Settings:
+        if self.fingerprint_key_version not in self.fingerprint_keys:
+            raise ValueError(
+                f"SETTLED_FINGERPRINT_KEY_VERSION {self.fingerprint_key_version!r} is not among "
+                f"the versions of SETTLED_FINGERPRINT_KEYS {sorted(self.fingerprint_keys)}"
+            )
+        return self
+
+    def development_secrets(self) -> list[str]:
+        """The settings still holding a development value where they must not: against
+        PostgreSQL, unless ``development`` is set. Empty when all is well."""
+        if self.development or not self.database_url.startswith("postgresql"):
+            return []
+        found = []
+        if any(k.get_secret_value() == DEV_FINGERPRINT_KEY for k in self.fingerprint_keys.values()):
+            found.append("SETTLED_FINGERPRINT_KEYS")
+        if self.idempotency_secret.get_secret_value() == DEV_IDEMPOTENCY_SECRET:
+            found.append("SETTLED_IDEMPOTENCY_SECRET")
+        return found
 
     def apply_contracts(self, registry: KindRegistry) -> KindRegistry:
         """``registry`` with the configured contracts and the key retention margin applied.
@@ -155,3 +206,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_none=True)
     return value
+
+
+def settings_error(exc: ValidationError) -> str:
+    """A settings error as one line naming each variable and what is wrong, never its value
+    (it may be a secret)."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False, include_context=False):
+        loc = [str(p) for p in err["loc"]]
+        message = err["msg"].removeprefix("Value error, ")
+        if not loc:  # a rule across settings: its message names them
+            parts.append(message)
+            continue
+        where = "".join(f"[{p}]" for p in loc[1:])
+        parts.append(f"SETTLED_{loc[0].upper()}{where}: {message}")
+    return "invalid settings: " + "; ".join(parts) if parts else "invalid settings"

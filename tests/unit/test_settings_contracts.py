@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from outbox.errors import InvalidInput
 from outbox.kinds import DownstreamContract, default_registry
-from outbox.settings import Settings
+from outbox.settings import Settings, settings_error
 
 
 def test_a_configured_contract_changes_only_the_fields_it_names() -> None:
@@ -70,3 +70,62 @@ def test_a_contract_for_a_kind_nobody_registered_is_refused_with_the_settings_na
     assert info.value.code == "invalid_setting"
     assert "SETTLED_DOWNSTREAM_CONTRACTS" in info.value.message
     assert "refnud" in info.value.message
+
+
+# -- every misconfiguration is refused when the settings are read, naming the setting ------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("SETTLED_FINGERPRINT_KEYS", '{"v1": "short"}', "fingerprint_keys"),
+        ("SETTLED_FINGERPRINT_KEYS", "{}", "fingerprint_keys"),
+        ("SETTLED_FINGERPRINT_KEY_VERSION", "v9", "fingerprint_key_version"),
+        ("SETTLED_IDEMPOTENCY_SECRET", "tiny", "idempotency_secret"),
+        ("SETTLED_MAX_ATTEMPTS", "-3", "max_attempts"),
+        ("SETTLED_MAX_ATTEMPTS", "0", "max_attempts"),
+        ("SETTLED_DEADLINE_SECONDS", "0", "deadline_seconds"),
+        ("SETTLED_LEASE_SECONDS", "-1", "lease_seconds"),
+        ("SETTLED_DOWNSTREAM_TIMEOUT", "0", "downstream_timeout"),
+        ("SETTLED_METRICS_PORT", "70000", "metrics_port"),
+        ("SETTLED_CLAIM_BATCH", "-1", "claim_batch"),
+    ],
+)
+def test_a_misconfiguration_is_refused_naming_the_setting(
+    variable: str, value: str, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    assert named in str(info.value)
+    line = settings_error(info.value)
+    assert line.startswith("invalid settings: SETTLED_") and named.upper() in line
+    assert "\n" not in line
+    if not value.lstrip("-").isdigit() and variable != "SETTLED_FINGERPRINT_KEY_VERSION":
+        assert value not in line  # a value may be a secret: never echoed
+
+
+def test_the_one_line_never_echoes_a_secrets_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SETTLED_IDEMPOTENCY_SECRET", "tiny-but-secret")
+    monkeypatch.setenv("SETTLED_FINGERPRINT_KEYS", '{"v1": "short-secret"}')
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    line = settings_error(info.value)
+    assert "tiny-but-secret" not in line and "short-secret" not in line
+    assert "SETTLED_IDEMPOTENCY_SECRET" in line and "SETTLED_FINGERPRINT_KEYS" in line
+
+
+def test_development_secrets_are_named_against_postgresql_only() -> None:
+    pg = "postgresql+psycopg://db/settled"
+    assert Settings(database_url=pg).development_secrets() == [
+        "SETTLED_FINGERPRINT_KEYS",
+        "SETTLED_IDEMPOTENCY_SECRET",
+    ]
+    assert Settings(database_url=pg, development=True).development_secrets() == []
+    assert Settings(database_url="sqlite:///x.sqlite3").development_secrets() == []
+    own = Settings(
+        database_url=pg,
+        fingerprint_keys={"v1": "a-production-key-0001"},  # type: ignore[dict-item]
+        idempotency_secret="a-production-secret-01",  # type: ignore[arg-type]
+    )
+    assert own.development_secrets() == []
