@@ -424,6 +424,12 @@ def review_requery(item: int, staff: str, role: str, as_json: bool) -> None:
 )
 @click.option("--reference", default=None, type=TEXT, help="downstream reference (for succeeded)")
 @click.option("--justification", default=None, type=TEXT, help="why (required for rejected)")
+@click.option(
+    "--override",
+    is_flag=True,
+    help="supervisor: record it as your statement where the downstream's lookup cannot tell "
+    "(needs --justification; recorded as an override)",
+)
 @with_staff
 def review_resolve(
     item: int,
@@ -431,6 +437,7 @@ def review_resolve(
     version: int,
     reference: str | None,
     justification: str | None,
+    override: bool,
     staff: str,
     role: str,
     as_json: bool,
@@ -446,6 +453,7 @@ def review_resolve(
             version=version,
             reference=reference,
             justification=justification,
+            override=override,
         ),
     )
     _emit(result, True)

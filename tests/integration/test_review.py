@@ -174,7 +174,9 @@ def test_two_staff_resolving_at_once_one_wins_the_other_gets_a_conflict(rig: Rig
     with rig.sessions() as s:
         resolutions = s.scalars(
             select(OperationEvent.actor).where(
-                OperationEvent.operation_id == op, OperationEvent.to_state == "succeeded"
+                OperationEvent.operation_id == op,
+                OperationEvent.from_state == "unknown",
+                OperationEvent.to_state == "succeeded",
             )
         ).all()
     assert len(resolutions) == 1
@@ -464,3 +466,18 @@ def test_a_staff_statement_without_lookup_is_reported_as_theirs(rig: Rig) -> Non
     with rig.sessions() as s:
         status = runs.operation_status(s, "acme", "op-1")
     assert status["message"] == "done_staff"
+
+
+def test_review_cli_override_is_a_supervisors_and_is_recorded(rig: Rig) -> None:
+    op, item = in_review(rig, fault="reset_before")
+    rig.age_attempts(op, 25 * 3600)
+    rig.set(op, first_sent_at=datetime.now(UTC) - timedelta(hours=25))
+    args = ["resolve", str(item), "--as", "rejected", "--version", "1", "--justification", WHY]
+    unproven = cli(rig, *args)
+    assert unproven.exit_code == 1 and "not_found_unproven" in unproven.output
+    support = cli(rig, *args, "--override")
+    assert support.exit_code == 1 and "forbidden" in support.output
+    ok = cli(rig, *args, "--override", staff="bob", role="supervisor")
+    assert ok.exit_code == 0, ok.output
+    assert rig.op(op).state == "rejected"
+    assert rig.reviews(op)[0].resolution["override"] is True  # type: ignore[index]
