@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
+from tests.support.judge import check_truthful
 from tests.support.services import free_port
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import RedisProcess, Stack
@@ -117,10 +118,13 @@ def stack(
 
 
 @pytest.fixture
-def app(stack: Stack, pg: Engine, outbox: Outbox) -> Iterator[App]:
+def app(stack: Stack, pg: Engine, outbox: Outbox, sim_control: SimulatorControl) -> Iterator[App]:
     a = App(stack, pg, outbox)
     yield a
-    a.close()
+    try:
+        check_truthful(a.sessions, sim_control)  # every crash and fault test ends on this
+    finally:
+        a.close()
 
 
 def wait_settled(app: App, stack: Stack, ids: list[int], timeout: float = 60.0) -> dict[int, str]:

@@ -17,6 +17,7 @@ from outbox.intake import Outbox
 from outbox.kinds import KindRegistry
 from outbox.models import Attempt, Operation, ReviewItem
 from reconciler.reconcile import Reconciler
+from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
 from workers.executor import Executor
 from workers.http_client import HttpGateway
@@ -73,24 +74,8 @@ class Rig:
             gateway.close()
 
     def check_truthful(self) -> None:
-        """The invariant every rig test ends on, judged by the simulator's ledger: an operation
-        reported ``rejected`` or ``cancelled`` caused no business effect, and one reported
-        ``succeeded`` on the downstream's receipt caused exactly one."""
-        effects: dict[tuple[str, str], int] = {}
-        for e in self.control.ledger()["effects"]:
-            key = (e["tenant"], e["idempotency_key"])
-            effects[key] = effects.get(key, 0) + 1
-        with self.sessions() as s:
-            rows = s.execute(
-                select(Operation.op_id, Operation.tenant, Operation.idempotency_key,
-                       Operation.state, Operation.receipt)
-            ).all()  # fmt: skip
-        for row in rows:
-            n = effects.get((row.tenant, row.idempotency_key), 0)
-            if row.state in ("rejected", "cancelled"):
-                assert n == 0, f"{row.op_id} is {row.state} but caused {n} effect(s)"
-            if row.state == "succeeded" and (row.receipt or {}).get("source") != "staff":
-                assert n == 1, f"{row.op_id} is succeeded on a receipt but caused {n} effect(s)"
+        """The invariant every rig test ends on (``tests.support.judge``)."""
+        check_truthful(self.sessions, self.control)
 
     def reconciler(self, registry: KindRegistry | None = None, **kw: Any) -> Reconciler:
         kw.setdefault("client_timeout", 1.0)
