@@ -360,6 +360,21 @@ def run_demo(*, lang: str = "en", keep: str | None = None, echo: Echo = print) -
     finally:
         sim.stop()
         if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
-    echo("Review queue: settled review list --staff ID --role support (see README).")
+            _keep_only_the_database(folder)
+    echo(
+        "The review queue of this demo, as support staff see it:\n"
+        f"  SETTLED_DATABASE_URL={db_url} settled review list --staff you --role viewer"
+    )
     return 0 if agree else 1
+
+
+def _keep_only_the_database(folder: Path) -> None:
+    """Remove what the demo wrote except its operations database, which the review-queue
+    hint it prints reads."""
+    for path in folder.iterdir():
+        if path.name.startswith("settled.sqlite3"):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,9 +60,28 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(tmp_path: Path, 
         assert "已停止继续处理，但操作" in out
     # The ledger beside the report: A1042 refunded 100 + 50, exactly once each.
     assert "'A1042': 15000" in out
-    # It leaves nothing running and nothing behind.
+    # It leaves nothing running, and nothing behind but its operations database ...
     folder = re.search(r"in (\S*settled-demo-\S+)", out)
     assert folder is not None
-    assert not Path(folder.group(1)).exists()
+    kept = Path(folder.group(1))
+    assert {p.name for p in kept.iterdir()} <= {
+        "settled.sqlite3",
+        "settled.sqlite3-wal",
+        "settled.sqlite3-shm",
+    }
     assert running_with(folder.group(1)) == []
     assert list(tmp_path.iterdir()) == []  # nothing written where it was started
+    # ... for the review-queue command it prints, which works as printed.
+    hint = re.search(r"SETTLED_DATABASE_URL=(\S+) settled (review list .*)", out)
+    assert hint is not None
+    listed = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", *hint.group(2).split()],
+        env={**env, "SETTLED_DATABASE_URL": hint.group(1)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "lookup_unavailable" in listed.stdout
+    shutil.rmtree(kept)
