@@ -268,7 +268,9 @@ def _serve_metrics(settings: Any) -> None:
     engine = make_engine(settings.database_url, pool_size=1, max_overflow=0)
     # Pool children must not share this engine's connections.
     os.register_at_fork(after_in_child=lambda: engine.dispose(close=False))
-    start_http_server(settings.metrics_port, registry=registry(sessionmaker(engine)))
+    start_http_server(
+        settings.metrics_port, addr=settings.metrics_host, registry=registry(sessionmaker(engine))
+    )
 
 
 @main.command()
@@ -539,11 +541,20 @@ def run_children(*, web_host: str, web_port: int, concurrency: int) -> list[list
 
 
 @main.command("run")
-@click.option("--web-host", default="0.0.0.0", show_default=True, type=TEXT)  # noqa: S104
+@click.option(
+    "--web-host",
+    default="127.0.0.1",
+    show_default=True,
+    type=TEXT,
+    help="interface web listens on (0.0.0.0: every interface, e.g. in a container)",
+)
 @click.option("--web-port", default=8000, show_default=True, type=PORT)
 @click.option("--concurrency", default=2, show_default=True, type=CONCURRENCY)
 def run_stack(web_host: str, web_port: int, concurrency: int) -> None:
-    """Worker, beat and web for a single machine, against the configured PostgreSQL and Redis."""
+    """Worker, beat and web for a single machine, against the configured PostgreSQL and Redis.
+
+    A child that dies is restarted with back-off (said on stderr); SIGTERM stops them all.
+    """
     from workers.supervise import settled_command, supervise
 
     children = run_children(web_host=web_host, web_port=web_port, concurrency=concurrency)

@@ -121,6 +121,8 @@ class Settings(BaseSettings):
 
     #: Port of the worker's Prometheus endpoint (None: not served).
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    #: Interface the worker's Prometheus endpoint listens on (0.0.0.0: every interface).
+    metrics_host: str = "127.0.0.1"
 
     #: Per kind, what its downstream promises, e.g. ``{"refund": {"idempotent": false}}``
     #: (``ContractSettings``); kinds not named keep their declared contract.

@@ -1,4 +1,5 @@
-"""``settled run``'s supervisor: one child dying stops the rest and fails the run."""
+"""``settled run``'s supervisor: a child that dies is restarted with back-off; a stop signal
+stops them all."""
 
 from __future__ import annotations
 
@@ -6,14 +7,32 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.support.services import wait_until
+from workers import supervise as supervise_module
 from workers.supervise import supervise
 
 
-def test_one_child_dying_stops_the_others_and_fails(tmp_path: Path) -> None:
-    pidfile = tmp_path / "sleeper.pid"
+def stop_when(condition: Callable[[], bool]) -> None:
+    """From a helper thread: SIGTERM this process (the supervisor) once ``condition`` holds."""
+
+    def run() -> None:
+        assert wait_until(condition, timeout=30)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def test_a_child_that_dies_is_restarted_with_back_off_and_the_others_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supervise_module, "FIRST_DELAY", 0.05)
+    monkeypatch.setattr(supervise_module, "MAX_DELAY", 0.2)
+    starts, pidfile = tmp_path / "starts", tmp_path / "sleeper.pid"
     sleeper = [
         sys.executable,
         "-c",
@@ -22,12 +41,18 @@ def test_one_child_dying_stops_the_others_and_fails(tmp_path: Path) -> None:
     dies = [
         sys.executable,
         "-c",
-        f"import os, time\nwhile not os.path.exists({str(pidfile)!r}): time.sleep(0.01)\n"
-        "raise SystemExit(3)",
+        f"import os; open({str(starts)!r}, 'a').write(f'{{os.getpid()}}\\n'); raise SystemExit(3)",
     ]
-    assert supervise([sleeper, dies], poll=0.05) == 1
-    pid = int(pidfile.read_text())
-    assert not Path(f"/proc/{pid}").exists()  # terminated and reaped
+    said: list[str] = []
+    stop_when(lambda: starts.exists() and len(starts.read_text().split()) >= 5)
+    supervise([sleeper, dies], poll=0.01, say=said.append)
+    assert len(set(starts.read_text().split())) >= 5  # a new process each time
+    delays = [m.rsplit("restarting in ", 1)[1] for m in said if "exited with status 3" in m]
+    assert delays[:4] == ["0.05 s", "0.1 s", "0.2 s", "0.2 s"]  # doubling, capped
+    assert any("restarting" in m and "(restart 1)" in m for m in said)
+    sleeper_pid = int(pidfile.read_text())
+    assert not any(str(sleeper_pid) in m for m in said)
+    assert not Path(f"/proc/{sleeper_pid}").exists()  # stopped with the rest, and reaped
 
 
 def test_a_stop_signal_stops_every_child_and_succeeds(tmp_path: Path) -> None:
