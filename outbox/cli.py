@@ -72,15 +72,15 @@ def _one_line(exc: Exception) -> Exception:
     if isinstance(exc, SettledError):
         return _Failure(f"[{exc.code}] {exc.message}")
     if isinstance(exc, pydantic.ValidationError):
-        # Never the input values: a misspelt secret must not be echoed.
-        fields = "; ".join(
-            f"SETTLED_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors()
-        )
-        return _Failure(f"invalid configuration: {fields}")
+        from outbox.settings import settings_error
+
+        return _Failure(settings_error(exc))  # never the input values: they may be secrets
     if isinstance(exc, pydantic_settings.SettingsError):
         return _Failure(f"invalid configuration: {exc}")  # names the field, not the value
     if isinstance(exc, sqlalchemy.exc.ArgumentError):
         return _Failure("invalid database URL")  # the URL itself may carry a password
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and _no_tables(exc):
+        return _Failure("the database has no Settled tables: run `settled db upgrade`")
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
         # The driver's own first line, never SQLAlchemy's text (it quotes the parameters).
         first = (str(exc.orig).strip().splitlines() or [""])[0][:200]
@@ -88,6 +88,36 @@ def _one_line(exc: Exception) -> Exception:
     if isinstance(exc, UnicodeError):
         return _Failure("text input must be valid UTF-8")
     return exc
+
+
+def _no_tables(exc: Any) -> bool:
+    """A database error that says a Settled table does not exist (never migrated)."""
+    name = type(exc.orig).__name__
+    return name == "UndefinedTable" or (
+        name == "OperationalError" and "no such table" in str(exc.orig)
+    )
+
+
+def _preflight(settings: Any, *, broker: bool) -> None:
+    """Refuse to start on a misconfiguration, before anything runs: the development secrets
+    against PostgreSQL, a contract for an unknown kind, a database that does not answer or is
+    not migrated, a broker that does not answer. Each is one line naming what to fix."""
+    from outbox.db import check_schema
+    from outbox.kinds import default_registry
+
+    found = settings.development_secrets()
+    if found:
+        raise click.ClickException(
+            f"refusing to start against PostgreSQL with the development value of "
+            f"{' and '.join(found)}: set your own (or SETTLED_DEVELOPMENT=1 on a development "
+            "machine)"
+        )
+    settings.apply_contracts(default_registry())
+    check_schema(settings.database_url)
+    if broker:
+        from workers.celery_app import check_broker
+
+        check_broker(settings)
 
 
 class _Text(click.types.StringParamType):
@@ -219,6 +249,7 @@ def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str
 
     settings = Settings()
     logs.configure(loglevel)
+    _preflight(settings, broker=True)
     if beat:
         _beat_folder(settings)
     if settings.metrics_port is not None:
@@ -283,6 +314,7 @@ def beat(loglevel: str) -> None:
 
     logs.configure(loglevel)
     settings = Settings()
+    _preflight(settings, broker=True)
     _beat_folder(settings)
     # Beat returns when a stop signal ends it; any failure is raised (exit status 1).
     create_app(settings).start(["beat", f"--loglevel={loglevel}"])
@@ -471,6 +503,7 @@ def web(host: str, port: int) -> None:
     from workers.web import serve
 
     settings = Settings()
+    _preflight(settings, broker=False)
     click.echo(f"status API on http://{host}:{port}")
     serve(settings, host=host, port=port)
 

@@ -10,6 +10,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import BindParameter, FunctionElement
 
+from outbox.errors import SettledError
 from outbox.models import UTCDateTime
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -78,6 +79,30 @@ def alembic_config(url: str) -> Any:
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
+
+
+def check_schema(url: str) -> None:
+    """Raise SettledError (``database_not_migrated``) unless the database at ``url`` is at the
+    newest migration. Connection errors are raised as they come (DBAPIError)."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import inspect, text
+    from sqlalchemy.pool import NullPool
+
+    engine = make_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            current: set[str] = set()
+            if inspect(conn).has_table("alembic_version"):
+                current = set(conn.scalars(text("SELECT version_num FROM alembic_version")))
+    finally:
+        engine.dispose()
+    newest = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
+    if current != newest:
+        raise SettledError(
+            f"the database is not migrated (at {sorted(current) or 'nothing'}, newest "
+            f"{sorted(newest)}): run `settled db upgrade`",
+            code="database_not_migrated",
+        )
 
 
 def upgrade(url: str, revision: str = "head") -> None:

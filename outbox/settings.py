@@ -222,4 +222,4 @@ def settings_error(exc: ValidationError) -> str:
             continue
         where = "".join(f"[{p}]" for p in loc[1:])
         parts.append(f"SETTLED_{loc[0].upper()}{where}: {message}")
-    return "invalid settings: " + "; ".join(parts) if parts else "invalid settings"
+    return "invalid configuration: " + "; ".join(parts) if parts else "invalid configuration"

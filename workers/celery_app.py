@@ -17,6 +17,7 @@ from celery import Celery
 from celery.signals import worker_process_shutdown
 from kombu.transport import redis as kombu_redis
 
+from outbox.errors import SettledError
 from outbox.settings import Settings
 from workers.relay import Publish
 from workers.runtime import Runtime, build_runtime
@@ -102,6 +103,28 @@ def broker_options(settings: Settings) -> dict[str, Any]:
         }
     # Far above the longest task (one HTTP attempt is bounded by downstream_timeout).
     return {"visibility_timeout": 6 * 3600}
+
+
+def check_broker(settings: Settings, timeout: float = 5.0) -> None:
+    """Raise SettledError (``broker_unreachable``) when the broker does not answer now; the
+    message names it without its password."""
+    from kombu import connection as kombu_connection
+
+    if settings.broker_url.startswith("filesystem"):
+        return  # a folder: created when the app is
+    connection: Any = kombu_connection.Connection  # kombu's annotations are partial
+    conn = connection(settings.broker_url, connect_timeout=timeout)
+    try:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
+    except Exception as exc:
+        where = conn.as_uri(include_password=False)
+        raise SettledError(
+            f"cannot reach the broker at {where} ({type(exc).__name__}): is it running? "
+            "(SETTLED_BROKER_URL)",
+            code="broker_unreachable",
+        ) from None
+    finally:
+        conn.release()
 
 
 def create_app(settings: Settings) -> Celery:

@@ -200,3 +200,88 @@ def test_no_arguments_prints_the_help_listing_every_command(cli: CliRunner) -> N
     result = settled(cli, [])
     for command in ("apikey", "beat", "db", "demo", "review", "run", "web", "worker"):
         assert f"  {command} " in result.output
+
+
+# -- start-up: one clear line, before anything runs ------------------------------------------
+
+#: Values of the operator's own (not the development ones).
+OWN = {
+    "SETTLED_FINGERPRINT_KEYS": '{"v1": "an-operators-own-key-0001"}',
+    "SETTLED_IDEMPOTENCY_SECRET": "an-operators-own-secret-01",
+}
+NOBODY_PG = "postgresql+psycopg://settled:pw-never-echoed@127.0.0.1:1/settled"
+STARTS = [["worker"], ["beat"], ["web"]]
+
+
+@pytest.mark.parametrize("command", STARTS, ids=lambda c: c[0])
+def test_start_refuses_the_development_secrets_against_postgresql(
+    cli: CliRunner, command: list[str]
+) -> None:
+    result = settled(cli, command, env={"SETTLED_DATABASE_URL": NOBODY_PG})
+    line = assert_one_line_error(result, 1)
+    assert "SETTLED_FINGERPRINT_KEYS and SETTLED_IDEMPOTENCY_SECRET" in line
+    assert "ready" not in result.output
+
+
+def test_development_mode_allows_them_and_goes_on_to_check_the_database(cli: CliRunner) -> None:
+    env = {"SETTLED_DATABASE_URL": NOBODY_PG, "SETTLED_DEVELOPMENT": "1"}
+    line = assert_one_line_error(settled(cli, ["worker"], env=env), 1)
+    assert "database error" in line and "development" not in line
+
+
+@pytest.mark.parametrize("command", STARTS, ids=lambda c: c[0])
+def test_start_against_a_database_that_does_not_answer_is_one_line(
+    cli: CliRunner, command: list[str]
+) -> None:
+    result = settled(cli, command, env={**OWN, "SETTLED_DATABASE_URL": NOBODY_PG})
+    line = assert_one_line_error(result, 1)
+    assert "database error" in line
+    assert "pw-never-echoed" not in result.output
+
+
+@pytest.mark.parametrize("command", STARTS, ids=lambda c: c[0])
+def test_start_against_a_database_never_migrated_says_to_upgrade(
+    cli: CliRunner, command: list[str], tmp_path: Path
+) -> None:
+    env = {"SETTLED_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}"}
+    line = assert_one_line_error(settled(cli, command, env=env), 1)
+    assert "run `settled db upgrade`" in line
+
+
+@pytest.mark.parametrize("command", [["worker"], ["beat"]], ids=lambda c: c[0])
+def test_start_against_a_broker_that_does_not_answer_is_one_line(
+    cli: CliRunner, command: list[str]
+) -> None:
+    env = {"SETTLED_BROKER_URL": "redis://:broker-pw-never-echoed@127.0.0.1:1/0"}
+    result = settled(cli, command, env=env)
+    line = assert_one_line_error(result, 1)
+    assert "cannot reach the broker at redis://" in line and "SETTLED_BROKER_URL" in line
+    assert "broker-pw-never-echoed" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("SETTLED_FINGERPRINT_KEYS", '{"v1": "too-short"}', "SETTLED_FINGERPRINT_KEYS"),
+        ("SETTLED_FINGERPRINT_KEY_VERSION", "v7", "SETTLED_FINGERPRINT_KEY_VERSION"),
+        ("SETTLED_MAX_ATTEMPTS", "-3", "SETTLED_MAX_ATTEMPTS"),
+        ("SETTLED_DOWNSTREAM_CONTRACTS", '{"refnud": {}}', "SETTLED_DOWNSTREAM_CONTRACTS"),
+        ("SETTLED_DOWNSTREAM_CONTRACTS", '{"refund": {"idempotant": false}}', "idempotant"),
+    ],
+)
+@pytest.mark.parametrize("command", STARTS, ids=lambda c: c[0])
+def test_start_with_a_misconfiguration_is_one_line_naming_it(
+    cli: CliRunner, command: list[str], variable: str, value: str, named: str
+) -> None:
+    result = settled(cli, command, env={variable: value})
+    line = assert_one_line_error(result, 1)
+    assert named in line
+    assert "too-short" not in result.output
+
+
+def test_review_list_on_a_database_never_migrated_says_to_upgrade(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    env = {"SETTLED_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}"}
+    line = assert_one_line_error(settled(cli, ["review", "list", *STAFF], env=env), 1)
+    assert "run `settled db upgrade`" in line

@@ -99,7 +99,7 @@ def test_a_misconfiguration_is_refused_naming_the_setting(
         Settings()
     assert named in str(info.value)
     line = settings_error(info.value)
-    assert line.startswith("invalid settings: SETTLED_") and named.upper() in line
+    assert line.startswith("invalid configuration: SETTLED_") and named.upper() in line
     assert "\n" not in line
     if not value.lstrip("-").isdigit() and variable != "SETTLED_FINGERPRINT_KEY_VERSION":
         assert value not in line  # a value may be a secret: never echoed
