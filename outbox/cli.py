@@ -164,6 +164,7 @@ CONCURRENCY = click.IntRange(1, 256)
 
 
 @click.group(cls=_OneLineErrors)
+@click.version_option(package_name="settled", prog_name="settled")
 def main() -> None:
     """Settled: safe side-effecting operations."""
 

@@ -285,3 +285,11 @@ def test_review_list_on_a_database_never_migrated_says_to_upgrade(
     env = {"SETTLED_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}"}
     line = assert_one_line_error(settled(cli, ["review", "list", *STAFF], env=env), 1)
     assert "run `settled db upgrade`" in line
+
+
+def test_version_names_the_installed_distribution(cli: CliRunner) -> None:
+    from importlib.metadata import version
+
+    result = settled(cli, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"settled, version {version('settled')}"
