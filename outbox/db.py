@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,13 @@ def check_schema(url: str) -> None:
                 current = set(conn.scalars(text("SELECT version_num FROM alembic_version")))
     finally:
         engine.dispose()
-    newest = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)  # loading the scripts logs its plugins at INFO
+    try:
+        newest = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
+    finally:
+        alembic_log.setLevel(level)
     if current != newest:
         raise SettledError(
             f"the database is not migrated (at {sorted(current) or 'nothing'}, newest "

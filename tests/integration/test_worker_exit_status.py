@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from outbox.db import upgrade
 from tests.support.simtools import wait_until
 from tests.support.stack import Stack
 
@@ -25,8 +26,10 @@ FAULTY_CLI = str(Path(__file__).parents[1] / "support" / "faulty_cli.py")
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
+    url = f"sqlite:///{tmp_path / 'settled.sqlite3'}"
+    upgrade(url)  # the worker and beat refuse to start on a database never migrated
     s = Stack(
-        database_url=f"sqlite:///{tmp_path / 'settled.sqlite3'}",
+        database_url=url,
         broker_url="filesystem://",
         downstream_url="http://127.0.0.1:9",
         api_keys={},
