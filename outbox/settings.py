@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -68,6 +69,14 @@ DEV_FINGERPRINT_KEY = "settled-dev-fingerprint-key-change-me"
 DEV_IDEMPOTENCY_SECRET = "settled-dev-idempotency-secret"  # noqa: S105 (a known, public value)
 
 
+#: A log level, in any case (``info`` is ``INFO``).
+LogLevel = Annotated[
+    Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+    BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v),
+]
+LogFormat = Literal["json", "text"]
+
+
 class Settings(BaseSettings):
     """Every knob of a Settled process. Secrets are ``SecretStr`` and never printed."""
 
@@ -123,6 +132,9 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     #: Interface the worker's Prometheus endpoint listens on (0.0.0.0: every interface).
     metrics_host: str = "127.0.0.1"
+    #: Level and line format of every process's log (``json``: one object per line).
+    log_level: LogLevel = "INFO"
+    log_format: LogFormat = "json"
 
     #: Per kind, what its downstream promises, e.g. ``{"refund": {"idempotent": false}}``
     #: (``ContractSettings``); kinds not named keep their declared contract.
