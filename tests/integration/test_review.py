@@ -43,17 +43,6 @@ def queue(rig: Rig, registry: Any = None) -> ReviewQueue:
     return ReviewQueue(rig.sessions, rig.gateway(), registry or default_registry())
 
 
-def receipt_reference(rig: Rig, op: int) -> str:
-    found = rig.gateway().lookup(
-        tenant="acme",
-        kind=default_registry().get("refund"),
-        idempotency_key=rig.op(op).idempotency_key,
-        params=rig.op(op).params,
-        deadline=datetime.now(UTC) + timedelta(seconds=5),
-    )
-    return found.receipt.reference  # type: ignore[union-attr]
-
-
 def test_list_and_show_give_the_evidence(rig: Rig) -> None:
     _op, item = in_review(rig)
     q = queue(rig)
@@ -75,7 +64,7 @@ def test_list_and_show_give_the_evidence(rig: Rig) -> None:
 
 def test_resolve_as_succeeded_is_verified_by_lookup_and_recorded(rig: Rig) -> None:
     op, item = in_review(rig)
-    ref = receipt_reference(rig, op)
+    ref = rig.downstream_reference(op)
     result = queue(rig).resolve(ALICE, item, outcome="succeeded", version=1, reference=ref)
     assert result["state"] == "succeeded"
     row = rig.op(op)
@@ -151,7 +140,7 @@ def test_staff_identity_and_role_are_required(staff: Any, role: Any) -> None:
 
 def test_two_staff_resolving_at_once_one_wins_the_other_gets_a_conflict(rig: Rig) -> None:
     op, item = in_review(rig)
-    ref = receipt_reference(rig, op)
+    ref = rig.downstream_reference(op)
     barrier = threading.Barrier(2)
     results: list[str] = []
 
@@ -230,7 +219,7 @@ def test_review_cli_end_to_end(rig: Rig) -> None:
                   "--justification", "customer called: nothing arrived")  # fmt: skip
     assert refused.exit_code == 1
     assert "contradicts_downstream" in refused.output
-    ref = receipt_reference(rig, op)
+    ref = rig.downstream_reference(op)
     ok = cli(rig, "resolve", str(item), "--as", "succeeded", "--version", str(version),
              "--reference", ref)  # fmt: skip
     assert ok.exit_code == 0, ok.output
@@ -360,7 +349,7 @@ def test_staff_resolve_locks_the_operation_before_its_review_item(
     """The reconciler writes the operation row, then the review item; staff must too, or the
     two deadlock on PostgreSQL."""
     op, item = in_review(rig)
-    ref = receipt_reference(rig, op)
+    ref = rig.downstream_reference(op)
     statements.clear()
     queue(rig).resolve(ALICE, item, outcome="succeeded", version=1, reference=ref)
     tables = writes(statements)
@@ -420,7 +409,7 @@ def test_staff_and_reconciler_on_one_item_at_once_never_deadlock(rig: Rig) -> No
         rig.set(op, unknown_since=datetime.now(UTC) - timedelta(hours=1))
         assert rig.reconciler().run_once().outcomes == {"to_review": 1}
         (item,) = rig.reviews(op)
-        ref = receipt_reference(rig, op)
+        ref = rig.downstream_reference(op)
         rig.make_due(op)
         assert race_staff_and_reconciler(rig, op, item.id, ref) == []
         assert rig.op(op).state == "succeeded"

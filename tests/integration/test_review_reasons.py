@@ -45,19 +45,6 @@ def registry(**contract: Any) -> KindRegistry:
     )
 
 
-def reference(rig: Rig, op: int) -> str:
-    found = rig.gateway().lookup(
-        tenant="acme",
-        kind=default_registry().get("refund"),
-        idempotency_key=rig.op(op).idempotency_key,
-        params=rig.op(op).params,
-        deadline=datetime.now(UTC) + timedelta(seconds=5),
-    )
-    record = getattr(found, "receipt", None) or getattr(found, "record", None)
-    assert isinstance(record, Receipt), found
-    return record.reference
-
-
 def sent(
     rig: Rig, reg: KindRegistry, rewrite: Callable[[SubmitOutcome], SubmitOutcome] | None = None
 ) -> int:
@@ -102,7 +89,7 @@ def receipt_mismatch(rig: Rig, reg: KindRegistry) -> int:
 def lookup_mismatch(rig: Rig, reg: KindRegistry) -> int:
     rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
     op = sent(rig, reg)
-    real = reference(rig, op)
+    real = rig.downstream_reference(op)
     odd = Receipt(real, "succeeded", {**rig.op(op).params, "amount_minor": 1})
     reconciler = rig.reconciler(reg)
     key = rig.op(op).idempotency_key
@@ -193,7 +180,7 @@ def no_lookup_worker_died(rig: Rig, reg: KindRegistry) -> int:
 
 
 def as_its_record(rig: Rig, q: ReviewQueue, op: int, item: int) -> None:
-    q.resolve(ALICE, item, outcome="succeeded", version=1, reference=reference(rig, op))
+    q.resolve(ALICE, item, outcome="succeeded", version=1, reference=rig.downstream_reference(op))
 
 
 def rejected_on_proof(rig: Rig, q: ReviewQueue, op: int, item: int) -> None:
@@ -322,7 +309,9 @@ def test_refused_staff_actions_are_recorded_with_the_staff_id(rig: Rig) -> None:
         q.resolve(ALICE, item.id, outcome="rejected", version=1, justification=WHY)
     as_its_record(rig, q, op, item.id)
     with pytest.raises(ReviewConflict):  # somebody resolved it already
-        q.resolve(BOB, item.id, outcome="succeeded", version=1, reference=reference(rig, op))
+        q.resolve(
+            BOB, item.id, outcome="succeeded", version=1, reference=rig.downstream_reference(op)
+        )
     with pytest.raises(Forbidden):
         q.requery(VERA, item.id)
     got = [(actor, e["action"], e["code"]) for actor, e in refusals(rig, op)]

@@ -20,6 +20,7 @@ from reconciler.reconcile import Reconciler
 from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
 from workers.executor import Executor
+from workers.gateway import Receipt
 from workers.http_client import HttpGateway
 from workers.simulator import SimulatorControl, SimulatorHandle
 
@@ -127,6 +128,20 @@ class Rig:
     def reviews(self, op_id: int) -> list[ReviewItem]:
         with self.sessions() as s:
             return list(s.scalars(select(ReviewItem).where(ReviewItem.operation_id == op_id)))
+
+    def downstream_reference(self, op_id: int) -> str:
+        """The reference the downstream's record of the operation shows (its lookup), also
+        where the record differs from the intent."""
+        found = self.gateway().lookup(
+            tenant="acme",
+            kind=self.outbox.registry.get("refund"),
+            idempotency_key=self.op(op_id).idempotency_key,
+            params=self.op(op_id).params,
+            deadline=datetime.now(UTC) + timedelta(seconds=5),
+        )
+        record = getattr(found, "receipt", None) or getattr(found, "record", None)
+        assert isinstance(record, Receipt), found
+        return record.reference
 
     def make_due(self, op_id: int) -> None:
         with self.sessions.begin() as s:
