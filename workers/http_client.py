@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -78,6 +79,11 @@ _MAYBE_SENT_ERRORS = (
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _ms_since(started: float) -> float:
+    """Milliseconds since ``started`` (monotonic clock), for the log."""
+    return round((time.monotonic() - started) * 1000, 1)
 
 
 class _Left(dict[str, float]):
@@ -150,12 +156,16 @@ class HttpGateway:
         key = self._authorization.get(tenant)
         if key is None:
             log.warning(
-                "submit refused locally: no API key for tenant=%s key=%s", tenant, idempotency_key
+                "submit refused locally: no API key for the tenant",
+                extra={"tenant": tenant, "kind": kind.name, "key": idempotency_key},
             )
             return Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0)
         until = self._deadline(deadline)
         if until.left() <= 0:
-            log.info("submit not sent: deadline passed tenant=%s key=%s", tenant, idempotency_key)
+            log.info(
+                "submit not sent: deadline passed",
+                extra={"tenant": tenant, "kind": kind.name, "key": idempotency_key},
+            )
             return NotSent("deadline passed before sending")
         url = self._urls.get(kind.endpoint)
         if url is None:
@@ -165,30 +175,33 @@ class HttpGateway:
         headers["Content-Type"] = "application/json"
         # As httpx encodes ``json=``: compact, UTF-8, no NaN.
         body = json.dumps(dict(params), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        fields = {"tenant": tenant, "kind": kind.name, "key": idempotency_key}
+        started = time.monotonic()
         try:
             response = self._send("POST", url, headers, body.encode(), until)
         except _NOT_SENT_ERRORS as exc:
             log.info(
-                "submit not sent tenant=%s key=%s: %s", tenant, idempotency_key, type(exc).__name__
+                "submit not sent",
+                extra={**fields, "error": type(exc).__name__, "duration_ms": _ms_since(started)},
             )
             return NotSent(type(exc).__name__)
         except _MAYBE_SENT_ERRORS as exc:
             log.warning(
-                "submit outcome unknown tenant=%s key=%s: %s",
-                tenant,
-                idempotency_key,
-                type(exc).__name__,
+                "submit outcome unknown",
+                extra={**fields, "error": type(exc).__name__, "duration_ms": _ms_since(started)},
             )
             return Unknown(type(exc).__name__)
         outcome = classify_submit(
             response, kind, params, now=self._clock(), idempotency_key=idempotency_key
         )
         log.info(
-            "submit tenant=%s key=%s status=%s proof=%s",
-            tenant,
-            idempotency_key,
-            response.status_code,
-            outcome.proof.value,
+            "submit answered",
+            extra={
+                **fields,
+                "status": response.status_code,
+                "proof": outcome.proof.value,
+                "duration_ms": _ms_since(started),
+            },
         )
         return outcome
 
@@ -210,23 +223,25 @@ class HttpGateway:
             return Unavailable("deadline passed before sending")
         path = wire.LOOKUP_PATH.format(key=quote(idempotency_key, safe=""))
         url = httpx.URL(self._base_url + path)
+        fields = {"tenant": tenant, "kind": kind.name, "key": idempotency_key}
+        started = time.monotonic()
         try:
             response = self._send("GET", url, self._headers(key, until), None, until)
         except httpx.TransportError as exc:
             log.info(
-                "lookup unavailable tenant=%s key=%s: %s",
-                tenant,
-                idempotency_key,
-                type(exc).__name__,
+                "lookup unavailable",
+                extra={**fields, "error": type(exc).__name__, "duration_ms": _ms_since(started)},
             )
             return Unavailable(type(exc).__name__)
         outcome = classify_lookup(response, params, idempotency_key=idempotency_key)
         log.info(
-            "lookup tenant=%s key=%s status=%s outcome=%s",
-            tenant,
-            idempotency_key,
-            response.status_code,
-            type(outcome).__name__,
+            "lookup answered",
+            extra={
+                **fields,
+                "status": response.status_code,
+                "lookup": type(outcome).__name__,
+                "duration_ms": _ms_since(started),
+            },
         )
         return outcome
 

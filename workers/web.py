@@ -10,6 +10,8 @@ no engine.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
@@ -24,12 +26,14 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from outbox import runs
+from outbox import logs, runs
 from outbox.apikeys import Principal, authenticate
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.settings import Settings
 from workers import metrics
+
+access_log = logging.getLogger("settled.access")
 
 NOT_FOUND = {"error": {"code": "not_found", "message": "not found"}}
 UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "missing or invalid API key"}}
@@ -67,11 +71,14 @@ DB = Annotated[Session, Depends(_session)]
 
 
 def _principal(
-    s: DB, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request,
+    s: DB,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     who = authenticate(s, creds.credentials if creds is not None else None)
     if who is None:
         raise Unauthorized
+    request.state.tenant = who.tenant  # for the access log
     return who
 
 
@@ -108,6 +115,28 @@ def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
     )
 
     app.state.sessions = sessions
+
+    @app.middleware("http")
+    async def _access_log(request: Request, call_next: Any) -> Any:
+        """One line per request: method, path (never the query), status, duration, and the
+        tenant once its key was accepted; the client's address is not logged."""
+        started = time.monotonic()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            access_log.info(
+                "request",
+                extra={
+                    "method": request.method,
+                    "path": request.url.path[:200],
+                    "status": status,
+                    "duration_ms": round((time.monotonic() - started) * 1000, 1),
+                    "tenant": getattr(request.state, "tenant", None),
+                },
+            )
 
     @app.exception_handler(Unauthorized)
     def _unauthorized(_request: Request, _exc: Unauthorized) -> JSONResponse:
@@ -185,7 +214,17 @@ def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
 
 
 def serve(settings: Settings, *, host: str, port: int) -> None:
-    """Run the status API with uvicorn (blocking)."""
+    """Run the status API with uvicorn (blocking). Every line goes through ``outbox.logs``:
+    uvicorn's own messages as they are, and instead of its access log (client address, path
+    with query) the app's own (``settled.access``, with the duration and the tenant)."""
     import uvicorn
 
-    uvicorn.run(create_web_app(settings), host=host, port=port, log_level="info")
+    logs.configure(settings.log_level, settings.log_format)
+    uvicorn.run(
+        create_web_app(settings),
+        host=host,
+        port=port,
+        log_config=None,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+    )

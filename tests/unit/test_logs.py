@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
+from collections.abc import Iterator
 
-from outbox.logs import JsonFormatter
+import pytest
+
+from outbox import logs
+from outbox.errors import InvalidInput
+from outbox.logs import JsonFormatter, TextFormatter
 
 
 def record(msg: str, **extra: object) -> logging.LogRecord:
@@ -40,10 +47,107 @@ def test_exception_text_is_not_logged_only_its_type() -> None:
     try:
         raise ValueError("payee P-secret-payee")
     except ValueError:
-        import sys
-
         rec = record("failed")
         rec.exc_info = sys.exc_info()
-    text = JsonFormatter().format(rec)
-    assert "P-secret-payee" not in text
-    assert json.loads(text)["error"] == "ValueError"
+    for formatter in (JsonFormatter(), TextFormatter()):
+        text = formatter.format(rec)
+        assert "P-secret-payee" not in text
+        assert "ValueError" in text
+    assert json.loads(JsonFormatter().format(rec))["error"] == "ValueError"
+
+
+def test_bound_fields_reach_lines_inside_only_and_pass_the_allow_list() -> None:
+    with logs.bound(tenant="acme", op_id="op-1", kind="refund", payee="P-secret-payee"):
+        inside = json.loads(JsonFormatter().format(record("sending", attempt=2)))
+    outside = json.loads(JsonFormatter().format(record("idle")))
+    assert (inside["tenant"], inside["op_id"], inside["kind"], inside["attempt"]) == (
+        "acme",
+        "op-1",
+        "refund",
+        2,
+    )
+    assert "payee" not in inside
+    assert "tenant" not in outside
+
+
+def test_a_line_naming_a_remembered_operation_carries_its_identity() -> None:
+    logs.remember(4242, tenant="acme", op_id="op-42", kind="refund")
+    line = json.loads(JsonFormatter().format(record("attempt recorded", operation_id=4242)))
+    assert (line["tenant"], line["op_id"], line["kind"]) == ("acme", "op-42", "refund")
+    # the line's own fields win over what was remembered
+    own = json.loads(JsonFormatter().format(record("x", operation_id=4242, tenant="other")))
+    assert own["tenant"] == "other"
+
+
+def test_remembered_identities_are_bounded() -> None:
+    table = logs._Identities(size=2)
+    for n in range(3):
+        table.remember(n, tenant="t", op_id=f"op-{n}", kind="refund")
+    assert table.get(0) == {}
+    assert table.get(2)["op_id"] == "op-2"
+
+
+def test_structured_values_become_text_never_nested_objects() -> None:
+    line = json.loads(JsonFormatter().format(record("pass", outcomes={"found": 2})))
+    assert line["outcomes"] == "{'found': 2}"
+
+
+def test_text_lines_carry_the_same_fields_as_keys() -> None:
+    text = TextFormatter().format(record("attempt recorded", operation_id=7, duration_ms=12.5))
+    assert " INFO settled.test: attempt recorded" in text
+    assert "operation_id=7" in text
+    assert "duration_ms=12.5" in text
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """``configure`` changes process-wide loggers: put them back afterwards."""
+    names = ["", *logs._ADOPTED, *logs._QUIETED]
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_configure_reads_level_and_format_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SETTLED_LOG_LEVEL", "warning")
+    monkeypatch.setenv("SETTLED_LOG_FORMAT", "text")
+    logs.configure()
+    root = logging.getLogger()
+    assert root.level == logging.WARNING
+    assert isinstance(root.handlers[0].formatter, TextFormatter)
+    monkeypatch.delenv("SETTLED_LOG_FORMAT")
+    logs.configure("DEBUG")
+    assert root.level == logging.DEBUG
+    assert isinstance(root.handlers[0].formatter, JsonFormatter)  # the default format
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_uvicorn_lines_go_through_our_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    uvicorn_error.addHandler(logging.StreamHandler(io.StringIO()))  # as uvicorn's config does
+    uvicorn_error.propagate = False
+    logs.configure("INFO", "json")
+    uvicorn_error.info("Started server process")
+    assert json.loads(stream.getvalue())["logger"] == "uvicorn.error"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("SETTLED_LOG_LEVEL", "LOUD"), ("SETTLED_LOG_FORMAT", "xml")]
+)
+def test_a_bad_log_setting_is_refused_naming_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        logs.from_environment({variable: value})
+    assert caught.value.code == "invalid_setting"
+    assert variable in caught.value.message
+    assert value not in caught.value.message

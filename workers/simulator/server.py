@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
 
+from outbox import logs
 from outbox.errors import InvalidParams
 from outbox.kinds import Kind, default_registry
 from workers import wire
@@ -241,7 +242,13 @@ class _Handler(BaseHTTPRequestHandler):
         return self.server.sim
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.client_address[0], *args)
+        log.debug(format, *args)  # http.server's own notes (errors); never the client address
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        path = self.path.split("?", 1)[0]
+        if path.startswith(LOOKUP_PREFIX):
+            path = wire.LOOKUP_PATH  # the route, not the key in it
+        log.debug("request", extra={"method": self.command, "path": path[:200], "status": code})
 
     def setup(self) -> None:
         super().setup()
@@ -790,10 +797,13 @@ def run(
     test_mode: bool,
     tenants: Mapping[str, str] | None = None,
 ) -> None:
-    """Serve until interrupted (the ``settled simulator`` command)."""
+    """Serve until interrupted (the ``settled simulator`` command); logs as ``outbox.logs``
+    says (``SETTLED_LOG_LEVEL``, ``SETTLED_LOG_FORMAT``)."""
+    logs.configure()
     server = _serve(host, port, ledger, test_mode, tenants)
     log.info(
-        "simulator listening on %s:%s (test mode: %s)", host, server.server_address[1], test_mode
+        "simulator listening",
+        extra={"host": host, "port": server.server_address[1], "test_mode": test_mode},
     )
     try:
         server.serve_forever()
