@@ -124,7 +124,10 @@ class Reconciler:
 
     def _to_review(self, claimed: store.Claimed, error: str) -> None:
         """Record the failure and put the operation in review, to be looked at again later;
-        if even that fails, the lease expires and a later pass tries again."""
+        if even that fails, the lease expires and a later pass tries again. A ``submitted``
+        operation keeps its lease, which expires (a released one would never be looked at)."""
+        if claimed.state is not State.UNKNOWN:
+            return
         try:
             with self.sessions.begin() as session:
                 store.touch(
@@ -135,7 +138,7 @@ class Reconciler:
                     recheck_at=claimed.now + MAX_RECHECK,
                     looked=False,
                     evidence={"error": error},
-                    review="reconcile_failed" if claimed.state is State.UNKNOWN else None,
+                    review="reconcile_failed",
                 )
         except Exception:
             log.exception("could not record the failure", extra={"operation_id": claimed.id})

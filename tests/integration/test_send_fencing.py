@@ -339,3 +339,35 @@ def test_no_resend_inside_the_retention_margin_when_the_downstream_clock_runs_ah
     rig.make_due(op)
     assert rig.executor(registry).execute([op]) == {}  # unknown: nothing to send
     assert rig.effects(op) == 1 and rig.sends(op) == 1
+
+
+class Broken:
+    """A downstream client with a bug: every lookup raises."""
+
+    def submit(self, **kw: Any) -> Any:
+        raise AssertionError("the reconciler never sends")
+
+    def lookup(self, **kw: Any) -> Any:
+        raise RuntimeError("a bug in the lookup")
+
+
+def test_a_failed_look_at_an_abandoned_send_leaves_it_to_a_later_pass(rig: Rig) -> None:
+    op = rig.enqueue()
+
+    def die(_key: str) -> None:
+        raise RuntimeError("worker lost between its commit and its send")
+
+    executor = rig.executor()
+    executor.gateway = Interposed(executor.gateway, before_submit=die)
+    with pytest.raises(RuntimeError):
+        executor.execute([op])
+    expire_lease(rig, op)
+    broken = rig.reconciler()
+    broken.gateway = Broken()
+    assert broken.run_once().outcomes == {"error": 1}
+    row = rig.op(op)
+    assert (row.state, row.lease_until is not None) == ("submitted", True)  # still leased
+    expire_lease(rig, op)
+    assert rig.reconciler().run_once().outcomes == {"abandoned": 1}
+    assert rig.reconciler().run_once().outcomes == {"wait_quiescence": 1}
+    assert rig.sends(op) == 0
