@@ -1,0 +1,184 @@
+"""A small FastAPI backend that files refunds through Settled, in its own transactions.
+
+Each ``POST /refunds`` writes the app's own business row (``refund_requests``) and the
+operation intent (``Outbox.enqueue``) in ONE database transaction: both commit, or neither
+does. The relay publishes the wake-up hint after the commit, never inside it. The client's
+``Idempotency-Key`` header names its request: a retransmission finds the stored request and
+returns the same operation (no new row, no second send); the same key with another body is a
+409, bad input a 422, and neither writes anything.
+
+Run it (see README.md beside this file)::
+
+    uvicorn --factory examples.fastapi_refunds.app:create_app
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, HTTPException, Response
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.db import make_engine, upgrade
+from outbox.errors import IdempotencyConflict, InvalidInput
+from outbox.ids import new_op_id
+from outbox.intake import Outbox
+from outbox.runs import operation_status
+from outbox.settings import Settings
+from workers import relay
+
+#: The app's own table: one row per refund a support agent filed.
+metadata = MetaData()
+refund_requests = Table(
+    "refund_requests",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("request_key", String(64), nullable=False),
+    Column("op_id", String(64), nullable=False),  # the Settled operation it created
+    Column("order_id", String(64), nullable=False),
+    Column("amount_minor", BigInteger, nullable=False),
+    Column("currency", String(3), nullable=False),
+    Column("payee", String(64), nullable=False),
+    UniqueConstraint("tenant", "request_key", name="uq_refund_requests_request"),
+)
+
+#: A client's request key (a UUID fits): kept as the operation's correlation id.
+REQUEST_KEY = r"^[A-Za-z0-9][A-Za-z0-9._:/+=-]{0,63}$"
+
+
+class RefundIn(BaseModel):
+    """The request body. Only its shape is checked here (strictly: "100" is not an amount);
+    Settled's refund intent checks the rest (a positive amount in minor units, an upper-case
+    ISO 4217 currency, well-formed references) and says what failed."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    order_id: str
+    amount_minor: int
+    currency: str
+    payee: str
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    publish: relay.Publish | None = None,
+    tenant: str = "acme",
+) -> FastAPI:
+    """The app, built once. ``publish`` sends one hint message (default: to the Celery broker
+    of ``settings``); a real app takes ``tenant`` from its own authentication."""
+    settings = settings or Settings()
+    upgrade(settings.database_url)  # Settled's tables (`settled db upgrade` does the same)
+    engine = make_engine(settings.database_url)
+    metadata.create_all(engine)  # the app's own table; a real app has its own migrations
+    sessions = sessionmaker(engine)
+    outbox = Outbox.from_settings(settings)
+    refund = outbox.registry.get("refund")
+    if publish is None:
+        from workers.celery_app import create_app as celery_app
+        from workers.celery_app import hint_publisher
+
+        publish = hint_publisher(celery_app(settings))
+    # Hints for the operations a transaction created, published once it commits.
+    relay.install(sessions, publish)
+
+    app = FastAPI(title="Refunds (a Settled example)")
+    app.state.engine = engine  # for the tests, and for disposing of it at shutdown
+
+    @app.post("/refunds")
+    def file_refund(
+        body: RefundIn,
+        response: Response,
+        request_key: Annotated[str, Header(alias="Idempotency-Key", pattern=REQUEST_KEY)],
+    ) -> dict[str, Any]:
+        """File a refund: the business row and the operation intent in one transaction."""
+        params = body.model_dump()
+        try:
+            # The app's own transaction: committed here, before the answer is sent.
+            with sessions.begin() as session:
+                filed = file(session, request_key, params)
+        except IdempotencyConflict as exc:  # this key was first used with another body
+            raise HTTPException(409, {"code": exc.code, "message": exc.message}) from None
+        except InvalidInput as exc:  # rolled back: neither row was written
+            raise HTTPException(422, {"code": exc.code, "message": exc.message}) from None
+        response.status_code = 201 if filed["created"] else 200
+        return filed
+
+    def file(session: Session, request_key: str, params: dict[str, Any]) -> dict[str, Any]:
+        # Check the intent before writing anything (InvalidParams: a 422, nothing written).
+        refund.parse(params)
+        # Write first (INSERT ... ON CONFLICT DO NOTHING), then read: a retransmission, even
+        # one racing the first request, finds the stored row instead of failing.
+        op_id = session.execute(
+            _insert_request(session),
+            {"tenant": tenant, "request_key": request_key, "op_id": new_op_id(), **params},
+        ).scalar_one_or_none()
+        created = op_id is not None
+        if op_id is None:
+            op_id = session.execute(
+                select(refund_requests.c.op_id).where(
+                    refund_requests.c.tenant == tenant,
+                    refund_requests.c.request_key == request_key,
+                )
+            ).scalar_one()
+        # A replay with the same body returns the stored operation; with another body,
+        # IdempotencyConflict, and the transaction rolls back.
+        got = outbox.enqueue(
+            session,
+            tenant=tenant,
+            op_id=op_id,
+            kind="refund",
+            params=params,
+            correlation_id=request_key,
+        )
+        return {
+            "request_key": request_key,
+            "op_id": got.operation.op_id,
+            "state": got.operation.state,
+            "created": created,
+        }
+
+    @app.get("/refunds/{request_key}")
+    def refund_status(request_key: str) -> dict[str, Any]:
+        """The refund request and where its operation stands (done, not done, uncertain)."""
+        with sessions() as session:
+            row = (
+                session.execute(
+                    select(refund_requests).where(
+                        refund_requests.c.tenant == tenant,
+                        refund_requests.c.request_key == request_key,
+                    )
+                )
+                .mappings()
+                .one_or_none()
+            )
+            if row is None:
+                raise HTTPException(404, {"code": "refund_not_found"})
+            operation = operation_status(session, tenant, row["op_id"])
+        request = {k: row[k] for k in ("request_key", "order_id", "amount_minor", "currency")}
+        return {"request": request, "operation": operation}
+
+    return app
+
+
+def _insert_request(session: Session) -> Any:
+    """INSERT ... ON CONFLICT (tenant, request_key) DO NOTHING RETURNING op_id."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return (
+        dialect.insert(refund_requests)
+        .on_conflict_do_nothing(index_elements=["tenant", "request_key"])
+        .returning(refund_requests.c.op_id)
+    )
