@@ -153,9 +153,7 @@ def test_operations_enqueued_in_a_transaction_are_sent_by_a_real_worker(
     assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 20
     # The worker serves metrics read from the database.
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines()
-    assert (
-        'settled_transitions_total{from_state="submitted",to_state="succeeded"} 20.0' in metrics
-    )
+    assert 'settled_transitions_total{from_state="submitted",to_state="succeeded"} 20.0' in metrics
     assert 'settled_attempts_total{outcome="done"} 20.0' in metrics
 
 
