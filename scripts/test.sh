@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, format check, type check, tests. Installs into ./.venv first.
-# PostgreSQL and Redis are used where they answer (SETTLED_TEST_DATABASE_URL /
-# SETTLED_TEST_REDIS_URL, else 127.0.0.1); otherwise the tests start throwaway servers.
+# PostgreSQL is used where it answers (SETTLED_TEST_DATABASE_URL, else 127.0.0.1), else the tests
+# start a throwaway server; Redis is always a throwaway server of each test's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
