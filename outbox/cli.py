@@ -167,6 +167,11 @@ CONCURRENCY = click.IntRange(1, 256)
 @click.version_option(package_name="settled", prog_name="settled")
 def main() -> None:
     """Settled: safe side-effecting operations."""
+    from outbox import logs
+
+    # JSON lines (SETTLED_LOG_FORMAT); a person's command shows warnings unless
+    # SETTLED_LOG_LEVEL says otherwise (worker, beat, web and simulator: INFO).
+    logs.configure(default_level="WARNING")
 
 
 @main.group()
@@ -209,8 +214,6 @@ def db_upgrade(url: str | None) -> None:
 )
 def simulator(host: str, port: int, ledger: str, test_mode: bool, tenants: tuple[str, ...]) -> None:
     """Run the payment service simulator."""
-    import logging
-
     from workers.simulator import run
 
     keys: dict[str, str] = {}
@@ -219,7 +222,6 @@ def simulator(host: str, port: int, ledger: str, test_mode: bool, tenants: tuple
         if not sep or not name or not key:
             raise click.BadParameter("expected NAME=API_KEY", param_hint="--tenant")
         keys[name] = key
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     click.echo(f"simulator on http://{host}:{port} (test mode: {'on' if test_mode else 'off'})")
     run(host=host, port=port, ledger=ledger, test_mode=test_mode, tenants=keys)
 
@@ -236,7 +238,9 @@ LOGLEVEL = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_
     type=click.Choice(["prefork", "solo", "threads"]),
 )
 @click.option("--concurrency", default=2, show_default=True, type=CONCURRENCY)
-@click.option("--loglevel", default="INFO", show_default=True, type=LOGLEVEL)
+@click.option(
+    "--loglevel", default="INFO", show_default=True, type=LOGLEVEL, envvar="SETTLED_LOG_LEVEL"
+)
 @click.option("--hostname", default=None, type=TEXT, help="Celery node name")
 def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str | None) -> None:
     """Run a Celery worker on the submit queue (claim, send, record).
@@ -306,7 +310,9 @@ def _serve_metrics(settings: Any) -> None:
 
 
 @main.command()
-@click.option("--loglevel", default="INFO", show_default=True, type=LOGLEVEL)
+@click.option(
+    "--loglevel", default="INFO", show_default=True, type=LOGLEVEL, envvar="SETTLED_LOG_LEVEL"
+)
 def beat(loglevel: str) -> None:
     """Run celery beat: the sweeper and the reconciler on their schedules (run one)."""
     from outbox import logs

@@ -183,9 +183,12 @@ class TextFormatter(logging.Formatter):
         )
 
 
-def from_environment(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """``SETTLED_LOG_LEVEL`` and ``SETTLED_LOG_FORMAT``, checked as ``Settings`` checks them
-    (without reading any other setting: logging must work before the rest is valid)."""
+def from_environment(
+    environ: Mapping[str, str] | None = None, *, default_level: str | None = None
+) -> tuple[str, str]:
+    """``SETTLED_LOG_LEVEL`` (``default_level`` when unset, else the setting's default) and
+    ``SETTLED_LOG_FORMAT``, checked as ``Settings`` checks them (without reading any other
+    setting: logging must work before the rest is valid)."""
     from pydantic import TypeAdapter, ValidationError
 
     from outbox.errors import InvalidInput
@@ -198,7 +201,8 @@ def from_environment(environ: Mapping[str, str] | None = None) -> tuple[str, str
         variable = f"SETTLED_{name.upper()}"
         raw = env.get(variable)
         if raw is None:
-            values.append(str(Settings.model_fields[name].default))
+            fallback = default_level if name == "log_level" else None
+            values.append(fallback or str(Settings.model_fields[name].default))
             continue
         try:
             values.append(TypeAdapter(kind).validate_python(raw))
@@ -221,18 +225,21 @@ def _choices(kind: Any) -> str:
 
 #: Loggers of libraries that install handlers of their own: their lines go through ours.
 _ADOPTED = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery")
-#: Loggers that write request URLs at INFO (a lookup's URL names the idempotency key).
-_QUIETED = ("httpx", "httpcore")
+#: Loggers kept to warnings: request URLs at INFO (a lookup's URL names the idempotency key),
+#: alembic's list of its plugins at every start.
+_QUIETED = ("httpx", "httpcore", "alembic.runtime.plugins")
 
 
-def configure(level: str | None = None, fmt: str | None = None) -> None:
+def configure(
+    level: str | None = None, fmt: str | None = None, *, default_level: str | None = None
+) -> None:
     """Send every log record to stderr, as JSON lines or text, at ``level``.
 
-    Unset arguments come from ``SETTLED_LOG_LEVEL`` (``INFO``) and ``SETTLED_LOG_FORMAT``
-    (``json``). Safe to call again: the handler is replaced, not added.
+    Unset arguments come from ``SETTLED_LOG_LEVEL`` (else ``default_level``, else ``INFO``)
+    and ``SETTLED_LOG_FORMAT`` (``json``). Safe to call again: the handler is replaced.
     """
     if level is None or fmt is None:
-        env_level, env_fmt = from_environment()
+        env_level, env_fmt = from_environment(default_level=default_level)
         level, fmt = level or env_level, fmt or env_fmt
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

@@ -19,6 +19,7 @@ from kombu.transport import redis as kombu_redis
 
 from outbox.errors import SettledError
 from outbox.settings import Settings
+from workers import observe
 from workers.relay import Publish
 from workers.runtime import Runtime, build_runtime
 from workers.sweeper import sweep
@@ -130,6 +131,7 @@ def check_broker(settings: Settings, timeout: float = 5.0) -> None:
 def create_app(settings: Settings) -> Celery:
     """A Celery app for these settings, with the submit, sweep and reconcile tasks."""
     app = Celery("settled", broker=settings.broker_url, set_as_current=False)
+    observe.install()  # identities in log lines; traces when the environment asks for them
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

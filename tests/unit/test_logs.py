@@ -151,3 +151,13 @@ def test_a_bad_log_setting_is_refused_naming_the_variable(variable: str, value: 
     assert caught.value.code == "invalid_setting"
     assert variable in caught.value.message
     assert value not in caught.value.message
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_a_commands_default_level_gives_way_to_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SETTLED_LOG_LEVEL", raising=False)
+    logs.configure(default_level="WARNING")
+    assert logging.getLogger().level == logging.WARNING
+    monkeypatch.setenv("SETTLED_LOG_LEVEL", "INFO")
+    logs.configure(default_level="WARNING")
+    assert logging.getLogger().level == logging.INFO
