@@ -252,3 +252,4 @@ def configure(
         adopted.propagate = True
     for name in _QUIETED:
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # Python's warnings (Celery's, say) as lines of ours too

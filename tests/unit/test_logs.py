@@ -102,7 +102,7 @@ def test_text_lines_carry_the_same_fields_as_keys() -> None:
 @pytest.fixture
 def root_logging() -> Iterator[None]:
     """``configure`` changes process-wide loggers: put them back afterwards."""
-    names = ["", *logs._ADOPTED, *logs._QUIETED]
+    names = ["", "py.warnings", *logs._ADOPTED, *logs._QUIETED]
     loggers = [logging.getLogger(name) for name in names]
     saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     try:
@@ -112,6 +112,7 @@ def root_logging() -> Iterator[None]:
             lg.handlers[:] = handlers
             lg.setLevel(level)
             lg.propagate = propagate
+        logging.captureWarnings(False)
 
 
 @pytest.mark.usefixtures("root_logging")
