@@ -127,7 +127,18 @@ def install() -> None:
     configured from the environment). Idempotent: every Celery app and process calls it."""
     _patch()
     if tracing_enabled() and _state.tracer is None:
-        instrument(_provider_from_environment())
+        try:
+            provider = _provider_from_environment()
+        except ImportError:
+            from outbox.errors import InvalidInput
+
+            raise InvalidInput(
+                "tracing is on (SETTLED_TRACING or OTEL_EXPORTER_OTLP_ENDPOINT) but OpenTelemetry"
+                " is not installed: pip install 'settled[tracing]'",
+                code="invalid_setting",
+                setting="SETTLED_TRACING",
+            ) from None
+        instrument(provider)
 
 
 def instrument(tracer_provider: TracerProvider | None = None) -> None:

@@ -5,6 +5,7 @@ the recorded outcome, and any later reconcile; the idempotency key is never an a
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,28 @@ def spans() -> Iterator[InMemorySpanExporter]:
         provider.shutdown()
 
 
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """An in-process Celery worker sets up logging for the whole process (the root logger's
+    level and handlers, a few environment variables): put them back for the tests after."""
+    root = logging.getLogger()
+    saved = (root.level, root.handlers[:])
+    env = {
+        k: os.environ.get(k)
+        for k in ("_MP_FORK_LOGLEVEL_", "_MP_FORK_LOGFILE_", "_MP_FORK_LOGFORMAT_")
+    }
+    try:
+        yield
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
@@ -59,6 +82,7 @@ def assert_key_never_an_attribute(exporter: InMemorySpanExporter, key: str) -> N
             assert key not in str(value), (span.name, value)
 
 
+@pytest.mark.usefixtures("logging_restored")
 @pytest.mark.parametrize("engine", ["sqlite"], indirect=True)
 def test_one_trace_from_intake_through_a_celery_hint_to_the_outcome(
     rig: Rig, settings: Settings, outbox: Outbox, tmp_path: Path, spans: InMemorySpanExporter
