@@ -165,7 +165,7 @@ def create_app(settings: Settings) -> Celery:
     if settings.broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = f"{__name__}:RedisTransport"
 
-    @app.task(name=SUBMIT, ignore_result=True)
+    @app.task(name=SUBMIT, ignore_result=True, shared=False)
     def submit(operation_ids: list[int] | int) -> None:
         # A bare id is the hint format of earlier releases, still queued during an upgrade.
         ids = [operation_ids] if isinstance(operation_ids, int) else operation_ids
@@ -176,11 +176,11 @@ def create_app(settings: Settings) -> Celery:
             return
         runtime(settings).executor.execute(ids)
 
-    @app.task(name=SWEEP, ignore_result=True)
+    @app.task(name=SWEEP, ignore_result=True, shared=False)
     def sweep_task() -> None:
         sweep(runtime(settings).sessions, hint_publisher(app), per_message=settings.hint_batch)
 
-    @app.task(name=RECONCILE, ignore_result=True)
+    @app.task(name=RECONCILE, ignore_result=True, shared=False)
     def reconcile_task() -> None:
         rt = runtime(settings)
         report = rt.reconciler.run_once()

@@ -25,10 +25,6 @@ from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import wait_until
 from workers import celery_app, observe, relay
 
-# The in-process test worker finalizes its app again when an earlier test built one with
-# the same task names: Celery warns, and keeps the first (the same code).
-pytestmark = pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateTaskNameWarning")
-
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
