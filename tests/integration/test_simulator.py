@@ -472,6 +472,41 @@ def test_lookup_unavailable_fault_answers_503(
     assert client.lookup("k1").status_code == 200
 
 
+def test_faults_are_counted_by_kind_when_they_act_and_reset_clears_the_counts(
+    client: Client, sim_control: SimulatorControl, sim_tenant: SimTenant
+) -> None:
+    sim_control.create_order(sim_tenant.name, "A1", 10**6, "CNY")
+    small = {**REFUND, "amount_minor": 1}
+    assert sim_control.injected() == {}
+    sim_control.add_rule(Fault.RATE_LIMITED, "k1", times=2)
+    sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, "k2", times=1)
+    sim_control.add_rule(Fault.UNAVAILABLE_AFTER_COMMIT, "k3", times=2)
+    sim_control.add_rule(Fault.COMMIT_THEN_RESET, "k4", times=2)
+    sim_control.add_rule(Fault.LOOKUP_UNAVAILABLE, "k3", times=1)
+    assert [client.submit("k1", small).status_code for _ in range(3)] == [429, 429, 200]
+    assert [client.submit("k2", small).status_code for _ in range(2)] == [503, 200]
+    # The second 503_after_commit is drawn for a replay: the saved answer goes out as it
+    # was, the fault acts on nothing and is not counted.
+    assert [client.submit("k3", small).status_code for _ in range(2)] == [503, 503]
+    for _ in range(2):  # a reset acts on a replay too
+        with pytest.raises(httpx.TransportError):
+            client.submit("k4", small)
+    assert client.lookup("k3").status_code == 503
+    assert client.lookup("k3").status_code == 200
+    assert sim_control.injected() == {
+        "429": 2,
+        "503_after_commit": 1,
+        "503_before": 1,
+        "commit_then_reset": 2,
+        "lookup_unavailable": 1,
+    }
+    assert sim_control.faults()["injected"] == sim_control.injected()
+    sim_control.clear_rules()  # the counts are of what happened: clearing rules keeps them
+    assert sum(sim_control.injected().values()) == 7
+    sim_control.reset()
+    assert sim_control.injected() == {}
+
+
 def test_bad_rule_is_refused(sim_control: SimulatorControl) -> None:
     with pytest.raises(ValueError, match="no_such_fault"):
         sim_control.add_rule("no_such_fault")

@@ -137,9 +137,16 @@ class SimulatorControl:
         self._call("DELETE", "schedule")
 
     def faults(self) -> dict[str, Any]:
-        """The active rules (with what is left of their ``times``) and schedule."""
+        """The active rules (with what is left of their ``times``), the schedule, and the
+        faults injected so far by name (``injected``)."""
         result: dict[str, Any] = self._call("GET", "faults")
         return result
+
+    def injected(self) -> dict[str, int]:
+        """How many times each fault acted on a request since start or the last reset, by
+        fault name (a drawn fault with nothing to act on, e.g. ``503_after_commit`` on a
+        replay, is not counted)."""
+        return {name: int(n) for name, n in self.faults()["injected"].items()}
 
     def release_holds(self) -> None:
         """End every held request now (a held ``commit_then_timeout`` then answers late)."""

@@ -54,6 +54,13 @@ DEFAULT_HOLD_SECONDS = 30.0
 #: classifies as "maybe sent": safe, the executor then looks the key up, never re-sends.)
 IDLE_TIMEOUT_SECONDS = 20.0
 
+#: Faults that change what a fresh execution does or saves (counted when they do).
+_CHANGE_EXECUTION = frozenset(
+    {Fault.BUSINESS_REJECT, Fault.MISMATCHED_RECEIPT, Fault.UNAVAILABLE_AFTER_COMMIT}
+)
+#: Faults on the answer (counted on fresh executions and replays alike).
+_ON_ANSWER = frozenset({Fault.COMMIT_THEN_TIMEOUT, Fault.COMMIT_THEN_RESET})
+
 _AUTHORIZATION = wire.AUTHORIZATION.lower()
 _IDEMPOTENCY_KEY = wire.IDEMPOTENCY_KEY.lower()
 _DEADLINE = wire.DEADLINE.lower()
@@ -84,6 +91,9 @@ class Simulator:
         self.stopping = threading.Event()
         self._clock_offset = 0.0
         self._requests: Counter[tuple[str, str, str]] = Counter()
+        #: faults that acted on a request, by fault name (a drawn fault that found nothing
+        #: to act on, e.g. ``503_after_commit`` on a replay, is not counted)
+        self._injected: Counter[str] = Counter()
         self._deadlines: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         self._release = threading.Condition()
@@ -103,6 +113,16 @@ class Simulator:
             if deadline is not None:
                 self._deadlines[(tenant, key)] = deadline
             return self._requests[(phase, tenant, key)]
+
+    def note_injected(self, fault: Fault) -> None:
+        """Count ``fault`` as injected: it acted on the request being served."""
+        with self._lock:
+            self._injected[fault.value] += 1
+
+    def injected(self) -> dict[str, int]:
+        """Faults injected so far, by fault name (since start or the last reset)."""
+        with self._lock:
+            return dict(sorted(self._injected.items()))
 
     def requests(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -150,6 +170,7 @@ class Simulator:
             self.switches = Switches()
             self._clock_offset = 0.0
             self._requests.clear()
+            self._injected.clear()
             self._deadlines.clear()
         self.release_holds()
 
@@ -391,6 +412,7 @@ class _Handler(BaseHTTPRequestHandler):
         rule = sim.faults.pick("submit", tenant, kind.name, key, number)
         fault = rule.fault if rule else None
         if rule is not None and fault is Fault.RATE_LIMITED:
+            sim.note_injected(fault)
             self._error(
                 429,
                 wire.RATE_LIMIT_ERROR,
@@ -400,11 +422,13 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         if fault is Fault.UNAVAILABLE_BEFORE:
+            sim.note_injected(fault)
             self._error(
                 503, wire.API_ERROR, wire.NOT_PROCESSED, "unavailable; nothing was processed"
             )
             return
         if fault is Fault.RESET_BEFORE:
+            sim.note_injected(fault)
             self._reset()
         try:
             params = _json(raw)
@@ -444,6 +468,7 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 return
         if rule is not None and fault is Fault.HOLD_BEFORE_COMMIT:
+            sim.note_injected(fault)
             sim.hold(self.connection, rule.hold_seconds or DEFAULT_HOLD_SECONDS)
         execution = sim.ledger.execute(
             tenant=tenant,
@@ -460,10 +485,14 @@ class _Handler(BaseHTTPRequestHandler):
             else None,
             answer_503=fault is Fault.UNAVAILABLE_AFTER_COMMIT,
         )
+        if fault is not None and fault in _CHANGE_EXECUTION:
+            sim.note_injected(fault)
         self._answer(rule, execution.response)
 
     def _answer(self, rule: Rule | None, response: Response) -> None:
         """Send ``response``, unless the fault drops it after the commit."""
+        if rule is not None and rule.fault in _ON_ANSWER:
+            self.sim.note_injected(rule.fault)
         if rule is not None and rule.fault is Fault.COMMIT_THEN_TIMEOUT:
             # Answer late only when a test releases the hold; otherwise the client never hears.
             held = self.sim.hold(self.connection, rule.hold_seconds or DEFAULT_HOLD_SECONDS)
@@ -487,6 +516,7 @@ class _Handler(BaseHTTPRequestHandler):
         kind = record.outcome.get("object", "") if record and record.outcome else ""
         rule = sim.faults.pick("lookup", tenant, _kind_of_object(str(kind)), key, number)
         if rule is not None and rule.fault is Fault.LOOKUP_UNAVAILABLE:
+            sim.note_injected(rule.fault)
             self._error(503, wire.API_ERROR, "lookup_unavailable", "lookup is unavailable")
             return
         visible = (
@@ -543,7 +573,7 @@ class _Handler(BaseHTTPRequestHandler):
             sim.faults.clear()
             return {"ok": True}
         if (method, route) == ("GET", "faults"):
-            return sim.faults.describe()
+            return {**sim.faults.describe(), "injected": sim.injected()}
         if (method, route) == ("POST", "schedule"):
             sim.faults.set_schedule(_schedule(data))
             return {"ok": True}
