@@ -108,9 +108,11 @@ class Settings(BaseSettings):
     #: Budget given to a new operation.
     max_attempts: int = Field(default=5, ge=1)
     deadline_seconds: float = Field(default=3600.0, gt=0)
-    #: How long a claim is held before another worker or the reconciler may take over. No send
-    #: starts, or runs, past its lease (less the clock margin).
-    lease_seconds: float = Field(default=60.0, gt=0)
+    #: How long a claim lasts unless its holder renews it. A live worker renews the leases it
+    #: is working on every third of a lease; a dead one's lapse this long after, and the
+    #: sweeper and reconciler take its operations over. No send starts, or runs, past the lease
+    #: it was claimed with (less the clock margin): keep it above the downstream timeout.
+    lease_seconds: float = Field(default=15.0, gt=0)
     #: Largest difference assumed between the database's clock and the downstream's: a send
     #: must be over this long before its lease ends.
     clock_margin_seconds: float = Field(default=1.0, ge=0)
@@ -161,6 +163,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"SETTLED_FINGERPRINT_KEY_VERSION {self.fingerprint_key_version!r} is not among "
                 f"the versions of SETTLED_FINGERPRINT_KEYS {sorted(self.fingerprint_keys)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lease_outlasts_margin(self) -> Settings:
+        if self.lease_seconds <= self.clock_margin_seconds:
+            raise ValueError(
+                "SETTLED_LEASE_SECONDS must be longer than SETTLED_CLOCK_MARGIN_SECONDS: "
+                "a send must end a clock margin before its lease does, so none could start"
             )
         return self
 

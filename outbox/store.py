@@ -29,6 +29,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql
@@ -205,6 +206,31 @@ def claim_unresolved(
     backs off); it never means a send.
     """
     return _claim(session, "unresolved", worker=worker, lease_seconds=lease_seconds, limit=limit)
+
+
+def renew_leases(
+    bind: Bind, held: Sequence[tuple[int, int]], *, owner: str, lease_seconds: float
+) -> set[int]:
+    """Extend the leases ``owner`` still holds: ``held`` is (operation id, lease version).
+
+    A lease is renewed only while it is the same claim (owner and version) and has not yet
+    expired: an expired lease may already be another's to take, so it is never revived.
+    Returns the ids renewed. Renewing never bumps the version, and never moves a send's bound:
+    a send is bounded by the lease it was claimed with (``attempts.not_after``).
+    """
+    if not held:
+        return set()
+    stmt = (
+        update(ops)
+        .where(
+            tuple_(ops.c.id, ops.c.lease_version).in_([tuple(h) for h in held]),
+            ops.c.lease_owner == owner,
+            ops.c.lease_until >= db_now(),
+        )
+        .values(lease_until=db_now(lease_seconds))
+        .returning(ops.c.id)
+    )
+    return set(_conn(bind).scalars(stmt))
 
 
 def due_ids(session: Session, *, limit: int) -> list[int]:

@@ -4,11 +4,11 @@ Each pass leases a bounded batch of ``unknown`` operations due for a look, and `
 ones whose worker died, with the same lease rules as workers; asks the downstream (it only
 queries, never sends); and writes what the pure ``decide`` function concluded.
 
-A pass claims a few operations at a time, as many as its lookups can answer inside one
-lease. A "not found" is dated by the database time read before the question was asked (the
-claim's), never by when the answer came back. One operation that cannot be reconciled (a
-value the database refuses, a bug) is logged, put in review if it can be, and the pass goes
-on with the others.
+A pass claims a few operations at a time, as many as its lookups can answer while their
+leases are renewed (``outbox.leases``). A "not found" is dated by the database time read
+before the question was asked (the claim's), never by when the answer came back. One
+operation that cannot be reconciled (a value the database refuses, a bug) is logged, put in
+review if it can be, and the pass goes on with the others.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from outbox.clock import DbClock, Monotonic
 from outbox.db import db_now
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
+from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
 from outbox.states import State
 from reconciler.decide import MAX_RECHECK, Decision, Situation, decide
 from workers.gateway import Gateway, LookupOutcome, look_up, lookup_deadline
@@ -58,12 +59,26 @@ class Reconciler:
     gateway: Gateway
     registry: KindRegistry
     worker: str
-    lease_seconds: float = 60.0
+    lease_seconds: float = 15.0
     client_timeout: float = 10.0
     review_after: float = 600.0
     batch: int = 100
     totals: Counter[str] = field(default_factory=Counter)
     monotonic: Monotonic = time.monotonic
+
+    _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        if self._keeper is None:
+            self._keeper = LeaseKeeper(
+                self.sessions, owner=self.actor, lease_seconds=self.lease_seconds
+            )
+        return self._keeper
+
+    def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()
 
     @property
     def actor(self) -> str:
@@ -77,8 +92,10 @@ class Reconciler:
 
     @property
     def chunk(self) -> int:
-        """Operations claimed at once: their lookups, one after another, fit in one lease."""
-        return max(1, min(self.batch, int(self.lease_seconds // (2 * self.lookup_seconds))))
+        """Operations claimed at once: their lookups, one after another, fit in the time their
+        leases are renewed for (``outbox.leases``), twice over."""
+        held_for = LONGEST_IN_LEASES * self.lease_seconds
+        return max(1, min(self.batch, int(held_for // (2 * self.lookup_seconds))))
 
     def run_once(self) -> PassReport:
         """One pass over at most ``batch`` operations."""
@@ -92,9 +109,10 @@ class Reconciler:
                     session, worker=self.actor, lease_seconds=self.lease_seconds, limit=limit
                 )
             claimed_total += len(claims)
-            for claimed in claims:
-                clock = DbClock(claimed.now, mono, self.monotonic)
-                outcomes[self._reconcile_safely(claimed, clock)] += 1
+            with self.keeper.holding(claims):  # renewed while the chunk is worked through
+                for claimed in claims:
+                    clock = DbClock(claimed.now, mono, self.monotonic)
+                    outcomes[self._reconcile_safely(claimed, clock)] += 1
             if len(claims) < limit:
                 break  # nothing more was due
         with self.sessions() as session:

@@ -45,6 +45,7 @@ from outbox.clock import DbClock, Deadline, Monotonic
 from outbox.errors import InvalidInput, SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
+from outbox.leases import LeaseKeeper
 from outbox.states import Event, State
 from workers.failpoints import failpoint
 from workers.gateway import (
@@ -61,6 +62,10 @@ from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery,
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: An operation this worker cannot check (its kind or fingerprint key version is not configured
+#: here) is looked at again this much later: a rolling deploy has time to bring a worker that can.
+HOLD_SECONDS = 60.0
 
 
 def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
@@ -113,7 +118,7 @@ class Executor:
     registry: KindRegistry
     fingerprinter: Fingerprinter
     worker: str
-    lease_seconds: float = 60.0
+    lease_seconds: float = 15.0
     #: due operations claimed beside the hinted ones, sent concurrently
     batch_extra: int = 0
     #: most operations claimed and sent at once (a thread each, so all start together)
@@ -123,6 +128,7 @@ class Executor:
     rand: Callable[[], float] = random.random
     monotonic: Monotonic = time.monotonic
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     #: PostgreSQL: the sessions' engine, and the same on autocommit connections
     _autocommit: tuple[Engine, Engine] | None = field(default=None, init=False, repr=False)
 
@@ -153,17 +159,29 @@ class Executor:
         # database's, never behind (outbox.clock).
         mono = self.monotonic()
         to_send, to_recover, blocked, written = self._claim(ids, extra)
-        if blocked:
-            written.update(self._hold(blocked))
-        failpoint("after_claim")
-        sent = self._send([(c, k, self._clock(c, mono)) for c, k in to_send])
-        if sent:
-            failpoint("after_send")
-            written.update(self._record(sent))
-        for claimed in to_recover:
-            written.update(self._recover(claimed, self._clock(claimed, mono)))
+        held = [c for c, _ in to_send] + to_recover
+        # Renewed while this worker works on them (a slow outcome write, a lookup); if the
+        # worker dies they are free a short lease later (``outbox.leases``).
+        with self.keeper.holding(held):
+            if blocked:
+                written.update(self._hold(blocked))
+            failpoint("after_claim")
+            sent = self._send([(c, k, self._clock(c, mono)) for c, k in to_send])
+            if sent:
+                failpoint("after_send")
+                written.update(self._record(sent))
+            for claimed in to_recover:
+                written.update(self._recover(claimed, self._clock(claimed, mono)))
         failpoint("after_outcome")
         return written
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        if self._keeper is None:
+            self._keeper = LeaseKeeper(
+                self.sessions, owner=self.worker, lease_seconds=self.lease_seconds
+            )
+        return self._keeper
 
     def _clock(self, claimed: store.Claimed, mono: float) -> DbClock:
         return DbClock(claimed.now, mono, self.monotonic)
@@ -260,15 +278,15 @@ class Executor:
         )
 
     def _hold(self, blocked: list[tuple[store.Claimed, str]]) -> dict[int, State]:
-        """Release operations this worker cannot check, to be looked at again a lease later
-        (by a worker whose configuration has what is missing): an event row says why."""
+        """Release operations this worker cannot check, to be looked at again ``HOLD_SECONDS``
+        later (by a worker whose configuration has what is missing): an event row says why."""
         held: dict[int, State] = {}
         for claimed, why in blocked:
 
             def hold(session: Session, c: store.Claimed = claimed, why: str = why) -> None:
                 store.touch(
                     session, c, actor=self.worker, note=why, looked=False,
-                    recheck_at=c.now + timedelta(seconds=self.lease_seconds),
+                    recheck_at=c.now + timedelta(seconds=HOLD_SECONDS),
                     evidence={"held": why, "sent": False},
                 )  # fmt: skip
 
@@ -440,6 +458,8 @@ class Executor:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        if self._keeper is not None:
+            self._keeper.close()
 
 
 def _finish(sent: Sent) -> store.Finish:

@@ -35,6 +35,7 @@ class Runtime:
 
     def close(self) -> None:
         self.executor.close()
+        self.reconciler.close()
         close = getattr(self.gateway, "close", None)
         if close is not None:
             close()

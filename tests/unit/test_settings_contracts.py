@@ -129,3 +129,23 @@ def test_development_secrets_are_named_against_postgresql_only() -> None:
         idempotency_secret="a-production-secret-01",  # type: ignore[arg-type]
     )
     assert own.development_secrets() == []
+
+
+def test_a_lease_no_longer_than_the_clock_margin_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SETTLED_LEASE_SECONDS", "1")
+    monkeypatch.setenv("SETTLED_CLOCK_MARGIN_SECONDS", "1")
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    line = settings_error(info.value)
+    assert "SETTLED_LEASE_SECONDS" in line and "SETTLED_CLOCK_MARGIN_SECONDS" in line
+    assert "\n" not in line
+    monkeypatch.setenv("SETTLED_LEASE_SECONDS", "1.5")
+    assert Settings().lease_seconds == 1.5
+
+
+def test_the_default_lease_is_short_and_outlasts_a_send() -> None:
+    s = Settings()
+    assert s.lease_seconds == 15.0
+    assert s.lease_seconds > s.downstream_timeout + s.clock_margin_seconds
