@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from outbox.kinds import DownstreamContract
-from outbox.states import Event, RejectReason, State
-from workers.gateway import (
+from outbox.downstream import (
     Found,
     LookupMisuse,
     LookupOutcome,
@@ -24,6 +22,8 @@ from workers.gateway import (
     Unavailable,
     lookup_name,
 )
+from outbox.kinds import DownstreamContract
+from outbox.states import Event, RejectReason, State
 
 #: Longest the reconciler waits between two looks at one operation.
 MAX_RECHECK = timedelta(minutes=5)

@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.downstream import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, lookup_name
 from outbox.errors import ReviewConflict
 from outbox.states import State
-from workers.gateway import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, lookup_name
 
 #: Why a lookup cannot settle a resolution yet, as staff read it.
 UNPROVEN = {

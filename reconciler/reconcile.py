@@ -25,12 +25,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox import store
 from outbox.clock import DbClock, Monotonic
 from outbox.db import db_now
+from outbox.downstream import Gateway, LookupOutcome, look_up, lookup_deadline
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
 from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
 from outbox.states import State
 from reconciler.decide import MAX_RECHECK, Decision, Situation, decide
-from workers.gateway import Gateway, LookupOutcome, look_up, lookup_deadline
 
 log = logging.getLogger(__name__)
 

@@ -22,20 +22,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
 from outbox.clock import DbClock
-from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, SettledError
-from outbox.kinds import DownstreamContract, KindRegistry
-from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
-from outbox.states import Event, RejectReason, State
-from reconciler.decide import Situation, not_found_doubt
-from reconciler.evidence import weigh
-from workers.gateway import (
+from outbox.downstream import (
     Found,
     Gateway,
     LookupOutcome,
     lookup_name,
     valid_reference,
 )
-from workers.gateway import NotFound as LookupNotFound
+from outbox.downstream import NotFound as LookupNotFound
+from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, SettledError
+from outbox.kinds import DownstreamContract, KindRegistry
+from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
+from outbox.states import Event, RejectReason, State
+from reconciler.decide import Situation, not_found_doubt
+from reconciler.evidence import weigh
 from workers.verdicts import found_verdict
 
 audit = logging.getLogger("settled.audit")

@@ -42,13 +42,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
 from outbox.clock import DbClock, Deadline, Monotonic
-from outbox.errors import InvalidInput, SettledError
-from outbox.fingerprint import Fingerprinter
-from outbox.kinds import Kind, KindRegistry
-from outbox.leases import LeaseKeeper
-from outbox.states import Event, State
-from workers.failpoints import failpoint
-from workers.gateway import (
+from outbox.downstream import (
     Accepted,
     Gateway,
     NotSent,
@@ -57,6 +51,12 @@ from workers.gateway import (
     look_up,
     lookup_deadline,
 )
+from outbox.errors import InvalidInput, SettledError
+from outbox.fingerprint import Fingerprinter
+from outbox.kinds import Kind, KindRegistry
+from outbox.leases import LeaseKeeper
+from outbox.states import Event, State
+from workers.failpoints import failpoint
 from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery, judge_submit
 
 log = logging.getLogger(__name__)

@@ -25,11 +25,7 @@ import httpx
 from pydantic import SecretStr
 
 from outbox.clock import Deadline
-from outbox.kinds import Kind
-from outbox.retry import parse_retry_after
-from outbox.states import RejectReason
-from workers import wire
-from workers.gateway import (
+from outbox.downstream import (
     Accepted,
     Found,
     LookupMisuse,
@@ -46,6 +42,10 @@ from workers.gateway import (
     receipt_matches,
     valid_reference,
 )
+from outbox.kinds import Kind
+from outbox.retry import parse_retry_after
+from outbox.states import RejectReason
+from workers import wire
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.db import make_engine
+from outbox.downstream import Gateway
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings
 from reconciler.reconcile import Reconciler
 from reconciler.review import ReviewQueue
 from workers.executor import Executor
-from workers.gateway import Gateway
 from workers.http_client import HttpGateway
 
 

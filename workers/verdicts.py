@@ -10,10 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from outbox.kinds import DownstreamContract
-from outbox.retry import RetryAt, RetryPolicy, next_retry
-from outbox.states import Event, RejectReason, State
-from workers.gateway import (
+from outbox.downstream import (
     Accepted,
     Found,
     LookupOutcome,
@@ -25,6 +22,9 @@ from workers.gateway import (
     Unknown,
     lookup_name,
 )
+from outbox.kinds import DownstreamContract
+from outbox.retry import RetryAt, RetryPolicy, next_retry
+from outbox.states import Event, RejectReason, State
 
 
 @dataclass(frozen=True)

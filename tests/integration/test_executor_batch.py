@@ -14,11 +14,11 @@ from sqlalchemy.orm import sessionmaker
 
 from outbox import store
 from outbox.db import make_engine
+from outbox.downstream import Gateway, SubmitOutcome
 from outbox.kinds import Kind
 from outbox.models import Operation, OperationEvent
 from outbox.states import Event, RejectReason, State
 from tests.support.rig import GOOD, Rig
-from workers.gateway import Gateway, SubmitOutcome
 
 
 def enqueue_many(rig: Rig, n: int) -> list[int]:

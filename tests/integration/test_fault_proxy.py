@@ -6,9 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outbox.kinds import default_registry
-from tests.support.simtools import SimTenant, wait_until
-from workers.gateway import (
+from outbox.downstream import (
     Accepted,
     Found,
     LookupOutcome,
@@ -17,6 +15,8 @@ from workers.gateway import (
     Unavailable,
     Unknown,
 )
+from outbox.kinds import default_registry
+from tests.support.simtools import SimTenant, wait_until
 from workers.http_client import HttpGateway
 from workers.simulator import SimulatorControl
 from workers.simulator.proxy import FaultProxy

@@ -13,11 +13,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from outbox.kinds import default_registry
-from outbox.states import RejectReason
-from tests.support.simtools import CLIENT_TIMEOUT, SimTenant, wait_until
-from workers import wire
-from workers.gateway import (
+from outbox.downstream import (
     Accepted,
     Found,
     LookupMisuse,
@@ -31,6 +27,10 @@ from workers.gateway import (
     Unavailable,
     Unknown,
 )
+from outbox.kinds import default_registry
+from outbox.states import RejectReason
+from tests.support.simtools import CLIENT_TIMEOUT, SimTenant, wait_until
+from workers import wire
 from workers.http_client import POOL_SIZE, HttpGateway
 from workers.simulator import Fault, SimulatorControl, SimulatorHandle, start_in_thread
 

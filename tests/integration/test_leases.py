@@ -10,13 +10,13 @@ from sqlalchemy import select, update
 
 from outbox import store
 from outbox.db import db_now
+from outbox.downstream import SubmitOutcome
 from outbox.leases import LeaseKeeper
 from outbox.models import Operation
 from outbox.states import State
 from tests.support.gateways import FakeMonotonic, Interposed
 from tests.support.rig import Rig
 from tests.support.services import wait_until
-from workers.gateway import SubmitOutcome
 
 
 def claim(rig: Rig, op: int, worker: str = "w1", lease: float = 30.0) -> store.Claimed:

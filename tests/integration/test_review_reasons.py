@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from outbox import runs
+from outbox.downstream import LookupMisuse, Misuse, Receipt, SubmitOutcome
 from outbox.errors import Forbidden, ReviewConflict
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import OperationEvent
@@ -20,7 +21,6 @@ from reconciler.review import REASONS, ReviewQueue, Staff
 from tests.integration.test_send_fencing import Poisoned
 from tests.support.gateways import Interposed
 from tests.support.rig import HOLD, Rig
-from workers.gateway import LookupMisuse, Misuse, Receipt, SubmitOutcome
 
 ALICE = Staff.parse("alice", "support")
 BOB = Staff.parse("bob", "supervisor")

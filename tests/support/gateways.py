@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from outbox.clock import Deadline
+from outbox.downstream import Gateway, LookupOutcome, SubmitOutcome
 from outbox.kinds import Kind
-from workers.gateway import Gateway, LookupOutcome, SubmitOutcome
 
 
 @dataclass

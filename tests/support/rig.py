@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.downstream import Receipt
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry
 from outbox.models import Attempt, Operation, ReviewItem
@@ -20,7 +21,6 @@ from reconciler.reconcile import Reconciler
 from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
 from workers.executor import Executor
-from workers.gateway import Receipt
 from workers.http_client import HttpGateway
 from workers.simulator import SimulatorControl, SimulatorHandle
 

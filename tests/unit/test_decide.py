@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from outbox.downstream import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, Unavailable
 from outbox.kinds import DownstreamContract
 from outbox.states import Event, RejectReason, State
 from reconciler.decide import MAX_RECHECK, Situation, decide
-from workers.gateway import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, Unavailable
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 OK = Found(Receipt("re_1", "succeeded", {"amount_minor": 1}))

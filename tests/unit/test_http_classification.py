@@ -13,10 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from outbox.clock import Deadline
-from outbox.kinds import Kind, default_registry
-from outbox.states import RejectReason
-from workers import wire
-from workers.gateway import (
+from outbox.downstream import (
     Accepted,
     Found,
     LookupMisuse,
@@ -29,6 +26,9 @@ from workers.gateway import (
     Unavailable,
     Unknown,
 )
+from outbox.kinds import Kind, default_registry
+from outbox.states import RejectReason
+from workers import wire
 from workers.http_client import KEEPALIVE_EXPIRY_SECONDS, HttpGateway
 from workers.simulator.server import IDLE_TIMEOUT_SECONDS
 

@@ -7,9 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outbox.kinds import DownstreamContract
-from outbox.states import Event, RejectReason, State
-from workers.gateway import (
+from outbox.downstream import (
     Accepted,
     Found,
     Misuse,
@@ -22,6 +20,8 @@ from workers.gateway import (
     Unavailable,
     Unknown,
 )
+from outbox.kinds import DownstreamContract
+from outbox.states import Event, RejectReason, State
 from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -1,7 +1,9 @@
-"""The port workers and the reconciler talk to the downstream through.
+"""The downstream port: what workers, the reconciler and staff tools talk to a downstream
+service through, and the outcome values its calls return.
 
 Both calls return values for every expected outcome; each value says what it *proves*
-(DESIGN.md, "What an outcome proves"). Only programming errors raise.
+(docs/DESIGN.md, "What an outcome proves"). Only programming errors raise. Pure: no database,
+no network; adapters (``workers.http_client``) and fakes implement ``Gateway``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Any, Protocol
 from outbox.clock import DbClock, Deadline
 from outbox.kinds import Kind
 from outbox.states import RejectReason
-from outbox.store import Claimed
 
 
 class Proof(enum.StrEnum):
@@ -145,6 +146,24 @@ def lookup_name(lookup: LookupOutcome | None) -> str:
     }[type(lookup)]
 
 
+class Addressed(Protocol):
+    """What a lookup needs of an operation (a claim, a stored row)."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def idempotency_key(self) -> str: ...
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
+
+class Leased(Addressed, Protocol):
+    """An operation held under a lease (``outbox.store.Claimed``)."""
+
+    @property
+    def lease_until(self) -> datetime: ...
+
+
 class Gateway(Protocol):
     """The downstream, as workers and the reconciler see it."""
 
@@ -193,8 +212,10 @@ def receipt_matches(params: Mapping[str, Any], receipt: Receipt) -> bool:
     return all(receipt.params.get(name) == value for name, value in params.items())
 
 
-def look_up(gateway: Gateway, claimed: Claimed, kind: Kind, *, deadline: Deadline) -> LookupOutcome:
-    """Ask the downstream about a claimed operation, within ``deadline``."""
+def look_up(
+    gateway: Gateway, claimed: Addressed, kind: Kind, *, deadline: Deadline
+) -> LookupOutcome:
+    """Ask the downstream about an operation, within ``deadline``."""
     return gateway.lookup(
         tenant=claimed.tenant,
         kind=kind,
@@ -204,6 +225,6 @@ def look_up(gateway: Gateway, claimed: Claimed, kind: Kind, *, deadline: Deadlin
     )
 
 
-def lookup_deadline(clock: DbClock, claimed: Claimed, seconds: float) -> Deadline:
+def lookup_deadline(clock: DbClock, claimed: Leased, seconds: float) -> Deadline:
     """``seconds`` from the claim, and never past the claim's lease."""
     return clock.after(seconds).earlier(clock.deadline(claimed.lease_until))
