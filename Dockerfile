@@ -9,6 +9,7 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY outbox ./outbox
 COPY workers ./workers
 COPY reconciler ./reconciler
+COPY settled ./settled
 # The pinned build backend, then the wheel built with it (no unpinned isolated build env).
 RUN pip install --constraint constraints.txt hatchling \
     && pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .

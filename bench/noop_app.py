@@ -1,7 +1,7 @@
 """Benchmark-only Celery app: the product's Celery configuration plus a no-op task.
 
 Run as ``python -m bench.noop_app --concurrency C``: a prefork worker with exactly the flags
-``settled worker`` uses (``workers.celery_app.worker_argv``), so the drain rate of ``bench.noop``
+``settled worker`` uses (``settled.celery_app.worker_argv``), so the drain rate of ``bench.noop``
 is the ceiling Celery itself puts on the pipeline.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from outbox.settings import Settings
-from workers.celery_app import create_app, worker_argv
+from settled.celery_app import create_app, worker_argv
 
 NOOP = "bench.noop"
 

@@ -75,8 +75,8 @@ from outbox.intake import CREATED_KEY, Outbox  # noqa: E402
 from outbox.kinds import default_registry  # noqa: E402
 from outbox.models import Operation  # noqa: E402
 from outbox.settings import Settings  # noqa: E402
+from settled.celery_app import QUEUE, create_app, hint_publisher  # noqa: E402
 from workers import relay  # noqa: E402
-from workers.celery_app import QUEUE, create_app, hint_publisher  # noqa: E402
 
 TENANT = "acme"
 API_KEY = "sk_test_bench_0c5e7a91"  # a throwaway key of the throwaway simulator
@@ -502,7 +502,7 @@ def start_settled_worker(svc: Services, name: str) -> subprocess.Popen[bytes]:
     """``settled worker`` with beat, as in production: the sweeper re-hints retried operations."""
     return svc.spawn(
         name,
-        [sys.executable, "-m", "outbox.cli", "worker", "--pool=prefork",
+        [sys.executable, "-m", "settled.cli", "worker", "--pool=prefork",
          f"--concurrency={svc.concurrency}", "--loglevel=WARNING", "--beat",
          f"--hostname=bench-{name}@%h"],
     )  # fmt: skip
@@ -742,10 +742,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             svc.spawn(
                 "simulator",
-                [sys.executable, "-m", "outbox.cli", "simulator", "--port", str(sim_port),
+                [sys.executable, "-m", "settled.cli", "simulator", "--port", str(sim_port),
                  "--ledger", ":memory:", "--test-mode", "--tenant", f"{TENANT}={API_KEY}"],
             )  # fmt: skip
-            from workers.simulator import SimulatorControl
+            from settled.simulator import SimulatorControl
 
             def sim_up() -> bool:
                 try:

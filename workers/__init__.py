@@ -1,1 +1,2 @@
-"""Settled workers: the downstream gateway, the executor, the relay, the sweeper, Celery wiring."""
+"""Settled workers: the executor and its verdicts, the HTTP gateway adapter, the relay and the
+sweeper. The Celery wiring that runs them is in ``settled``."""

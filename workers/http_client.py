@@ -24,6 +24,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import SecretStr
 
+from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
@@ -45,7 +46,6 @@ from outbox.downstream import (
 from outbox.kinds import Kind
 from outbox.retry import parse_retry_after
 from outbox.states import RejectReason
-from workers import wire
 
 log = logging.getLogger(__name__)
 

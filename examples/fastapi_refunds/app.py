@@ -88,8 +88,8 @@ def create_app(
     outbox = Outbox.from_settings(settings)
     refund = outbox.registry.get("refund")
     if publish is None:
-        from workers.celery_app import create_app as celery_app
-        from workers.celery_app import hint_publisher
+        from settled.celery_app import create_app as celery_app
+        from settled.celery_app import hint_publisher
 
         publish = hint_publisher(celery_app(settings))
     # Hints for the operations a transaction created, published once it commits.

@@ -33,7 +33,7 @@ def running_with(path: str) -> list[str]:
 def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(tmp_path: Path, lang: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
     result = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "demo", "--lang", lang],
+        [sys.executable, "-m", "settled.cli", "demo", "--lang", lang],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -75,7 +75,7 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(tmp_path: Path, 
     hint = re.search(r"SETTLED_DATABASE_URL=(\S+) settled (review list .*)", out)
     assert hint is not None
     listed = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", *hint.group(2).split()],
+        [sys.executable, "-m", "settled.cli", *hint.group(2).split()],
         env={**env, "SETTLED_DATABASE_URL": hint.group(1)},
         capture_output=True,
         text=True,

@@ -17,10 +17,10 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from examples.fastapi_refunds.app import create_app
 from outbox.settings import Settings
+from settled.runtime import build_runtime
+from settled.simulator import SimulatorControl
 from tests.support.simtools import SimTenant
 from workers.http_client import HttpGateway
-from workers.runtime import build_runtime
-from workers.simulator import SimulatorControl
 
 with warnings.catch_warnings():
     # Starlette's TestClient would rather run on httpx2, which is not a dependency; on httpx it

@@ -17,10 +17,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from outbox.intake import CREATED_KEY, Outbox
+from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.support.services import free_port
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import Stack
-from workers.simulator import SimulatorControl, SimulatorHandle
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -78,7 +78,7 @@ def test_settled_run_serves_healthz_settles_operations_and_stays_up(
         assert status(f"{base}/healthz") == 200
 
         made = subprocess.run(
-            [sys.executable, "-m", "outbox.cli", "apikey", "create", "--tenant", "acme"],
+            [sys.executable, "-m", "settled.cli", "apikey", "create", "--tenant", "acme"],
             env=stack.env(),
             capture_output=True,
             text=True,

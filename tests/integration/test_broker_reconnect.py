@@ -21,8 +21,8 @@ import pytest
 from kombu import Connection, Exchange, Queue
 from kombu.common import ignore_errors
 
+from settled.celery_app import RedisTransport
 from tests.support.stack import RedisProcess
-from workers.celery_app import RedisTransport
 
 pytestmark = [pytest.mark.redis]
 

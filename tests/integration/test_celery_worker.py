@@ -22,13 +22,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
+from settled.celery_app import QUEUE, SUBMIT, create_app, hint_publisher
+from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.support.judge import check_truthful
 from tests.support.services import free_port
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import RedisProcess, Stack
 from workers import relay
-from workers.celery_app import QUEUE, SUBMIT, create_app, hint_publisher
-from workers.simulator import SimulatorControl, SimulatorHandle
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

@@ -44,7 +44,7 @@ def settled(rig: Rig, *args: str | bytes) -> subprocess.CompletedProcess[bytes]:
         SETTLED_STAFF_ROLE="support",
     )
     return subprocess.run(
-        [sys.executable, "-m", "outbox.cli", *args],
+        [sys.executable, "-m", "settled.cli", *args],
         env=env,
         capture_output=True,
         timeout=120,

@@ -10,8 +10,8 @@ import pytest
 
 from outbox.settings import Settings
 from reconciler.review import Staff
+from settled.runtime import Runtime, build_runtime
 from tests.support.rig import HOLD, Rig
-from workers.runtime import Runtime, build_runtime
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from ruamel.yaml import YAML
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
-from workers.metrics import registry
+from settled.metrics import registry
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "settled.json"

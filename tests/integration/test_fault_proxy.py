@@ -16,10 +16,10 @@ from outbox.downstream import (
     Unknown,
 )
 from outbox.kinds import default_registry
+from settled.simulator import SimulatorControl
+from settled.simulator.proxy import FaultProxy
 from tests.support.simtools import SimTenant, wait_until
 from workers.http_client import HttpGateway
-from workers.simulator import SimulatorControl
-from workers.simulator.proxy import FaultProxy
 
 REFUND = default_registry().get("refund")
 PARAMS = {"order_id": "A1", "amount_minor": 2500, "currency": "CNY", "payee": "P1"}

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from outbox import wire
 from outbox.downstream import (
     Accepted,
     Found,
@@ -29,10 +30,9 @@ from outbox.downstream import (
 )
 from outbox.kinds import default_registry
 from outbox.states import RejectReason
+from settled.simulator import Fault, SimulatorControl, SimulatorHandle, start_in_thread
 from tests.support.simtools import CLIENT_TIMEOUT, SimTenant, wait_until
-from workers import wire
 from workers.http_client import POOL_SIZE, HttpGateway
-from workers.simulator import Fault, SimulatorControl, SimulatorHandle, start_in_thread
 
 REGISTRY = default_registry()
 REFUND = REGISTRY.get("refund")

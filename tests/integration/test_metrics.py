@@ -16,8 +16,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import sessionmaker
 
 from outbox.states import TERMINAL, State
-from tests.support.rig import GOOD, HOLD, Rig
-from workers.metrics import (
+from settled.metrics import (
     LIVE,
     EventCounters,
     gaps_between,
@@ -25,6 +24,7 @@ from workers.metrics import (
     registry,
     transitions_of,
 )
+from tests.support.rig import GOOD, HOLD, Rig
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -22,10 +22,10 @@ from outbox.db import make_engine, upgrade
 from outbox.intake import Outbox
 from outbox.models import Operation
 from outbox.settings import Settings
+from settled.simulator import SimulatorControl
 from tests.support.rig import GOOD
 from tests.support.services import free_port
 from tests.support.simtools import wait_until
-from workers.simulator import SimulatorControl
 
 API_KEY = "sk_test_acme_logs_0001"
 
@@ -39,7 +39,7 @@ class Processes:
     def start(self, name: str, *args: str, **extra: str) -> None:
         with (self.folder / f"{name}.err").open("wb") as err:
             self.running[name] = subprocess.Popen(
-                [sys.executable, "-m", "outbox.cli", *args],
+                [sys.executable, "-m", "settled.cli", *args],
                 env={**self.env, **extra},
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -48,7 +48,7 @@ class Processes:
 
     def run(self, name: str, *args: str, **extra: str) -> subprocess.CompletedProcess[bytes]:
         done = subprocess.run(
-            [sys.executable, "-m", "outbox.cli", *args],
+            [sys.executable, "-m", "settled.cli", *args],
             env={**self.env, **extra},
             capture_output=True,
             cwd=self.folder,

@@ -12,12 +12,12 @@ from click.testing import CliRunner
 from sqlalchemy import event, select
 
 from outbox import runs
-from outbox.cli import main
 from outbox.errors import Forbidden, InvalidInput, ReviewConflict
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent
 from outbox.states import State
 from reconciler.review import ReviewQueue, Staff
+from settled.cli import main
 from tests.support.rig import GOOD as GOOD_REFUND
 from tests.support.rig import HOLD, Rig
 

@@ -16,14 +16,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from outbox import runs, store
+from outbox import runs, store, wire
 from outbox.downstream import Accepted, Gateway, NotFound, Receipt
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.report import Group, Line, render_line
 from outbox.states import State
 from tests.support.gateways import FakeMonotonic, Interposed
 from tests.support.rig import GOOD, HOLD, Rig
-from workers import wire
 from workers.http_client import HttpGateway
 
 LEASE = 30.0

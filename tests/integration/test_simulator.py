@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
+from outbox import wire
+from settled.simulator import SimulatorControl, SimulatorHandle, Switches, start_in_thread
+from settled.simulator.faults import Fault, Schedule
 from tests.support import services
 from tests.support.simtools import SimTenant
-from workers import wire
-from workers.simulator import SimulatorControl, SimulatorHandle, Switches, start_in_thread
-from workers.simulator.faults import Fault, Schedule
 
 REFUND = {"order_id": "A1", "amount_minor": 4000, "currency": "CNY", "payee": "P1"}
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (``workers.observe``): one trace per operation, from its intake through
+"""OpenTelemetry traces (``settled.observe``): one trace per operation, from its intake through
 the hint (a real Celery worker, the context in the message headers), the claim and the send to
 the recorded outcome, and any later reconcile; the idempotency key is never an attribute."""
 
@@ -21,9 +21,10 @@ from outbox import logs
 from outbox.intake import Outbox
 from outbox.settings import Settings
 from outbox.states import State
+from settled import celery_app, observe
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import wait_until
-from workers import celery_app, observe, relay
+from workers import relay
 
 
 @pytest.fixture

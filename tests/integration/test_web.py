@@ -25,9 +25,9 @@ from outbox import runs
 from outbox.apikeys import create_api_key, revoke_api_key
 from outbox.intake import Outbox
 from outbox.models import ApiKey, Operation, Run
+from settled.web import NOT_FOUND, UNAUTHORIZED, create_web_app
 from tests.support.rig import GOOD
 from tests.support.simtools import wait_until
-from workers.web import NOT_FOUND, UNAUTHORIZED, create_web_app
 
 with warnings.catch_warnings():
     # Starlette's TestClient would rather run on httpx2, which is not a dependency (yet); on

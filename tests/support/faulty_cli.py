@@ -39,6 +39,6 @@ def install(fault: str) -> None:
 
 if __name__ == "__main__":
     install(sys.argv[1])
-    from outbox.cli import main
+    from settled.cli import main
 
     main(args=sys.argv[2:], prog_name="settled")

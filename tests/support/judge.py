@@ -6,7 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.models import Operation
-from workers.simulator import SimulatorControl
+from settled.simulator import SimulatorControl
 
 
 def check_truthful(sessions: sessionmaker[Session], control: SimulatorControl) -> None:

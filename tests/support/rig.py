@@ -18,11 +18,11 @@ from outbox.intake import Outbox
 from outbox.kinds import KindRegistry
 from outbox.models import Attempt, Operation, ReviewItem
 from reconciler.reconcile import Reconciler
+from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
 from workers.executor import Executor
 from workers.http_client import HttpGateway
-from workers.simulator import SimulatorControl, SimulatorHandle
 
 #: Client timeout of the rig's gateways: long enough for a loaded machine; faults that hold a
 #: response hold it for longer (HOLD).

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from settled.simulator import SimulatorControl, SimulatorHandle, start_in_thread
+from settled.simulator.proxy import FaultProxy
 from tests.support.simtools import CLIENT_TIMEOUT, SimTenant
 from workers.http_client import HttpGateway
-from workers.simulator import SimulatorControl, SimulatorHandle, start_in_thread
-from workers.simulator.proxy import FaultProxy
 
 
 @pytest.fixture

@@ -78,9 +78,11 @@ class Stack:
             **env,
         )  # fmt: skip
 
-    def start(self, *args: str, launcher: Sequence[str] = ("-m", "outbox.cli"), **env: str) -> Proc:
+    def start(
+        self, *args: str, launcher: Sequence[str] = ("-m", "settled.cli"), **env: str
+    ) -> Proc:
         """``settled ARGS`` in its own process (log: ``<command>-<n>.log`` in the workdir).
-        ``launcher`` replaces ``-m outbox.cli``, e.g. to run the command line with a fault."""
+        ``launcher`` replaces ``-m settled.cli``, e.g. to run the command line with a fault."""
         log = self.workdir / f"{args[0]}-{len(self.procs)}.log"
         out = open(log, "wb")  # noqa: SIM115 - closed in stop_all
         self.files.append(out)

@@ -15,9 +15,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from outbox.apikeys import authenticate
-from outbox.cli import main
 from outbox.db import make_engine, upgrade
 from outbox.models import ApiKey
+from settled.cli import main
 
 STAFF = ["--staff", "alice", "--role", "support"]
 

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from ruamel.yaml import YAML
 
-from outbox.cli import main
+from settled.cli import main
 
 ROOT = Path(__file__).parents[2]
 
@@ -96,7 +96,7 @@ def dockerfile_commands() -> list[list[str]]:
 
 def run_children(monkeypatch: pytest.MonkeyPatch, *args: str) -> list[list[str]]:
     """The commands ``settled run ARGS`` starts, captured instead of started."""
-    import workers.supervise
+    import settled.supervise
 
     started: list[list[str]] = []
 
@@ -104,10 +104,10 @@ def run_children(monkeypatch: pytest.MonkeyPatch, *args: str) -> list[list[str]]
         started.extend(list(c) for c in commands)
         return 0
 
-    monkeypatch.setattr(workers.supervise, "supervise", supervise)
+    monkeypatch.setattr(settled.supervise, "supervise", supervise)
     result = CliRunner().invoke(main, ["run", *args])
     assert result.exit_code == 0, result.output
-    prefix = [sys.executable, "-m", "outbox.cli"]
+    prefix = [sys.executable, "-m", "settled.cli"]
     assert all(c[:3] == prefix for c in started), started
     return [c[3:] for c in started]
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
@@ -28,9 +29,8 @@ from outbox.downstream import (
 )
 from outbox.kinds import Kind, default_registry
 from outbox.states import RejectReason
-from workers import wire
+from settled.simulator.server import IDLE_TIMEOUT_SECONDS
 from workers.http_client import KEEPALIVE_EXPIRY_SECONDS, HttpGateway
-from workers.simulator.server import IDLE_TIMEOUT_SECONDS
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 DEADLINE = NOW + timedelta(seconds=60)

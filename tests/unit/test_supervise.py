@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from settled import supervise as supervise_module
+from settled.supervise import supervise
 from tests.support.services import wait_until
-from workers import supervise as supervise_module
-from workers.supervise import supervise
 
 
 def stop_when(condition: Callable[[], bool]) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from workers.simulator.faults import Fault
-from workers.simulator.server import Switches
+from settled.simulator.faults import Fault
+from settled.simulator.server import Switches
 
 
 class _Unset(enum.Enum):

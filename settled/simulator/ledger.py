@@ -25,7 +25,7 @@ from sqlalchemy.engine.interfaces import DBAPICursor
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from workers import wire
+from outbox import wire
 
 metadata = sa.MetaData()
 

@@ -28,11 +28,11 @@ from outbox.models import Operation, OperationEvent, ReviewItem
 from outbox.report import Lang, check_lang, render
 from outbox.runs import cancel_run, compensate, open_run, run_report
 from outbox.settings import Settings
+from settled.celery_app import create_app, hint_publisher
+from settled.runtime import Runtime, build_runtime
+from settled.simulator import SimulatorControl, start_in_thread
 from workers import relay
-from workers.celery_app import create_app, hint_publisher
 from workers.relay import Publish
-from workers.runtime import Runtime, build_runtime
-from workers.simulator import SimulatorControl, start_in_thread
 
 TENANT = "acme"
 API_KEY = "sk_test_demo_acme"
@@ -287,7 +287,7 @@ def _indent(text: str) -> str:
 def _worker(settings: Settings, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
     log = (folder / "worker.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "outbox.cli", "worker", "--pool=solo", "--beat",
+        [sys.executable, "-m", "settled.cli", "worker", "--pool=solo", "--beat",
          "--loglevel=WARNING"],
         env={**_base_env(), **settings.as_environment()},
         stdout=log,

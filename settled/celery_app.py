@@ -19,9 +19,9 @@ from kombu.transport import redis as kombu_redis
 
 from outbox.errors import SettledError
 from outbox.settings import Settings
-from workers import observe
+from settled import observe
+from settled.runtime import Runtime, build_runtime
 from workers.relay import Publish
-from workers.runtime import Runtime, build_runtime
 from workers.sweeper import sweep
 
 log = logging.getLogger(__name__)

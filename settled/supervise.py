@@ -23,7 +23,7 @@ HEALTHY_AFTER = 60.0
 
 
 def settled_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "outbox.cli", *args]
+    return [sys.executable, "-m", "settled.cli", *args]
 
 
 def _say(message: str) -> None:

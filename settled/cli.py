@@ -115,7 +115,7 @@ def _preflight(settings: Any, *, broker: bool) -> None:
     settings.apply_contracts(default_registry())
     check_schema(settings.database_url)
     if broker:
-        from workers.celery_app import check_broker
+        from settled.celery_app import check_broker
 
         check_broker(settings)
 
@@ -214,7 +214,7 @@ def db_upgrade(url: str | None) -> None:
 )
 def simulator(host: str, port: int, ledger: str, test_mode: bool, tenants: tuple[str, ...]) -> None:
     """Run the payment service simulator."""
-    from workers.simulator import run
+    from settled.simulator import run
 
     keys: dict[str, str] = {}
     for spec in tenants:
@@ -250,7 +250,7 @@ def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str
     """
     from outbox import logs
     from outbox.settings import Settings
-    from workers.celery_app import create_app, worker_argv
+    from settled.celery_app import create_app, worker_argv
 
     settings = Settings()
     logs.configure(loglevel)
@@ -299,7 +299,7 @@ def _serve_metrics(settings: Any) -> None:
     from sqlalchemy.orm import sessionmaker
 
     from outbox.db import make_engine
-    from workers.metrics import registry
+    from settled.metrics import registry
 
     engine = make_engine(settings.database_url, pool_size=1, max_overflow=0)
     # Pool children must not share this engine's connections.
@@ -317,7 +317,7 @@ def beat(loglevel: str) -> None:
     """Run celery beat: the sweeper and the reconciler on their schedules (run one)."""
     from outbox import logs
     from outbox.settings import Settings
-    from workers.celery_app import create_app
+    from settled.celery_app import create_app
 
     logs.configure(loglevel)
     settings = Settings()
@@ -337,7 +337,7 @@ def _beat_folder(settings: Any) -> None:
 
 def _runtime() -> Any:
     from outbox.settings import Settings
-    from workers.runtime import build_runtime
+    from settled.runtime import build_runtime
 
     return build_runtime(Settings())
 
@@ -507,7 +507,7 @@ def web(host: str, port: int) -> None:
     """Run the status API (run reports, cancel, operations; OpenAPI at /openapi.json) and
     /healthz, /metrics."""
     from outbox.settings import Settings
-    from workers.web import serve
+    from settled.web import serve
 
     settings = Settings()
     _preflight(settings, broker=False)
@@ -566,7 +566,7 @@ def apikey_revoke(key_id: str) -> None:
 @click.option("--keep", default=None, type=TEXT, help="keep the demo's files in this folder")
 def demo(lang: str, keep: str | None) -> None:
     """Play the cases a payment team meets, on the embedded default (nothing to install)."""
-    from workers.demo import run_demo
+    from settled.demo import run_demo
 
     raise SystemExit(run_demo(lang=lang, keep=keep, echo=click.echo))
 
@@ -595,7 +595,7 @@ def run_stack(web_host: str, web_port: int, concurrency: int) -> None:
 
     A child that dies is restarted with back-off (said on stderr); SIGTERM stops them all.
     """
-    from workers.supervise import settled_command, supervise
+    from settled.supervise import settled_command, supervise
 
     children = run_children(web_host=web_host, web_port=web_port, concurrency=concurrency)
     raise SystemExit(supervise([settled_command(*args) for args in children]))

@@ -31,7 +31,7 @@ from outbox.apikeys import Principal, authenticate
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.settings import Settings
-from workers import metrics
+from settled import metrics
 
 access_log = logging.getLogger("settled.access")
 

@@ -6,9 +6,9 @@ background for tests and the demo; ``SimulatorControl`` drives its control API (
 
 from __future__ import annotations
 
-from workers.simulator.control import SimulatorControl
-from workers.simulator.faults import Fault, Rule, Schedule
-from workers.simulator.server import SimulatorHandle, Switches, run, start_in_thread
+from settled.simulator.control import SimulatorControl
+from settled.simulator.faults import Fault, Rule, Schedule
+from settled.simulator.server import SimulatorHandle, Switches, run, start_in_thread
 
 __all__ = [
     "Fault",

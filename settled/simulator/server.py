@@ -31,12 +31,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
 
-from outbox import logs
+from outbox import logs, wire
 from outbox.errors import InvalidParams
 from outbox.kinds import Kind, default_registry
-from workers import wire
-from workers.simulator.faults import Fault, FaultBook, Rule, Schedule
-from workers.simulator.ledger import OBJECTS, Ledger, Response, engine_for
+from settled.simulator.faults import Fault, FaultBook, Rule, Schedule
+from settled.simulator.ledger import OBJECTS, Ledger, Response, engine_for
 
 log = logging.getLogger(__name__)
 
