@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from outbox.clock import DbClock, Deadline
 from outbox.kinds import Kind
-from outbox.states import RejectReason
+from outbox.states import RejectReason, State
 
 
 class Proof(enum.StrEnum):
@@ -132,6 +132,28 @@ class LookupMisuse:
 
 
 LookupOutcome = Found | NotFound | Unavailable | LookupMisuse
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What a downstream's record of the operation settles it as."""
+
+    state: State  # SUCCEEDED or REJECTED
+    reason: RejectReason | None
+    receipt: dict[str, Any]
+    #: the downstream's refusal code, for the event (empty where it succeeded)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def settlement(found: Found) -> Settlement:
+    """A lookup found the downstream's record: succeeded, or rejected with the downstream's
+    reason (``business_rejected`` where it gives none). The one rule for a worker recovering
+    an abandoned send, the reconciler and staff alike."""
+    receipt = found.receipt.as_dict()
+    if found.receipt.status == "succeeded":
+        return Settlement(State.SUCCEEDED, None, receipt)
+    reason = found.reason or RejectReason.BUSINESS_REJECTED
+    return Settlement(State.REJECTED, reason, receipt, {"code": found.code})
 
 
 def lookup_name(lookup: LookupOutcome | None) -> str:

@@ -21,6 +21,7 @@ from outbox.downstream import (
     NotFound,
     Unavailable,
     lookup_name,
+    settlement,
 )
 from outbox.kinds import DownstreamContract
 from outbox.states import Event, RejectReason, State
@@ -114,20 +115,14 @@ def backoff(s: Situation) -> datetime:
 def decide(s: Situation, lookup: LookupOutcome | None) -> Decision:
     """Decide from one lookup (``None`` where the downstream has no lookup API)."""
     if isinstance(lookup, Found):
-        receipt = lookup.receipt.as_dict()
-        evidence = {"lookup": "found", "reference": lookup.receipt.reference}
-        if lookup.receipt.status == "succeeded":
-            return Decision(
-                "found", Event.FIND, State.SUCCEEDED, receipt=receipt, evidence=evidence
-            )
-        reason = lookup.reason or RejectReason.BUSINESS_REJECTED
+        settled = settlement(lookup)
         return Decision(
             "found",
             Event.FIND,
-            State.REJECTED,
-            reason=reason,
-            receipt=receipt,
-            evidence={**evidence, "code": lookup.code},
+            settled.state,
+            reason=settled.reason,
+            receipt=settled.receipt,
+            evidence={"lookup": "found", "reference": lookup.receipt.reference, **settled.evidence},
         )
     if s.state is State.SUBMITTED:
         # The worker died mid-send and nothing was found: the send may still land. First

@@ -25,7 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.downstream import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, lookup_name
+from outbox.downstream import (
+    Found,
+    LookupMisuse,
+    LookupOutcome,
+    NotFound,
+    Receipt,
+    Settlement,
+    lookup_name,
+    settlement,
+)
 from outbox.errors import ReviewConflict
 from outbox.states import State
 
@@ -58,6 +67,9 @@ class Weighed:
     record: dict[str, Any] | None
     #: why the lookup could not confirm it, where a supervisor's override accepted it
     unproven: str | None = None
+    #: what the downstream's record settles the operation as (its state and reason);
+    #: None where no record of the downstream's is stored
+    settles: Settlement | None = None
 
 
 def weigh(
@@ -77,10 +89,13 @@ def weigh(
     if lookup is None:
         return Weighed(None)  # no lookup API: the staff's evidence is all there is
     if isinstance(lookup, Found):
-        return Weighed(_agreeing(lookup.receipt, to, reference, lookup))
+        return Weighed(_agreeing(lookup.receipt, to, reference, lookup), settles=settlement(lookup))
     if isinstance(lookup, LookupMisuse) and lookup.record is not None:
         record = _agreeing(lookup.record, to, reference, lookup)
-        return Weighed({**record, "differs_from_intent": True, "mismatch": lookup.code})
+        return Weighed(
+            {**record, "differs_from_intent": True, "mismatch": lookup.code},
+            settles=settlement(Found(lookup.record)),  # what the downstream did, as found
+        )
     if isinstance(lookup, NotFound) and doubt is None:
         if to is State.REJECTED:
             return Weighed(None)  # proven: nothing was executed

@@ -27,6 +27,7 @@ from outbox.downstream import (
     Gateway,
     LookupOutcome,
     lookup_name,
+    settlement,
     valid_reference,
 )
 from outbox.downstream import NotFound as LookupNotFound
@@ -36,7 +37,6 @@ from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.states import Event, RejectReason, State
 from reconciler.decide import Situation, not_found_doubt
 from reconciler.evidence import weigh
-from workers.verdicts import found_verdict
 
 audit = logging.getLogger("settled.audit")
 log = logging.getLogger(__name__)
@@ -211,14 +211,14 @@ class ReviewQueue:
         result: dict[str, Any] = {"item": item_id, "lookup": lookup_name(lookup)}
         with self.sessions.begin() as session:
             if isinstance(lookup, Found):
-                verdict = found_verdict(lookup, Event.FIND)
+                settled = settlement(lookup)
                 evidence = {"lookup": "found", "by": staff.actor, "role": staff.role.value}
                 if not store.settle_unknown(
-                    session, snapshot["id"], Event.FIND, verdict.to, actor=staff.actor,
-                    reason=verdict.reason, receipt=verdict.receipt, evidence=evidence,
+                    session, snapshot["id"], Event.FIND, settled.state, actor=staff.actor,
+                    reason=settled.reason, receipt=settled.receipt, evidence=evidence,
                 ):  # fmt: skip
                     raise ReviewConflict("the operation is no longer unknown", code="settled")
-                result["state"] = verdict.to.value
+                result["state"] = settled.state.value
             else:
                 store.record_note(
                     session,
@@ -318,9 +318,8 @@ class ReviewQueue:
             evidence.update(override=True, unproven=weighed.unproven)
         receipt = weighed.record
         reason = RejectReason.NOT_EXECUTED if to is State.REJECTED else None
-        if receipt is not None and to is State.REJECTED:  # the downstream's own refusal
-            found_reason = lookup.reason if isinstance(lookup, Found) else None
-            reason = found_reason or RejectReason.BUSINESS_REJECTED
+        if weighed.settles is not None:  # the downstream's own record, and its reason
+            reason = weighed.settles.reason
         if receipt is None and (lookup is None or weighed.unproven is not None):
             # A person's statement, recorded as one (never as the downstream's receipt).
             receipt = {"source": "staff", "staff": staff.id, "status": to.value}

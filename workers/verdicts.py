@@ -21,6 +21,7 @@ from outbox.downstream import (
     SubmitOutcome,
     Unknown,
     lookup_name,
+    settlement,
 )
 from outbox.kinds import DownstreamContract
 from outbox.retry import RetryAt, RetryPolicy, next_retry
@@ -122,26 +123,19 @@ def judge_recovery(found: LookupOutcome | None) -> Verdict:
     ``found`` is None where the downstream has no lookup.
     """
     if isinstance(found, Found):
-        return found_verdict(found, Event.FIND)
+        settled = settlement(found)
+        return Verdict(
+            Event.FIND,
+            settled.state,
+            reason=settled.reason,
+            receipt=settled.receipt,
+            evidence=settled.evidence,
+        )
     lookup = lookup_name(found)
     return Verdict(
         Event.ABANDON,
         State.UNKNOWN,
         evidence={"detail": "worker lost during send", "lookup": lookup},
-    )
-
-
-def found_verdict(found: Found, event: Event) -> Verdict:
-    """Settle from a lookup's receipt: succeeded, or rejected with the downstream's reason."""
-    receipt = found.receipt.as_dict()
-    if found.receipt.status == "succeeded":
-        return Verdict(event, State.SUCCEEDED, receipt=receipt)
-    return Verdict(
-        event,
-        State.REJECTED,
-        reason=found.reason or RejectReason.BUSINESS_REJECTED,
-        receipt=receipt,
-        evidence={"code": found.code},
     )
 
 
