@@ -70,13 +70,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``python bench/pipeline.py`` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from outbox import relay  # noqa: E402
 from outbox.db import make_engine, upgrade  # noqa: E402
 from outbox.intake import CREATED_KEY, Outbox  # noqa: E402
 from outbox.kinds import default_registry  # noqa: E402
 from outbox.models import Operation  # noqa: E402
 from outbox.settings import Settings  # noqa: E402
 from settled.celery_app import QUEUE, create_app, hint_publisher  # noqa: E402
-from workers import relay  # noqa: E402
 
 TENANT = "acme"
 API_KEY = "sk_test_bench_0c5e7a91"  # a throwaway key of the throwaway simulator
@@ -512,7 +512,7 @@ def measure_max_rate(svc: Services, n: int, warmup: int, result: PipelineResult)
     """Phase 1: maximum rate and worker-side commits (no LISTEN: its backend would commit).
 
     The backlog is taken in 100 operations per intake transaction, so the relay publishes one
-    hint message per 20 operations (``workers.relay.PER_MESSAGE``).
+    hint message per 20 operations (``outbox.relay.PER_MESSAGE``).
     """
     baseline = settled_commits(svc.admin_url, svc.db_name)
     producer = Producer(svc)

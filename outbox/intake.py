@@ -146,7 +146,7 @@ class Outbox:
                     "evidence": {"correlation_id": correlation_id} if correlation_id else None,
                 },
             )
-            # Hints go out after commit, if the app installed the relay (workers.relay).
+            # Hints go out after commit, if the app installed the relay (outbox.relay).
             session.info.setdefault(CREATED_KEY, []).append(op.id)
             return Enqueued(op, created=True)
         existing = _find(session, tenant, op_id)

@@ -18,10 +18,10 @@ from celery.signals import worker_process_shutdown
 from kombu.transport import redis as kombu_redis
 
 from outbox.errors import SettledError
+from outbox.relay import Publish
 from outbox.settings import Settings
 from settled import observe
 from settled.runtime import Runtime, build_runtime
-from workers.relay import Publish
 from workers.sweeper import sweep
 
 log = logging.getLogger(__name__)

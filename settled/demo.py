@@ -21,18 +21,18 @@ from typing import Any
 from pydantic import SecretStr
 from sqlalchemy import select
 
+from outbox import relay
 from outbox.db import upgrade
 from outbox.errors import IdempotencyConflict
 from outbox.ids import derive_idempotency_key, new_op_id
 from outbox.models import Operation, OperationEvent, ReviewItem
+from outbox.relay import Publish
 from outbox.report import Lang, check_lang, render
 from outbox.runs import cancel_run, compensate, open_run, run_report
 from outbox.settings import Settings
 from settled.celery_app import create_app, hint_publisher
 from settled.runtime import Runtime, build_runtime
 from settled.simulator import SimulatorControl, start_in_thread
-from workers import relay
-from workers.relay import Publish
 
 TENANT = "acme"
 API_KEY = "sk_test_demo_acme"

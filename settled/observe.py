@@ -45,10 +45,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import column, select, table, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import logs
+from outbox import logs, relay
 from outbox.intake import Enqueued, Outbox
 from reconciler.reconcile import Reconciler
-from workers import relay
 from workers.executor import Executor, Sent
 
 if TYPE_CHECKING:

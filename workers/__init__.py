@@ -1,2 +1,3 @@
-"""Settled workers: the executor and its verdicts, the HTTP gateway adapter, the relay and the
-sweeper. The Celery wiring that runs them is in ``settled``."""
+"""Settled workers: the executor and its verdicts, the HTTP gateway adapter and the sweeper.
+The Celery wiring that runs them is in ``settled``; the relay the app installs is in the core
+(``outbox.relay``)."""

@@ -7,7 +7,7 @@ import logging
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import store
-from workers.relay import PER_MESSAGE, Publish, publish_hints
+from outbox.relay import PER_MESSAGE, Publish, publish_hints
 
 log = logging.getLogger(__name__)
 

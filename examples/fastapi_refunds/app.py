@@ -31,13 +31,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox import relay
 from outbox.db import make_engine, upgrade
 from outbox.errors import IdempotencyConflict, InvalidInput
 from outbox.ids import new_op_id
 from outbox.intake import Outbox
 from outbox.runs import operation_status
 from outbox.settings import Settings
-from workers import relay
 
 #: The app's own table: one row per refund a support agent filed.
 metadata = MetaData()

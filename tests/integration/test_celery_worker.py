@@ -20,6 +20,7 @@ import redis
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox import relay
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
 from settled.celery_app import QUEUE, SUBMIT, create_app, hint_publisher
@@ -28,7 +29,6 @@ from tests.support.judge import check_truthful
 from tests.support.services import free_port
 from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import RedisProcess, Stack
-from workers import relay
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

@@ -17,14 +17,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from outbox import logs
+from outbox import logs, relay
 from outbox.intake import Outbox
 from outbox.settings import Settings
 from outbox.states import State
 from settled import celery_app, observe
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import wait_until
-from workers import relay
 
 
 @pytest.fixture
