@@ -35,7 +35,8 @@ from outbox import logs, wire
 from outbox.errors import InvalidParams
 from outbox.kinds import Kind, default_registry
 from settled.simulator.faults import Fault, FaultBook, Rule, Schedule
-from settled.simulator.ledger import OBJECTS, Ledger, Response, engine_for
+from settled.simulator.ledger import Ledger, Scripted, engine_for, kind_of_object
+from settled.simulator.messages import Response
 
 log = logging.getLogger(__name__)
 
@@ -476,13 +477,15 @@ class _Handler(BaseHTTPRequestHandler):
             fingerprint=fp,
             params=params,
             now=sim.now(),
-            reject_code=(rule.code or "declined")
-            if rule and fault is Fault.BUSINESS_REJECT
-            else None,
-            mismatch_field=(rule.field or _default_field(kind))
-            if rule and fault is Fault.MISMATCHED_RECEIPT
-            else None,
-            answer_503=fault is Fault.UNAVAILABLE_AFTER_COMMIT,
+            scripted=Scripted(
+                refusal_code=(rule.code or "declined")
+                if rule and fault is Fault.BUSINESS_REJECT
+                else None,
+                wrong_field=(rule.field or _default_field(kind))
+                if rule and fault is Fault.MISMATCHED_RECEIPT
+                else None,
+                answer_503=fault is Fault.UNAVAILABLE_AFTER_COMMIT,
+            ),
         )
         if fault is not None and fault in _CHANGE_EXECUTION:
             sim.note_injected(fault)
@@ -513,7 +516,7 @@ class _Handler(BaseHTTPRequestHandler):
         number = sim.count_request("lookup", tenant, key, self.fields.get(_DEADLINE))
         record = sim.ledger.record(tenant, key, not_before=sim.retention_floor())
         kind = record.outcome.get("object", "") if record and record.outcome else ""
-        rule = sim.faults.pick("lookup", tenant, _kind_of_object(str(kind)), key, number)
+        rule = sim.faults.pick("lookup", tenant, kind_of_object(str(kind)), key, number)
         if rule is not None and rule.fault is Fault.LOOKUP_UNAVAILABLE:
             sim.note_injected(rule.fault)
             self._error(503, wire.API_ERROR, "lookup_unavailable", "lookup is unavailable")
@@ -676,10 +679,6 @@ def _json(raw: bytes) -> Any:
 def _default_field(kind: Kind) -> str:
     fields = list(kind.intent.model_fields)
     return "amount_minor" if "amount_minor" in fields else fields[-1]
-
-
-def _kind_of_object(obj: str) -> str:
-    return next((kind for kind, (name, _) in OBJECTS.items() if name == obj), "")
 
 
 def _str(data: Mapping[str, Any], name: str) -> str:
