@@ -1,0 +1,172 @@
+"""``outbox.FakeGateway`` on its own: the default behaviour (Stripe-like idempotency and a
+lookup), scripting, what is remembered downstream, deadlines and the call record."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from outbox import FakeGateway
+from outbox.clock import Deadline
+from outbox.downstream import (
+    Accepted,
+    Found,
+    Gateway,
+    LookupMisuse,
+    NotExecuted,
+    NotFound,
+    NotSent,
+    Receipt,
+    Refused,
+    Unavailable,
+    Unknown,
+)
+from outbox.kinds import default_registry
+from outbox.states import RejectReason
+
+REFUND = default_registry().get("refund")
+PARAMS = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+LATER = datetime.now(UTC) + timedelta(days=365)
+
+
+def submit(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
+    args: dict[str, Any] = {"tenant": "acme", "params": PARAMS, "deadline": LATER, **kw}
+    return fake.submit(kind=REFUND, idempotency_key=key, **args)
+
+
+def lookup(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
+    args: dict[str, Any] = {"tenant": "acme", "params": PARAMS, "deadline": LATER, **kw}
+    return fake.lookup(kind=REFUND, idempotency_key=key, **args)
+
+
+def test_a_submit_is_accepted_with_a_receipt_of_the_params_sent() -> None:
+    fake = FakeGateway()
+    outcome = submit(fake)
+    assert isinstance(outcome, Accepted)
+    assert (outcome.receipt.status, dict(outcome.receipt.params)) == ("succeeded", PARAMS)
+    assert outcome.receipt.raw == {"idempotency_key": "k1"}
+    assert fake.effects("acme", "k1") == 1
+
+
+def test_the_same_key_again_answers_the_first_answer_and_does_nothing_again() -> None:
+    fake = FakeGateway()
+    first = submit(fake)
+    assert submit(fake) == first
+    assert fake.effects("acme", "k1") == 1
+    assert isinstance(submit(fake, "k2"), Accepted)  # another key is another request
+    assert submit(fake, "k2") != first
+
+
+def test_keys_are_per_tenant() -> None:
+    fake = FakeGateway()
+    submit(fake)
+    assert lookup(fake, tenant="other") == NotFound()
+    assert fake.effects("other", "k1") == 0
+
+
+def test_a_lookup_finds_what_a_key_did_and_nothing_else() -> None:
+    fake = FakeGateway()
+    assert lookup(fake) == NotFound()
+    accepted = submit(fake)
+    assert lookup(fake) == Found(accepted.receipt)
+    assert fake.record("acme", "k1") == Found(accepted.receipt)
+
+
+def test_a_record_that_differs_from_the_intent_is_a_lookup_mismatch() -> None:
+    fake = FakeGateway()
+    accepted = submit(fake)
+    other = {**PARAMS, "amount_minor": 1}
+    mismatch = lookup(fake, params=other)
+    assert isinstance(mismatch, LookupMisuse)
+    assert (mismatch.code, mismatch.record) == ("receipt_mismatch", accepted.receipt)
+
+
+def test_scripted_answers_come_in_order_a_keys_own_first_then_the_default() -> None:
+    fake = FakeGateway()
+    busy = NotExecuted(429, retry_after=2.0)
+    fake.script_submit(busy, NotSent("refused"))
+    fake.script_submit(Unknown("cut"), key="k2")
+    assert submit(fake, "k2") == Unknown("cut")  # its own script first
+    assert submit(fake, "k2") == busy  # then the script for every key
+    assert submit(fake, "k1") == NotSent("refused")
+    assert isinstance(submit(fake, "k1"), Accepted)  # then the default
+    fake.script_lookup(Unavailable("down"))
+    assert lookup(fake) == Unavailable("down")
+    assert isinstance(lookup(fake), Found)
+
+
+def test_a_refusal_is_on_record_and_replayed_but_has_no_effect() -> None:
+    fake = FakeGateway()
+    refused = Refused(RejectReason.BUSINESS_REJECTED, "order_closed", 402)
+    fake.script_submit(refused)
+    assert submit(fake) == refused
+    assert submit(fake) == refused  # the same key: the first answer again
+    found = lookup(fake)
+    assert isinstance(found, Found) and found.receipt.status == "rejected"
+    assert (found.reason, found.code) == (RejectReason.BUSINESS_REJECTED, "order_closed")
+    assert fake.effects("acme", "k1") == 0
+
+
+def test_a_refusal_not_executed_leaves_nothing_on_record() -> None:
+    fake = FakeGateway()
+    fake.script_submit(Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0), executed=False)
+    submit(fake)
+    assert lookup(fake) == NotFound()
+
+
+def test_an_unknown_answer_does_nothing_unless_executed() -> None:
+    fake = FakeGateway()
+    fake.script_submit(Unknown("reset before processing"))
+    fake.script_submit(Unknown("read timeout"), key="k2", executed=True)
+    assert submit(fake, "k1") == Unknown("reset before processing")
+    assert submit(fake, "k2") == Unknown("read timeout")
+    assert lookup(fake, "k1") == NotFound()
+    found = lookup(fake, "k2")
+    assert isinstance(found, Found) and found.receipt.status == "succeeded"
+    assert submit(fake, "k2") == Accepted(found.receipt)  # replayed as the stored success
+    assert (fake.effects("acme", "k1"), fake.effects("acme", "k2")) == (0, 1)
+
+
+def test_nothing_leaves_after_the_deadline() -> None:
+    fake = FakeGateway()
+    passed = Deadline(datetime.now(UTC), expires=5.0, monotonic=lambda: 10.0)
+    assert isinstance(submit(fake, deadline=passed), NotSent)
+    assert isinstance(submit(fake, deadline=datetime.now(UTC) - timedelta(seconds=1)), NotSent)
+    assert isinstance(lookup(fake, deadline=passed), Unavailable)
+    assert fake.effects("acme", "k1") == 0
+    assert len(fake.calls) == 3  # still recorded, as calls the code made
+
+
+def test_every_call_is_recorded_with_what_it_answered() -> None:
+    fake = FakeGateway()
+    deadline = Deadline(datetime.now(UTC), expires=20.0, monotonic=lambda: 10.0)
+    accepted = submit(fake, deadline=deadline)
+    lookup(fake, "k9")
+    first, second = fake.calls
+    assert (first.method, first.tenant, first.kind, first.idempotency_key) == (
+        "submit",
+        "acme",
+        "refund",
+        "k1",
+    )
+    assert (dict(first.params), first.deadline, first.outcome) == (PARAMS, deadline, accepted)
+    assert (second.method, second.idempotency_key, second.outcome) == ("lookup", "k9", NotFound())
+    assert fake.submits == [first] and fake.lookups == [second]
+
+
+def test_one_key_sent_from_many_threads_has_one_effect() -> None:
+    fake = FakeGateway()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: submit(fake), range(64)))
+    assert len({a.receipt.reference for a in answers}) == 1
+    assert fake.effects("acme", "k1") == 1
+    assert len(fake.submits) == 64
+
+
+def test_a_scripted_receipt_is_what_a_lookup_finds() -> None:
+    fake = FakeGateway()
+    receipt = Receipt("re_42", "succeeded", PARAMS)
+    fake.script_submit(Accepted(receipt))
+    submit(fake)
+    assert lookup(fake) == Found(receipt)
