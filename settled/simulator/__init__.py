@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from settled.simulator.control import SimulatorControl
 from settled.simulator.faults import Fault, Rule, Schedule
-from settled.simulator.server import SimulatorHandle, Switches, run, start_in_thread
+from settled.simulator.server import SimulatorHandle, run, start_in_thread
+from settled.simulator.state import Switches
 
 __all__ = [
     "Fault",

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from settled.simulator.faults import Fault
-from settled.simulator.server import Switches
+from settled.simulator.state import Switches
 
 
 class _Unset(enum.Enum):

@@ -1,0 +1,52 @@
+"""The simulator as the HTTP layer sees it: a request in, an answer out.
+
+Routes: ``/_control/...`` to the control API (test mode only; else 404), ``POST`` on a kind's
+endpoint to a submit, ``GET /v1/lookup/{key}`` to a lookup; anything else answers 404.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from outbox import wire
+from outbox.kinds import Kind, default_registry
+from settled.simulator import control_api
+from settled.simulator.lookup import lookup
+from settled.simulator.messages import NO_SUCH_ROUTE, Answer, Connection, Request, Response
+from settled.simulator.state import Simulator
+from settled.simulator.submit import submit
+
+CONTROL_PREFIX = "/_control/"
+LOOKUP_PREFIX = wire.LOOKUP_PATH.format(key="")
+
+
+class Application:
+    """Routes each request to its handler and answers for it."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        registry = default_registry()
+        #: endpoint -> the kind submitted there
+        self.kinds: dict[str, Kind] = {
+            kind.endpoint: kind for kind in map(registry.get, registry.names())
+        }
+
+    def respond(self, request: Request, connection: Connection) -> Response:
+        """The answer to ``request`` (or a reset of ``connection``, by a fault)."""
+        sim, method, path = self.sim, request.method, request.path
+        try:
+            if path.startswith(CONTROL_PREFIX):
+                if not sim.test_mode:
+                    return NO_SUCH_ROUTE
+                return control_api.respond(sim, method, path[len(CONTROL_PREFIX) :], request.body)
+            if method == "POST" and path in self.kinds:
+                return submit(sim, self.kinds[path], request, connection)
+            if method == "GET" and path.startswith(LOOKUP_PREFIX):
+                return lookup(sim, unquote(path[len(LOOKUP_PREFIX) :]), request, connection)
+            return NO_SUCH_ROUTE
+        except Answer as answer:
+            return answer.response
+
+    def route_of(self, path: str) -> str:
+        """``path`` as the request log shows it: the lookup's route, not the key in it."""
+        return wire.LOOKUP_PATH if path.startswith(LOOKUP_PREFIX) else path

@@ -1,0 +1,118 @@
+"""The submit path, one step at a time (README.md, "Order of processing a submit").
+
+1. authenticate (401) and require an ``Idempotency-Key`` (400);
+2. count the request and draw a fault (rules first, then the seeded schedule);
+3. the faults before the idempotency layer: ``429``, ``503_before``, ``reset_before``;
+4. validate the body as an intent of the kind (400);
+5. the idempotency layer: replay, ``idempotency_key_reused``, ``409 idempotency_key_in_use``;
+   else mark the key in flight (``hold_before_commit`` holds here);
+6. execute and save, in one transaction (``business_reject``, ``mismatched_receipt`` and
+   ``503_after_commit`` change what is executed or saved);
+7. the faults on the answer: ``commit_then_timeout``, ``commit_then_reset`` (replays too).
+
+What each fault does is in ``injection``; a step that answers early raises ``Answer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from outbox import wire
+from outbox.errors import InvalidParams
+from outbox.kinds import Kind
+from settled.simulator.auth import authenticate
+from settled.simulator.injection import Injection
+from settled.simulator.messages import Answer, Connection, Request, Response, error, parse_json
+from settled.simulator.state import Simulator
+
+_IDEMPOTENCY_KEY = wire.IDEMPOTENCY_KEY.lower()
+_DEADLINE = wire.DEADLINE.lower()
+
+_KEY_MISSING = error(
+    400, wire.INVALID_REQUEST, "idempotency_key_missing", "Idempotency-Key header is required"
+)
+_KEY_REUSED = error(
+    400, wire.IDEMPOTENCY_ERROR, wire.KEY_REUSED, "this key was used with other parameters"
+)
+_KEY_IN_USE = error(
+    409, wire.IDEMPOTENCY_ERROR, wire.KEY_IN_USE, "a request with this key is still in progress"
+)
+
+
+def submit(sim: Simulator, kind: Kind, request: Request, connection: Connection) -> Response:
+    """Serve a submit of ``kind``."""
+    tenant = authenticate(sim, request)
+    key = _idempotency_key(request)
+    number = sim.count_request("submit", tenant, key, request.fields.get(_DEADLINE))
+    faults = Injection(sim, sim.faults.pick("submit", tenant, kind.name, key, number), connection)
+    faults.before_idempotency()
+    params = _intent(kind, request.body)
+    fp = fingerprint(request.path, params)
+    replay = _claim_key(sim, tenant, key, fp)
+    if replay is not None:
+        return faults.on_answer(replay)
+    faults.before_commit()
+    with faults.in_execution(kind) as scripted:
+        execution = sim.ledger.execute(
+            tenant=tenant,
+            kind=kind.name,
+            key=key,
+            fingerprint=fp,
+            params=params,
+            now=sim.now(),
+            scripted=scripted,
+        )
+    return faults.on_answer(execution.response)
+
+
+def fingerprint(path: str, params: Mapping[str, Any]) -> str:
+    """What "the same request" means for the idempotency layer: the path and the body."""
+    canonical = json.dumps({"path": path, "params": params}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _idempotency_key(request: Request) -> str:
+    key = (request.fields.get(_IDEMPOTENCY_KEY) or "").strip()
+    if not key or len(key) > 255:
+        raise Answer(_KEY_MISSING)
+    return key
+
+
+def _intent(kind: Kind, body: bytes) -> Any:
+    """The body, if it is a valid intent of ``kind``; answers 400 otherwise."""
+    try:
+        params = parse_json(body)
+        kind.parse(params)
+    except (ValueError, InvalidParams) as exc:
+        code = exc.code if isinstance(exc, InvalidParams) else "body_not_json"
+        raise Answer(
+            error(400, wire.INVALID_REQUEST, code, "the request body is not a valid intent")
+        ) from None
+    return params
+
+
+def _claim_key(sim: Simulator, tenant: str, key: str, fp: str) -> Response | None:
+    """The idempotency layer: the saved answer to replay, or None to execute (the key is then
+    marked in flight). Answers 400 for a key used with other params, 409 for one in flight.
+
+    With the ``idempotency`` switch off every request executes anew.
+    """
+    if not sim.switches.idempotency:
+        return None
+    with sim.idempotency_lock:
+        record = sim.ledger.record(tenant, key, not_before=sim.retention_floor())
+        if record is None:
+            sim.ledger.begin(tenant, key, fp, sim.now())
+            return None
+        if record.fingerprint != fp:
+            raise Answer(_KEY_REUSED)
+        if record.state == "in_flight":
+            raise Answer(_KEY_IN_USE)
+    if record.response is None:
+        return None  # a record that saved no answer: execute anew
+    saved = record.response
+    return replace(saved, headers={**saved.headers, wire.REPLAYED: "true"})
