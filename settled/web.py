@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -89,17 +89,138 @@ LangQuery = Annotated[
 ]
 
 
+# -- the status API: runs and operations, each read authorised for the key's tenant -----------
+
+status_api = APIRouter(responses=ERRORS)
+
+
+@status_api.get("/v1/runs/{handle}", summary="The report of a run")
+def get_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
+    """Done / not done / uncertain, from states and receipts; ``lang`` adds the text."""
+    return runs.run_report(s, who.tenant, handle).as_dict(lang)
+
+
+@status_api.post("/v1/runs/{handle}/cancel", summary="Stop a run")
+def cancel_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
+    """Cancel the run's unsent operations; already-sent ones stay pending confirmation."""
+    done = runs.cancel_run(s, who.tenant, handle, actor=f"api_key:{who.key_id}")
+    cancelled = len(done.cancelled_ids)
+    s.commit()  # on any error the session closes and rolls back: nothing is written
+    report = runs.run_report(s, who.tenant, handle)
+    return {
+        "cancelled_now": cancelled,
+        "already_requested": done.already_requested,
+        "report": report.as_dict(lang),
+    }
+
+
+@status_api.get("/v1/operations/{op_id}", summary="One operation")
+def get_operation(op_id: str, who: Auth, s: DB) -> dict[str, Any]:
+    """One operation of the key's tenant: state, group, evidence, compensations."""
+    return runs.operation_status(s, who.tenant, op_id)
+
+
+# -- for operators: health and metrics, no key, not in the API document ------------------------
+
+operator_routes = APIRouter(include_in_schema=False)
+
+
+@operator_routes.get("/healthz")
+def healthz(s: DB) -> dict[str, str]:
+    """Liveness and database reachability, for the orchestrator's health check."""
+    s.execute(text("SELECT 1"))
+    return {"status": "ok"}
+
+
+@operator_routes.get("/metrics")
+def prometheus(request: Request) -> Response:
+    """Prometheus metrics, read from the database."""
+    registry = request.app.state.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# -- every answer is JSON: errors in one shape ------------------------------------------------
+
+
+def _unauthorized(_request: Request, _exc: Unauthorized) -> JSONResponse:
+    return JSONResponse(UNAUTHORIZED, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _not_found(_request: Request, _exc: NotFound) -> JSONResponse:
+    # One body for "does not exist" and "belongs to another tenant": no oracle.
+    return JSONResponse(NOT_FOUND, status_code=404)
+
+
+def _invalid(_request: Request, exc: InvalidInput) -> JSONResponse:
+    return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=422)
+
+
+def _conflict(_request: Request, exc: SettledError) -> JSONResponse:
+    return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=409)
+
+
+def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    fields = [".".join(str(p) for p in e.get("loc", ())) for e in exc.errors()]
+    return JSONResponse(
+        {"error": {"code": "invalid_request", "message": "invalid request", "fields": fields}},
+        status_code=422,
+    )
+
+
+def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        return JSONResponse(NOT_FOUND, status_code=404)
+    code = "method_not_allowed" if exc.status_code == 405 else "http_error"
+    return JSONResponse(
+        {"error": {"code": code, "message": str(exc.detail)}},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+#: exception -> its JSON answer (Starlette picks the handler of the nearest class)
+ERROR_HANDLERS: dict[type[Exception], Callable[..., JSONResponse]] = {
+    Unauthorized: _unauthorized,
+    NotFound: _not_found,
+    InvalidInput: _invalid,
+    SettledError: _conflict,
+    RequestValidationError: _validation,
+    StarletteHTTPException: _http,
+}
+
+
+# -- the access log ---------------------------------------------------------------------------
+
+
+async def log_access(request: Request, call_next: Any) -> Any:
+    """One line per request: method, path (never the query), status, duration, and the
+    tenant once its key was accepted; the client's address is not logged."""
+    started = time.monotonic()
+    status = 500
+    try:
+        response = await call_next(request)
+        status = response.status_code
+        return response
+    finally:
+        access_log.info(
+            "request",
+            extra={
+                "method": request.method,
+                "path": request.url.path[:200],
+                "status": status,
+                "duration_ms": round((time.monotonic() - started) * 1000, 1),
+                "tenant": getattr(request.state, "tenant", None),
+            },
+        )
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+
 def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
     """The status API over ``source``: settings (an engine is made here and disposed on
     shutdown), a sessionmaker, or anything with a ``sessions`` attribute (a Runtime)."""
-    owned = None
-    if isinstance(source, Settings):
-        owned = make_engine(source.database_url)
-        sessions: sessionmaker[Session] = sessionmaker(owned, expire_on_commit=False)
-    elif isinstance(source, sessionmaker):
-        sessions = source
-    else:
-        sessions = source.sessions
+    sessions, owned = _sessions_of(source)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -113,104 +234,26 @@ def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
         description="What a run has done, has not done, and what is still uncertain.",
         lifespan=lifespan,
     )
-
     app.state.sessions = sessions
-
-    @app.middleware("http")
-    async def _access_log(request: Request, call_next: Any) -> Any:
-        """One line per request: method, path (never the query), status, duration, and the
-        tenant once its key was accepted; the client's address is not logged."""
-        started = time.monotonic()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            access_log.info(
-                "request",
-                extra={
-                    "method": request.method,
-                    "path": request.url.path[:200],
-                    "status": status,
-                    "duration_ms": round((time.monotonic() - started) * 1000, 1),
-                    "tenant": getattr(request.state, "tenant", None),
-                },
-            )
-
-    @app.exception_handler(Unauthorized)
-    def _unauthorized(_request: Request, _exc: Unauthorized) -> JSONResponse:
-        return JSONResponse(UNAUTHORIZED, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-
-    @app.exception_handler(NotFound)
-    def _not_found(_request: Request, _exc: NotFound) -> JSONResponse:
-        # One body for "does not exist" and "belongs to another tenant": no oracle.
-        return JSONResponse(NOT_FOUND, status_code=404)
-
-    @app.exception_handler(InvalidInput)
-    def _invalid(_request: Request, exc: InvalidInput) -> JSONResponse:
-        return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=422)
-
-    @app.exception_handler(SettledError)
-    def _conflict(_request: Request, exc: SettledError) -> JSONResponse:
-        return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=409)
-
-    @app.exception_handler(RequestValidationError)
-    def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = [".".join(str(p) for p in e.get("loc", ())) for e in exc.errors()]
-        return JSONResponse(
-            {"error": {"code": "invalid_request", "message": "invalid request", "fields": fields}},
-            status_code=422,
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            return JSONResponse(NOT_FOUND, status_code=404)
-        code = "method_not_allowed" if exc.status_code == 405 else "http_error"
-        return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail)}},
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
-
-    @app.get("/v1/runs/{handle}", responses=ERRORS, summary="The report of a run")
-    def get_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
-        """Done / not done / uncertain, from states and receipts; ``lang`` adds the text."""
-        return runs.run_report(s, who.tenant, handle).as_dict(lang)
-
-    @app.post("/v1/runs/{handle}/cancel", responses=ERRORS, summary="Stop a run")
-    def cancel_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
-        """Cancel the run's unsent operations; already-sent ones stay pending confirmation."""
-        done = runs.cancel_run(s, who.tenant, handle, actor=f"api_key:{who.key_id}")
-        cancelled = len(done.cancelled_ids)
-        s.commit()  # on any error the session closes and rolls back: nothing is written
-        report = runs.run_report(s, who.tenant, handle)
-        return {
-            "cancelled_now": cancelled,
-            "already_requested": done.already_requested,
-            "report": report.as_dict(lang),
-        }
-
-    @app.get("/v1/operations/{op_id}", responses=ERRORS, summary="One operation")
-    def get_operation(op_id: str, who: Auth, s: DB) -> dict[str, Any]:
-        """One operation of the key's tenant: state, group, evidence, compensations."""
-        return runs.operation_status(s, who.tenant, op_id)
-
-    @app.get("/healthz", include_in_schema=False)
-    def healthz(s: DB) -> dict[str, str]:
-        """Liveness and database reachability, for the orchestrator's health check."""
-        s.execute(text("SELECT 1"))
-        return {"status": "ok"}
-
-    metrics_registry = metrics.registry(sessions)
-
-    @app.get("/metrics", include_in_schema=False)
-    def prometheus() -> Response:
-        """Prometheus metrics, read from the database."""
-        return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
-
+    app.state.metrics_registry = metrics.registry(sessions)
+    app.middleware("http")(log_access)
+    for error, handler in ERROR_HANDLERS.items():
+        app.exception_handler(error)(handler)
+    app.include_router(status_api)
+    app.include_router(operator_routes)
     return app
+
+
+def _sessions_of(
+    source: Settings | sessionmaker[Session] | Any,
+) -> tuple[sessionmaker[Session], Engine | None]:
+    """The sessions to serve from, and the engine made for them here (None: the caller's)."""
+    if isinstance(source, Settings):
+        owned = make_engine(source.database_url)
+        return sessionmaker(owned, expire_on_commit=False), owned
+    if isinstance(source, sessionmaker):
+        return source, None
+    return source.sessions, None
 
 
 def serve(settings: Settings, *, host: str, port: int) -> None:
