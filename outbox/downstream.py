@@ -180,7 +180,7 @@ class Addressed(Protocol):
 
 
 class Leased(Addressed, Protocol):
-    """An operation held under a lease (``outbox.store.Claimed``)."""
+    """An operation held under a lease (``outbox.storage.claims.Claimed``)."""
 
     @property
     def lease_until(self) -> datetime: ...

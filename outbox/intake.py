@@ -6,19 +6,15 @@ the business row and the intent commit together, or neither does.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, insert, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import has_identity
 
-from outbox.db import db_now
 from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
 from outbox.fingerprint import Fingerprinter, canonical_params
 from outbox.ids import (
@@ -28,9 +24,9 @@ from outbox.ids import (
     validate_tenant,
 )
 from outbox.kinds import KindRegistry, default_registry
-from outbox.models import Operation, OperationEvent, Run, UTCDateTime
+from outbox.models import Operation, Run
 from outbox.settings import Settings
-from outbox.states import State
+from outbox.storage import storage_for
 
 #: ``Session.info`` key listing the operations created in the session's transaction.
 CREATED_KEY = "settled.created"
@@ -133,19 +129,16 @@ class Outbox:
             "correlation_id": correlation_id,
             "compensates_id": compensates_id,
         }
-        stmt = _insert_operation(session.get_bind().dialect.name, self.deadline.total_seconds())
         # Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
         # waits for the other transaction and then inserts nothing instead of raising; on
         # SQLite the write lock is taken before any read, so no lock upgrade can fail.
-        op = session.scalars(stmt, values).one_or_none()
+        op = storage_for(session).create_operation(
+            session,
+            values,
+            default_deadline_seconds=self.deadline.total_seconds(),
+            evidence={"correlation_id": correlation_id} if correlation_id else None,
+        )
         if op is not None:
-            session.connection().execute(
-                _INSERT_CREATED_EVENT,
-                {
-                    "operation_id": op.id,
-                    "evidence": {"correlation_id": correlation_id} if correlation_id else None,
-                },
-            )
             # Hints go out after commit, if the app installed the relay (outbox.relay).
             session.info.setdefault(CREATED_KEY, []).append(op.id)
             return Enqueued(op, created=True)
@@ -208,47 +201,6 @@ def _stored_id(
     if row.tenant != tenant:
         raise NotFound(f"no such {model.__name__.lower()} for this tenant", code=code)
     return row.id
-
-
-_INTAKE_PARAMS = (
-    "tenant", "op_id", "kind", "params", "fingerprint", "fingerprint_key_version",
-    "idempotency_key", "max_attempts", "run_id", "correlation_id", "compensates_id",
-)  # fmt: skip
-
-
-@functools.lru_cache(maxsize=16)
-def _insert_operation(dialect: str, default_deadline_seconds: float) -> Any:
-    """The intake INSERT, built once per dialect and default deadline (its compiled form is
-    then cached by SQLAlchemy); returns the new Operation, or nothing on a conflict."""
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    deadline = bindparam("deadline", type_=UTCDateTime())
-    returning = (
-        insert(Operation)
-        .values(
-            **{name: bindparam(name) for name in _INTAKE_PARAMS},
-            state=State.PLANNED.value,
-            attempts=0,
-            deadline=func.coalesce(deadline, db_now(default_deadline_seconds)),
-            next_attempt_at=db_now(),
-            created_at=db_now(),
-            updated_at=db_now(),
-        )
-        .on_conflict_do_nothing(index_elements=["tenant", "op_id"])
-        .returning(Operation)
-    )
-    # As a SELECT from the statement: one row into the session, no ORM bulk-insert machinery.
-    return select(Operation).from_statement(returning)
-
-
-_events: Table = OperationEvent.__table__  # type: ignore[assignment]
-_INSERT_CREATED_EVENT = insert(_events).values(
-    operation_id=bindparam("operation_id"),
-    from_state=None,
-    to_state=State.PLANNED.value,
-    actor="intake",
-    evidence=bindparam("evidence"),
-    at=db_now(),
-)
 
 
 def _find(session: Session, tenant: str, op_id: str) -> Operation | None:

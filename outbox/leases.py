@@ -7,7 +7,7 @@ working on an operation (an outcome write held up by a slow database, a lookup, 
 reconciler's chunk), a ``LeaseKeeper`` renews its lease every third of a lease from a thread
 of its own, so a live worker is not overtaken.
 
-What renewal does not change (the fencing of ``outbox.store``):
+What renewal does not change (the fencing of ``outbox.storage.claims``):
 
 * every write still names the claim's lease version: renewing never bumps it;
 * a send is still bounded by the lease it was claimed with (``attempts.not_after``), so a
@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import store
 from outbox.clock import Monotonic
+from outbox.storage.claims import Claimed, renew_leases
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class LeaseKeeper:
         self._pid = 0
 
     @contextmanager
-    def holding(self, claims: Iterable[store.Claimed]) -> Iterator[None]:
+    def holding(self, claims: Iterable[Claimed]) -> Iterator[None]:
         """Keep these claims' leases alive until the block ends."""
         held = [(c.id, c.lease_version) for c in claims]
         if not held:
@@ -103,7 +103,7 @@ class LeaseKeeper:
             return set()
         try:
             with self.sessions.begin() as session:
-                renewed = store.renew_leases(
+                renewed = renew_leases(
                     session, due, owner=self.owner, lease_seconds=self.lease_seconds
                 )
         except SQLAlchemyError as exc:

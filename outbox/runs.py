@@ -16,13 +16,14 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from outbox import store
 from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
 from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Enqueued, Outbox
 from outbox.models import Operation, OperationEvent, ReviewItem, Run
 from outbox.report import OpFacts, Report, RunFacts, build_line, build_report
 from outbox.states import State
+from outbox.storage import storage_for
+from outbox.storage.runs import cancel_planned, request_run_cancel
 
 HANDLE_PREFIX = "run_"
 HANDLE_RE = re.compile(r"run_[A-Za-z0-9_-]{32}")
@@ -74,8 +75,8 @@ def cancel_run(session: Session, tenant: str, handle: str, *, actor: str) -> Can
     """
     actor = validate_label(actor, field="actor", max_length=MAX_ACTOR)
     run = find_run(session, tenant, handle)
-    first = store.request_run_cancel(session, run.id, actor=actor)
-    ids = store.cancel_planned(session, run.id, actor=actor)
+    first = request_run_cancel(session, run.id, actor=actor)
+    ids = cancel_planned(storage_for(session), session, run.id, actor=actor)
     session.expire(run)
     return Cancelled(run, ids, already_requested=not first)
 

@@ -22,14 +22,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import store
 from outbox.clock import DbClock, Monotonic
-from outbox.db import db_now
 from outbox.downstream import Gateway, LookupOutcome, look_up, lookup_deadline
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
 from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
 from outbox.states import State
+from outbox.storage import Storage, storage_for
+from outbox.storage.attempts import attempt_history, operation_facts
+from outbox.storage.claims import Claimed, claim_unresolved
+from outbox.storage.operations import db_time, oldest_unknown_since
+from outbox.storage.transitions import Transition
 from reconciler.decide import MAX_RECHECK, Decision, Situation, decide
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,14 @@ class Reconciler:
     monotonic: Monotonic = time.monotonic
 
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
+    _storage: Storage | None = field(default=None, init=False, repr=False)
+
+    @property
+    def storage(self) -> Storage:
+        """The database's Storage (the sessions' engine's)."""
+        if self._storage is None or self._storage.engine is not self.sessions.kw["bind"]:
+            self._storage = storage_for(self.sessions)
+        return self._storage
 
     @property
     def keeper(self) -> LeaseKeeper:
@@ -105,7 +116,7 @@ class Reconciler:
             mono = self.monotonic()
             limit = min(self.chunk, self.batch - claimed_total)
             with self.sessions.begin() as session:
-                claims = store.claim_unresolved(
+                claims = claim_unresolved(
                     session, worker=self.actor, lease_seconds=self.lease_seconds, limit=limit
                 )
             claimed_total += len(claims)
@@ -116,8 +127,8 @@ class Reconciler:
             if len(claims) < limit:
                 break  # nothing more was due
         with self.sessions() as session:
-            oldest = store.oldest_unknown_since(session)
-            now = store.db_time(session)
+            oldest = oldest_unknown_since(session)
+            now = db_time(session)
         self.totals.update(outcomes)
         report = PassReport(
             claimed_total,
@@ -129,7 +140,7 @@ class Reconciler:
             log.info("reconcile pass", extra=report.as_dict())
         return report
 
-    def _reconcile_safely(self, claimed: store.Claimed, clock: DbClock) -> str:
+    def _reconcile_safely(self, claimed: Claimed, clock: DbClock) -> str:
         """``_reconcile``, and whatever goes wrong stays with this operation."""
         try:
             return self._reconcile(claimed, clock)
@@ -140,36 +151,35 @@ class Reconciler:
             self._to_review(claimed, type(exc).__name__)
             return "error"
 
-    def _to_review(self, claimed: store.Claimed, error: str) -> None:
+    def _to_review(self, claimed: Claimed, error: str) -> None:
         """Record the failure and put the operation in review, to be looked at again later;
         if even that fails, the lease expires and a later pass tries again. A ``submitted``
         operation keeps its lease, which expires (a released one would never be looked at)."""
         if claimed.state is not State.UNKNOWN:
             return
         try:
+            failed = Transition.look(
+                claimed,
+                note="reconcile_failed",
+                recheck_at=claimed.now + MAX_RECHECK,
+                looked=False,
+                evidence={"error": error},
+                review="reconcile_failed",
+            )
             with self.sessions.begin() as session:
-                store.touch(
-                    session,
-                    claimed,
-                    actor=self.actor,
-                    note="reconcile_failed",
-                    recheck_at=claimed.now + MAX_RECHECK,
-                    looked=False,
-                    evidence={"error": error},
-                    review="reconcile_failed",
-                )
+                self.storage.write_transition(session, failed, actor=self.actor)
         except Exception:
             log.exception("could not record the failure", extra={"operation_id": claimed.id})
 
-    def _reconcile(self, claimed: store.Claimed, clock: DbClock) -> str:
+    def _reconcile(self, claimed: Claimed, clock: DbClock) -> str:
         kind = self.registry.get(claimed.kind)
         lookup: LookupOutcome | None = None
         if kind.contract.queryable:
             deadline = lookup_deadline(clock, claimed, self.lookup_seconds)
             lookup = look_up(self.gateway, claimed, kind, deadline=deadline)
         with self.sessions.begin() as session:
-            facts = store.facts(session, claimed.id)
-            now = store.db_time(session)
+            facts = operation_facts(session, claimed.id)
+            now = db_time(session)
             situation = Situation(
                 state=claimed.state,
                 contract=kind.contract,
@@ -191,38 +201,34 @@ class Reconciler:
         return decision.outcome
 
     def _write(
-        self, session: Session, claimed: store.Claimed, d: Decision, *, looked: bool, before: int
+        self, session: Session, claimed: Claimed, d: Decision, *, looked: bool, before: int
     ) -> None:
         evidence = dict(d.evidence)
         if d.review is not None:
-            evidence["attempts"] = store.attempt_history(session, claimed.id)
+            evidence["attempts"] = attempt_history(session, claimed.id)
             evidence["lookups"] = before + int(looked)
         if d.event is None or d.to is None:
             assert d.recheck_at is not None
-            store.touch(
-                session,
+            concluded = Transition.look(
                 claimed,
-                actor=self.actor,
                 note=d.outcome,
                 recheck_at=d.recheck_at,
                 looked=looked,
                 evidence=evidence,
                 review=d.review,
             )
-            return
-        values: dict[str, Any] = {}
-        if d.recheck_at is not None or d.to is State.PLANNED:
-            values["next_attempt_at"] = d.recheck_at or db_now()
-        store.move(
-            session,
-            claimed,
-            d.event,
-            d.to,
-            actor=self.actor,
-            reason=d.reason,
-            evidence=evidence,
-            values=values,
-            review=d.review,
-            receipt=d.receipt,
-            looked=looked,
-        )
+        else:
+            concluded = Transition(
+                claimed,
+                d.event,
+                d.to,
+                reason=d.reason,
+                evidence=evidence,
+                next_attempt_at=d.recheck_at,
+                # requeued with no later time given: due at once
+                due_now=d.recheck_at is None and d.to is State.PLANNED,
+                review=d.review,
+                receipt=d.receipt,
+                looked=looked,
+            )
+        self.storage.write_transition(session, concluded, actor=self.actor)

@@ -20,7 +20,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import store
 from outbox.clock import DbClock
 from outbox.downstream import (
     Found,
@@ -35,6 +34,10 @@ from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, Set
 from outbox.kinds import DownstreamContract, KindRegistry
 from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.states import Event, RejectReason, State
+from outbox.storage import Storage, storage_for
+from outbox.storage.attempts import OperationFacts, operation_facts
+from outbox.storage.operations import db_time
+from outbox.storage.reviews import note_staff_action, resolve_review, settle_unknown
 from reconciler.decide import Situation, not_found_doubt
 from reconciler.evidence import weigh
 
@@ -108,6 +111,11 @@ class ReviewQueue:
     registry: KindRegistry
     lookup_timeout: float = 10.0
 
+    @property
+    def storage(self) -> Storage:
+        """The database's Storage."""
+        return storage_for(self.sessions)
+
     def list(
         self,
         staff: Staff,
@@ -134,7 +142,7 @@ class ReviewQueue:
             stmt = stmt.where(ReviewItem.reason == reason)
         with self.sessions() as session:
             if older_than is not None:
-                cutoff = store.db_time(session) - older_than
+                cutoff = db_time(session) - older_than
                 stmt = stmt.where(ReviewItem.created_at <= cutoff)
             return [
                 {**_item(item), "op_id": op_id, "kind": kind, "state": state}
@@ -213,14 +221,16 @@ class ReviewQueue:
             if isinstance(lookup, Found):
                 settled = settlement(lookup)
                 evidence = {"lookup": "found", "by": staff.actor, "role": staff.role.value}
-                if not store.settle_unknown(
-                    session, snapshot["id"], Event.FIND, settled.state, actor=staff.actor,
-                    reason=settled.reason, receipt=settled.receipt, evidence=evidence,
+                if not settle_unknown(
+                    self.storage, session, snapshot["id"], Event.FIND, settled.state,
+                    actor=staff.actor, reason=settled.reason, receipt=settled.receipt,
+                    evidence=evidence,
                 ):  # fmt: skip
                     raise ReviewConflict("the operation is no longer unknown", code="settled")
                 result["state"] = settled.state.value
             else:
-                store.record_note(
+                note_staff_action(
+                    self.storage,
                     session,
                     snapshot["id"],
                     actor=staff.actor,
@@ -298,7 +308,7 @@ class ReviewQueue:
                     "this item changed since you read it; show it again", code="stale_version"
                 )
             snapshot = _snapshot(op)
-            facts = store.facts(session, op.id)
+            facts = operation_facts(session, op.id)
             clock = self._clock(session)
         kind = self.registry.get(snapshot["kind"])
         lookup = self._lookup(snapshot, clock)
@@ -327,7 +337,8 @@ class ReviewQueue:
                 receipt["reference"] = reference
         with self.sessions.begin() as session:
             # The operation row first, then the item: the lock order of every writer.
-            if not store.settle_unknown(
+            if not settle_unknown(
+                self.storage,
                 session,
                 snapshot["id"],
                 Event.RESOLVE,
@@ -339,7 +350,7 @@ class ReviewQueue:
                 close_review=False,
             ):
                 raise self._conflict(session, item_id)
-            if not store.resolve_review(
+            if not resolve_review(
                 session,
                 item_id,
                 version=version,
@@ -363,7 +374,8 @@ class ReviewQueue:
                 item = session.get(ReviewItem, item_id)
                 if item is None:
                     return  # no such item: nothing to attach the attempt to
-                store.record_note(
+                note_staff_action(
+                    self.storage,
                     session,
                     item.operation_id,
                     actor=staff.actor,
@@ -391,13 +403,13 @@ class ReviewQueue:
 
     def _clock(self, session: Session) -> DbClock:
         mono = time.monotonic()
-        return DbClock(store.db_time(session), mono)
+        return DbClock(db_time(session), mono)
 
     def _situation(
         self,
         snapshot: dict[str, Any],
         contract: DownstreamContract,
-        facts: store.Facts,
+        facts: OperationFacts,
         clock: DbClock,
     ) -> Situation:
         return Situation(

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-    from outbox import store
+    from outbox.storage.claims import Claimed
 
 T = TypeVar("T")
 
@@ -212,7 +212,7 @@ def _wrapping(original: Callable[..., T], wrapper: Callable[..., T]) -> Callable
 # -- contexts --------------------------------------------------------------------------------
 
 
-def _identity(claimed: store.Claimed) -> dict[str, Any]:
+def _identity(claimed: Claimed) -> dict[str, Any]:
     return {
         "settled.operation_id": claimed.id,
         "settled.tenant": claimed.tenant,
@@ -221,7 +221,7 @@ def _identity(claimed: store.Claimed) -> dict[str, Any]:
     }
 
 
-def _log_fields(claimed: store.Claimed) -> dict[str, Any]:
+def _log_fields(claimed: Claimed) -> dict[str, Any]:
     return {
         "operation_id": claimed.id,
         "tenant": claimed.tenant,
@@ -269,7 +269,7 @@ def _link_to(ctx: Context) -> list[Any]:
 
 
 @contextmanager
-def _operation_span(name: str, claimed: store.Claimed, **attributes: Any) -> Iterator[Span | None]:
+def _operation_span(name: str, claimed: Claimed, **attributes: Any) -> Iterator[Span | None]:
     """A span of one operation, continuing its trace (None while tracing is off), with the
     operation's identity bound to the log lines written inside."""
     with logs.bound(**_log_fields(claimed)):
@@ -359,9 +359,7 @@ def _claim(original: Callable[..., Any], self: Executor, ids: Sequence[int], ext
     return result
 
 
-def _send_one(
-    original: Callable[..., Sent], self: Executor, claimed: store.Claimed, *args: Any
-) -> Sent:
+def _send_one(original: Callable[..., Sent], self: Executor, claimed: Claimed, *args: Any) -> Sent:
     attempt = {"settled.attempt": claimed.attempts}
     with _operation_span("settled.send", claimed, **attempt) as span:
         with logs.bound(attempt=claimed.attempts):
@@ -403,9 +401,7 @@ def _record(original: Callable[..., Any], self: Executor, batch: list[Sent]) -> 
             span.end()
 
 
-def _recover(
-    original: Callable[..., Any], self: Executor, claimed: store.Claimed, *args: Any
-) -> Any:
+def _recover(original: Callable[..., Any], self: Executor, claimed: Claimed, *args: Any) -> Any:
     with _operation_span("settled.recover", claimed) as span:
         written = original(self, claimed, *args)
         if span is not None and claimed.id in written:
@@ -414,7 +410,7 @@ def _recover(
 
 
 def _reconcile_safely(
-    original: Callable[..., str], self: Reconciler, claimed: store.Claimed, *args: Any
+    original: Callable[..., str], self: Reconciler, claimed: Claimed, *args: Any
 ) -> str:
     logs.remember(claimed.id, tenant=claimed.tenant, op_id=claimed.op_id, kind=claimed.kind)
     tracer = _state.tracer

@@ -55,8 +55,8 @@ def build_runtime(
 ) -> Runtime:
     registry = settings.apply_contracts(registry or default_registry())
     # No pre-ping: it costs a round trip and a commit per checkout (two per operation). The
-    # executor runs a transaction again when its pooled connection turns out to be dead
-    # (``workers.executor.in_transaction``); other users of these sessions fail once and the
+    # executor runs a step again when its pooled connection turns out to be dead
+    # (``outbox.storage.connection.run_twice``); other users of these sessions fail once and the
     # pool, invalidated by SQLAlchemy on the disconnect, hands out fresh connections after.
     engine_kwargs.setdefault("pool_pre_ping", False)
     engine = make_engine(settings.database_url, **engine_kwargs)

@@ -16,13 +16,10 @@ An operation found ``submitted`` with an expired lease may have been sent: it is
 Hints larger than ``max_batch`` are worked in consecutive batches, each claimed just before
 it is sent.
 
-On PostgreSQL every write of a step is a single statement per batch, atomic by itself (the
-UPDATE fenced row by row, with the event, attempt and review rows of the rows it updated), so
-the steps run on an autocommit connection: no BEGIN and COMMIT round trips. Elsewhere (SQLite)
-each step is one transaction.
-
-The engine has no pre-ping (it costs a round trip and a commit per checkout): a step that
-finds its pooled connection dead runs once more on a fresh one (``in_transaction``).
+Each step (claim and start; record) runs as its database's ``Storage.step`` says: on
+PostgreSQL every write of a step is a single statement per batch, atomic by itself, on an
+autocommit connection; on SQLite one transaction. A step that finds its pooled connection
+dead runs once more on a fresh one (``outbox.storage.connection.run_twice``).
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import store
 from outbox.clock import DbClock, Deadline, Monotonic
 from outbox.downstream import (
     Accepted,
@@ -56,6 +52,11 @@ from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LeaseKeeper
 from outbox.states import Event, State
+from outbox.storage import Storage, storage_for
+from outbox.storage.attempts import reached_downstream, start_attempts
+from outbox.storage.claims import Claimed, claim_for_send
+from outbox.storage.runs import cancelled_runs
+from outbox.storage.transitions import Finish, Transition
 from workers.failpoints import failpoint
 from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery, judge_submit
 
@@ -68,41 +69,9 @@ T = TypeVar("T")
 HOLD_SECONDS = 60.0
 
 
-def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
-    """Run ``work`` in one transaction; once more if the connection turned out to be dead.
-
-    Without pre-ping, a connection that died in the pool (PostgreSQL restarted) fails on its
-    first statement and SQLAlchemy invalidates the pool; the second run gets a fresh
-    connection. Only for work whose writes are all conditional and fenced: if the lost
-    connection did commit, running it again changes nothing (a claim finds the lease taken, an
-    outcome finds the state moved on and is refused as stale).
-    """
-    return _twice(lambda: _in_session(sessions, work))
-
-
-def _in_session(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
-    with sessions.begin() as session:
-        return work(session)
-
-
-def _on_connection(engine: Engine, work: Callable[[Connection], T]) -> T:
-    with engine.connect() as conn:
-        return work(conn)
-
-
-def _twice(run: Callable[[], T]) -> T:
-    try:
-        return run()
-    except DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-        log.warning("database connection lost; running the transaction again")
-    return run()
-
-
 @dataclass(frozen=True)
 class Sent:
-    claimed: store.Claimed
+    claimed: Claimed
     kind: Kind
     outcome: SubmitOutcome
     #: database time when the outcome came back (estimated on the monotonic clock)
@@ -129,19 +98,19 @@ class Executor:
     monotonic: Monotonic = time.monotonic
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
-    #: PostgreSQL: the sessions' engine, and the same on autocommit connections
-    _autocommit: tuple[Engine, Engine] | None = field(default=None, init=False, repr=False)
+    _storage: Storage | None = field(default=None, init=False, repr=False)
+
+    @property
+    def storage(self) -> Storage:
+        """The database's Storage (the sessions' engine's; made again if they change)."""
+        engine: Engine = self.sessions.kw["bind"]
+        if self._storage is None or self._storage.engine is not engine:
+            self._storage = storage_for(engine)
+        return self._storage
 
     def _step(self, work: Callable[[Connection], T]) -> T:
-        """One step: on an autocommit connection on PostgreSQL, in a transaction elsewhere;
-        run once more if its pooled connection turned out to be dead (see ``in_transaction``)."""
-        engine = self.sessions.kw.get("bind")
-        if isinstance(engine, Engine) and engine.dialect.name == "postgresql":
-            if self._autocommit is None or self._autocommit[0] is not engine:
-                self._autocommit = (engine, engine.execution_options(isolation_level="AUTOCOMMIT"))
-            autocommit = self._autocommit[1]
-            return _twice(lambda: _on_connection(autocommit, work))
-        return in_transaction(self.sessions, lambda session: work(session.connection()))
+        """One step, atomic as the database's Storage makes it (``Storage.step``)."""
+        return self.storage.step(work)
 
     def execute(self, ids: Sequence[int]) -> dict[int, State]:
         """Claim, send and record the hinted operations; returns the states written."""
@@ -183,15 +152,15 @@ class Executor:
             )
         return self._keeper
 
-    def _clock(self, claimed: store.Claimed, mono: float) -> DbClock:
+    def _clock(self, claimed: Claimed, mono: float) -> DbClock:
         return DbClock(claimed.now, mono, self.monotonic)
 
     def _claim(
         self, ids: Sequence[int], extra: int
     ) -> tuple[
-        list[tuple[store.Claimed, Kind]],
-        list[store.Claimed],
-        list[tuple[store.Claimed, str]],
+        list[tuple[Claimed, Kind]],
+        list[Claimed],
+        list[tuple[Claimed, str]],
         dict[int, State],
     ]:
         return self._step(lambda conn: self._claim_in(conn, ids, extra))
@@ -199,25 +168,25 @@ class Executor:
     def _claim_in(
         self, conn: Connection, ids: Sequence[int], extra: int
     ) -> tuple[
-        list[tuple[store.Claimed, Kind]],
-        list[store.Claimed],
-        list[tuple[store.Claimed, str]],
+        list[tuple[Claimed, Kind]],
+        list[Claimed],
+        list[tuple[Claimed, str]],
         dict[int, State],
     ]:
-        to_recover: list[store.Claimed] = []
-        stops: list[tuple[store.Move, str]] = []
+        to_recover: list[Claimed] = []
+        stops: list[tuple[Transition, str]] = []
         #: claimed operations this worker cannot judge (its configuration lacks their kind or
         #: fingerprint key): not sent, held for later; the rest of the batch goes on
-        blocked: list[tuple[store.Claimed, str]] = []
-        claims = store.claim_for_send(
+        blocked: list[tuple[Claimed, str]] = []
+        claims = claim_for_send(
             conn,
             worker=self.worker,
             lease_seconds=self.lease_seconds,
             ids=ids,
             extra=extra,
         )
-        cancelled = store.cancelled_runs(conn, (c.run_id for c in claims))
-        fresh: list[tuple[store.Claimed, Kind]] = []
+        cancelled = cancelled_runs(conn, (c.run_id for c in claims))
+        fresh: list[tuple[Claimed, Kind]] = []
         for claimed in claims:
             if claimed.state is State.SUBMITTED:
                 to_recover.append(claimed)
@@ -238,7 +207,7 @@ class Executor:
                 attempts=claimed.attempts,
                 max_attempts=claimed.max_attempts,
                 reached_downstream=(
-                    0 if kind.contract.idempotent else store.reached_downstream(conn, claimed.id)
+                    0 if kind.contract.idempotent else reached_downstream(conn, claimed.id)
                 ),
                 first_sent_at=claimed.first_sent_at,
                 contract=kind.contract,
@@ -246,7 +215,7 @@ class Executor:
                 fingerprint_ok=fingerprint_ok,
             )
             if check is not None:
-                stop = store.Move(
+                stop = Transition(
                     claimed,
                     check.event,
                     check.to,
@@ -256,17 +225,17 @@ class Executor:
                 stops.append((stop, check.why))
                 continue
             fresh.append((claimed, kind))
-        stopped = store.record(conn, [m for m, _ in stops], actor=self.worker)
+        stopped = self.storage.write_transitions(conn, [t for t, _ in stops], actor=self.worker)
         written: dict[int, State] = {}
         for stop, why in stops:
-            if stop.claimed.id in stopped:
-                written[stop.claimed.id] = stop.to
-                log.info("not sent", extra={"operation_id": stop.claimed.id, "stop": why})
+            if stop.id in stopped:
+                written[stop.id] = stop.to
+                log.info("not sent", extra={"operation_id": stop.id, "stop": why})
         kinds = {c.id: k for c, k in fresh}
-        started = store.start_attempts(conn, [c for c, _ in fresh], worker=self.worker)
+        started = start_attempts(self.storage, conn, [c for c, _ in fresh], worker=self.worker)
         return [(c, kinds[c.id]) for c in started], to_recover, blocked, written
 
-    def _fingerprint_ok(self, claimed: store.Claimed, kind: Kind) -> bool:
+    def _fingerprint_ok(self, claimed: Claimed, kind: Kind) -> bool:
         """Whether the stored params still match the stored fingerprint. Raises SettledError
         when the fingerprint's key version is not configured here (nothing can be checked)."""
         try:
@@ -277,27 +246,28 @@ class Executor:
             kind.name, intent, claimed.fingerprint_key_version, claimed.fingerprint
         )
 
-    def _hold(self, blocked: list[tuple[store.Claimed, str]]) -> dict[int, State]:
+    def _hold(self, blocked: list[tuple[Claimed, str]]) -> dict[int, State]:
         """Release operations this worker cannot check, to be looked at again ``HOLD_SECONDS``
         later (by a worker whose configuration has what is missing): an event row says why."""
         held: dict[int, State] = {}
         for claimed, why in blocked:
-
-            def hold(session: Session, c: store.Claimed = claimed, why: str = why) -> None:
-                store.touch(
-                    session, c, actor=self.worker, note=why, looked=False,
-                    recheck_at=c.now + timedelta(seconds=HOLD_SECONDS),
-                    evidence={"held": why, "sent": False},
-                )  # fmt: skip
-
+            look = Transition.look(
+                claimed, note=why, looked=False,
+                recheck_at=claimed.now + timedelta(seconds=HOLD_SECONDS),
+                evidence={"held": why, "sent": False},
+            )  # fmt: skip
             try:
-                in_transaction(self.sessions, hold)
+                self._write_one(look)
             except SettledError:  # StaleLease: a newer claim holds it
                 continue
             held[claimed.id] = claimed.state
         return held
 
-    def _send(self, batch: list[tuple[store.Claimed, Kind, DbClock]]) -> list[Sent]:
+    def _write_one(self, transition: Transition) -> None:
+        """One transition, in a step of its own; StaleLease when its fence no longer holds."""
+        self._step(lambda conn: self.storage.write_transition(conn, transition, actor=self.worker))
+
+    def _send(self, batch: list[tuple[Claimed, Kind, DbClock]]) -> list[Sent]:
         if len(batch) <= 1:
             return [self._send_one(*one) for one in batch]
         if self._pool is None:
@@ -306,13 +276,13 @@ class Executor:
             )
         return list(self._pool.map(lambda one: self._send_one(*one), batch))
 
-    def send_deadline(self, claimed: store.Claimed, clock: DbClock) -> Deadline:
+    def send_deadline(self, claimed: Claimed, clock: DbClock) -> Deadline:
         """When this attempt must be over: the operation's deadline, or its lease's end less
         the clock margin, whichever comes first (database time)."""
         lease_end = claimed.lease_until - timedelta(seconds=self.clock_margin)
         return clock.deadline(min(claimed.deadline, lease_end))
 
-    def _send_one(self, claimed: store.Claimed, kind: Kind, clock: DbClock) -> Sent:
+    def _send_one(self, claimed: Claimed, kind: Kind, clock: DbClock) -> Sent:
         deadline = self.send_deadline(claimed, clock)
         outcome: SubmitOutcome
         if deadline.left() <= 0:
@@ -337,12 +307,14 @@ class Executor:
         fenced UPDATE matched no row and nothing else of it is written; the others are written.
         """
         judged = [(sent, self._judge(sent)) for sent in batch]
-        moves = [self._move(sent.claimed, verdict) for sent, verdict in judged]
+        transitions = [self._transition(sent.claimed, verdict) for sent, verdict in judged]
         finishes = [_finish(sent) for sent, _ in judged]
         written: dict[int, State] = {}
         try:
             done = self._step(
-                lambda conn: store.record(conn, moves, actor=self.worker, finishes=finishes)
+                lambda conn: self.storage.write_transitions(
+                    conn, transitions, actor=self.worker, finishes=finishes
+                )
             )
         except DBAPIError as exc:
             if exc.connection_invalidated:
@@ -353,7 +325,7 @@ class Executor:
                 "outcomes of a batch refused by the database; writing them one by one",
                 extra={"error": type(exc.orig).__name__},
             )
-            done, written = self._record_each(moves, finishes)
+            done, written = self._record_each(transitions, finishes)
         for sent, verdict in judged:
             if sent.claimed.id in done and sent.claimed.id not in written:
                 written[sent.claimed.id] = verdict.to
@@ -379,7 +351,7 @@ class Executor:
         )
 
     def _record_each(
-        self, moves: Sequence[store.Move], finishes: Sequence[store.Finish]
+        self, transitions: Sequence[Transition], finishes: Sequence[Finish]
     ) -> tuple[set[int], dict[int, State]]:
         """Write each outcome alone; one the database refuses becomes ``unknown`` with a
         review item (its effect may have happened: it must not be lost, nor re-sent).
@@ -387,12 +359,15 @@ class Executor:
         done: set[int] = set()
         instead: dict[int, State] = {}
 
-        def alone(move: store.Move, finish: store.Finish) -> set[int]:
+        def alone(transition: Transition, finish: Finish) -> set[int]:
             return self._step(
-                lambda conn: store.record(conn, [move], actor=self.worker, finishes=[finish])
+                lambda conn: self.storage.write_transitions(
+                    conn, [transition], actor=self.worker, finishes=[finish]
+                )
             )
 
-        for one, finish in zip(moves, finishes, strict=True):
+        for one, finish in zip(transitions, finishes, strict=True):
+            claimed = finish.claimed
             try:
                 done |= alone(one, finish)
                 continue
@@ -402,26 +377,24 @@ class Executor:
                 error = type(exc.orig).__name__
             log.error(
                 "outcome refused by the database; to review",
-                extra={"operation_id": one.claimed.id, "error": error},
+                extra={"operation_id": claimed.id, "error": error},
             )
             evidence = {"detail": "the database refused the outcome", "error": error}
-            fallback = store.Move(
-                one.claimed, Event.LOSE, State.UNKNOWN, evidence=evidence,
+            fallback = Transition(
+                claimed, Event.LOSE, State.UNKNOWN, evidence=evidence,
                 review="outcome_not_recorded",
             )  # fmt: skip
-            proof = store.Finish(one.claimed, finish.proof, finish.status_code, {"error": error})
+            proof = Finish(claimed, finish.proof, finish.status_code, {"error": error})
             try:
                 if alone(fallback, proof):
-                    done.add(one.claimed.id)
-                    instead[one.claimed.id] = State.UNKNOWN
+                    done.add(claimed.id)
+                    instead[claimed.id] = State.UNKNOWN
             except DBAPIError:
                 # Left submitted under an expiring lease: the reconciler will look it up.
-                log.exception(
-                    "could not record the operation", extra={"operation_id": one.claimed.id}
-                )
+                log.exception("could not record the operation", extra={"operation_id": claimed.id})
         return done, instead
 
-    def _recover(self, claimed: store.Claimed, clock: DbClock) -> dict[int, State]:
+    def _recover(self, claimed: Claimed, clock: DbClock) -> dict[int, State]:
         """The worker that sent this died before recording: ask, never re-send."""
         try:
             kind = self.registry.get(claimed.kind)
@@ -434,25 +407,24 @@ class Executor:
             verdict = judge_recovery(found)
         else:
             verdict = judge_recovery(None)
-        move = self._move(claimed, verdict, lookups=kind.contract.queryable)
-        if not self._step(lambda conn: store.record(conn, [move], actor=self.worker)):
+        found_out = self._transition(claimed, verdict, looked=kind.contract.queryable)
+        if not self._step(
+            lambda conn: self.storage.write_transitions(conn, [found_out], actor=self.worker)
+        ):
             return {}  # refused as stale: a newer claim holds it
         return {claimed.id: verdict.to}
 
-    def _move(self, claimed: store.Claimed, verdict: Verdict, lookups: bool = False) -> store.Move:
-        values: dict[str, Any] = {}
-        if verdict.next_attempt_at is not None:
-            values["next_attempt_at"] = verdict.next_attempt_at
-        return store.Move(
+    def _transition(self, claimed: Claimed, verdict: Verdict, looked: bool = False) -> Transition:
+        return Transition(
             claimed,
             verdict.event,
             verdict.to,
             reason=verdict.reason,
             evidence=verdict.evidence or None,
-            values=values,
+            next_attempt_at=verdict.next_attempt_at,
             review=verdict.review,
             receipt=verdict.receipt,
-            looked=lookups,
+            looked=looked,
         )
 
     def close(self) -> None:
@@ -462,9 +434,9 @@ class Executor:
             self._keeper.close()
 
 
-def _finish(sent: Sent) -> store.Finish:
+def _finish(sent: Sent) -> Finish:
     outcome = sent.outcome
-    return store.Finish(sent.claimed, outcome.proof.value, _status(outcome), _detail(outcome))
+    return Finish(sent.claimed, outcome.proof.value, _status(outcome), _detail(outcome))
 
 
 def _status(outcome: SubmitOutcome) -> int | None:

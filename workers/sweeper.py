@@ -6,8 +6,8 @@ import logging
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import store
 from outbox.relay import PER_MESSAGE, Publish, publish_hints
+from outbox.storage.claims import due_ids
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def sweep(
 ) -> int:
     """Publish hints for the due operations (planned and due, or abandoned mid-send)."""
     with sessions() as session:
-        ids = store.due_ids(session, limit=limit)
+        ids = due_ids(session, limit=limit)
     sent = publish_hints(publish, ids, per_message=per_message)
     if ids:
         log.info("sweep", extra={"due": len(ids), "hinted": sent})

@@ -12,11 +12,11 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import store
 from outbox.errors import StaleLease
 from outbox.kinds import default_registry
 from outbox.models import Attempt, Operation, OperationEvent, Run
 from outbox.states import Event, State
+from outbox.storage.transitions import Transition
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import CLIENT_TIMEOUT
 from workers.executor import Executor
@@ -285,16 +285,14 @@ def expire_lease(sessions: sessionmaker[Session], op_id: int) -> None:
 
 def test_a_stale_worker_cannot_overwrite_the_newer_claim(rig: Rig) -> None:
     op_id = rig.enqueue()
-    with rig.sessions.begin() as s:
-        (old,) = store.claim_for_send(s, worker="old", lease_seconds=60, ids=[op_id])
-        old = store.start_attempt(s, old, worker="old")
+    old = rig.start_send(op_id, worker="old")
     expire_lease(rig.sessions, op_id)  # the old worker is paused past its lease
+    new = rig.claim(op_id, worker="new")
+    assert new.lease_version == old.lease_version + 1
     with rig.sessions.begin() as s:
-        (new,) = store.claim_for_send(s, worker="new", lease_seconds=60, ids=[op_id])
-        assert new.lease_version == old.lease_version + 1
-        store.move(s, new, Event.LOSE, State.UNKNOWN, actor="new")
+        rig.storage.write_transition(s, Transition(new, Event.LOSE, State.UNKNOWN), actor="new")
     with rig.sessions.begin() as s, pytest.raises(StaleLease):
-        store.move(s, old, Event.ACCEPT, State.SUCCEEDED, actor="old")
+        rig.storage.write_transition(s, Transition(old, Event.ACCEPT, State.SUCCEEDED), actor="old")
     assert rig.op(op_id).state == "unknown"
 
 
@@ -302,9 +300,7 @@ def test_abandoned_send_is_queried_never_resent(rig: Rig) -> None:
     op_id = rig.enqueue()
     key = rig.op(op_id).idempotency_key
     # A worker claimed and sent, then died before recording the outcome.
-    with rig.sessions.begin() as s:
-        (claimed,) = store.claim_for_send(s, worker="dead", lease_seconds=60, ids=[op_id])
-        store.start_attempt(s, claimed, worker="dead")
+    rig.start_send(op_id)
     gateway = rig.gateway(timeout=CLIENT_TIMEOUT)
     from outbox.kinds import default_registry as reg
 
@@ -325,9 +321,7 @@ def test_abandoned_send_is_queried_never_resent(rig: Rig) -> None:
 
 def test_abandoned_send_not_found_becomes_unknown(rig: Rig) -> None:
     op_id = rig.enqueue()
-    with rig.sessions.begin() as s:
-        (claimed,) = store.claim_for_send(s, worker="dead", lease_seconds=60, ids=[op_id])
-        store.start_attempt(s, claimed, worker="dead")
+    rig.start_send(op_id)
     expire_lease(rig.sessions, op_id)
     assert rig.executor().execute([op_id]) == {op_id: State.UNKNOWN}
     assert rig.sends(op_id) == 0

@@ -9,15 +9,17 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, event, select, text, update
+from sqlalchemy import Engine, event, select, update
 from sqlalchemy.orm import sessionmaker
 
-from outbox import store
 from outbox.db import make_engine
 from outbox.downstream import Gateway, SubmitOutcome
 from outbox.kinds import Kind
-from outbox.models import Operation, OperationEvent
+from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.states import Event, RejectReason, State
+from outbox.storage.attempts import start_attempts
+from outbox.storage.claims import Claimed, claim_for_send, claim_unresolved
+from outbox.storage.transitions import Finish, Transition
 from tests.support.rig import GOOD, Rig
 
 
@@ -58,8 +60,9 @@ class TakeOverDuring:
                     .values(lease_until=datetime.now(UTC) - timedelta(seconds=1))
                 )
             with self.rig.sessions.begin() as s:
-                (new,) = store.claim_unresolved(s, worker="other", lease_seconds=60, limit=1)
-                store.move(s, new, Event.LOSE, State.UNKNOWN, actor="other")
+                (new,) = claim_unresolved(s, worker="other", lease_seconds=60, limit=1)
+                lost = Transition(new, Event.LOSE, State.UNKNOWN)
+                self.rig.storage.write_transition(s, lost, actor="other")
         return outcome
 
     def lookup(self, **kw: Any) -> Any:
@@ -182,21 +185,21 @@ def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(
     rig.judged_by_ledger = False  # store-level: outcomes written by hand, nothing was sent
     ids = enqueue_many(rig, 3)
     with rig.sessions.begin() as s:
-        claims = store.claim_for_send(s, worker="w1", lease_seconds=60, ids=ids)
-        started = store.start_attempts(s, claims, worker="w1")
+        claims = claim_for_send(s, worker="w1", lease_seconds=60, ids=ids)
+        started = start_attempts(rig.storage, s, claims, worker="w1")
     with rig.sessions.begin() as s:  # a newer claim bumps the fence of the middle one
         s.execute(
             update(Operation)
             .where(Operation.id == ids[1])
             .values(lease_version=Operation.lease_version + 1)
         )
-    moves = [
-        store.Move(c, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": f"r-{c.id}"})
+    accepted = [
+        Transition(c, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": f"r-{c.id}"})
         for c in started
     ]
-    finishes = [store.Finish(c, "done", 200, {"reference": f"r-{c.id}"}) for c in started]
+    finishes = [Finish(c, "done", 200, {"reference": f"r-{c.id}"}) for c in started]
     with rig.sessions.begin() as s:
-        written = store.record(s, moves, actor="w1", finishes=finishes)
+        written = rig.storage.write_transitions(s, accepted, actor="w1", finishes=finishes)
     assert written == {ids[0], ids[2]}
     assert caplog.text.count("stale write refused") == 1
     assert [rig.op(i).state for i in ids] == ["succeeded", "submitted", "succeeded"]
@@ -226,91 +229,139 @@ def test_a_stale_lease_on_a_lone_operation_is_refused_once_and_written_by_nobody
     assert rig.attempts(op)[0].proof is None
 
 
-def _moves(started: list[store.Claimed]) -> list[store.Move]:
-    """One move of each shape the executor and the reconciler write after a send."""
-    later = datetime.now(UTC) + timedelta(minutes=5)
+LATER = datetime.now(UTC) + timedelta(days=1)
+
+
+def _outcomes(started: list[Claimed]) -> list[Transition]:
+    """One transition of each shape the executor and the reconciler write after a send."""
     a, b, c, d, e, f = started
     return [
-        store.Move(a, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": "r-1", "amount": 5}),
-        store.Move(b, Event.DEFER, State.PLANNED, evidence={"status": 503}, values={
-            "next_attempt_at": later}),
-        store.Move(c, Event.LOSE, State.UNKNOWN, evidence={"error": "ReadTimeout"}),
-        store.Move(d, Event.REFUSE, State.REJECTED, reason=RejectReason.BUSINESS_REJECTED),
-        store.Move(e, Event.ABANDON, State.UNKNOWN, review="receipt_mismatch", looked=True,
+        Transition(a, Event.ACCEPT, State.SUCCEEDED, receipt={"reference": "r-1", "amount": 5}),
+        Transition(b, Event.DEFER, State.PLANNED, evidence={"status": 503}, next_attempt_at=LATER),
+        Transition(c, Event.LOSE, State.UNKNOWN, evidence={"error": "ReadTimeout"}),
+        Transition(d, Event.REFUSE, State.REJECTED, reason=RejectReason.BUSINESS_REJECTED),
+        Transition(e, Event.ABANDON, State.UNKNOWN, review="receipt_mismatch", looked=True,
                    evidence={"why": "mismatch"}),
-        store.Move(f, Event.FIND, State.SUCCEEDED, receipt={"reference": "r-6"}, looked=True),
+        Transition(f, Event.FIND, State.SUCCEEDED, receipt={"reference": "r-6"}, looked=True),
     ]  # fmt: skip
 
 
 def _written(rig: Rig, ids: list[int]) -> list[Any]:
-    """What the writes left, without ids and clock values (only whether a time is set)."""
-    with rig.engine.connect() as conn:
+    """What the writes left, read back alike on every database: no ids, and of clock values
+    only whether they are set (and whether the next attempt is the far one)."""
+    with rig.sessions() as s:
         rows = []
         for i in ids:
-            op = conn.execute(
-                text(
-                    "SELECT state, reason, attempts, lookups, lease_owner, lease_until IS NULL,"
-                    " next_attempt_at > now() + interval '1 minute', first_sent_at IS NULL,"
-                    " unknown_since IS NULL, receipt::text, downstream_ref, lease_version"
-                    " FROM operations WHERE id = :i"
-                ),
-                {"i": i},
-            ).one()
-            events = conn.execute(
-                text(
-                    "SELECT from_state, to_state, actor, reason, evidence::text, at IS NULL"
-                    " FROM operation_events WHERE operation_id = :i ORDER BY id"
-                ),
-                {"i": i},
-            ).all()
-            attempts = conn.execute(
-                text(
-                    "SELECT number, worker, finished_at IS NULL, proof, status_code, detail::text"
-                    " FROM attempts WHERE operation_id = :i ORDER BY number"
-                ),
-                {"i": i},
-            ).all()
-            reviews = conn.execute(
-                text(
-                    "SELECT tenant, reason, evidence::text, version, resolved_at IS NULL"
-                    " FROM review_items WHERE operation_id = :i"
-                ),
-                {"i": i},
-            ).all()
-            rows.append((tuple(op), events, attempts, reviews))
+            op = s.get(Operation, i)
+            assert op is not None
+            rows.append(
+                (
+                    (op.state, op.reason, op.attempts, op.lookups, op.lease_owner,
+                     op.lease_until is None, op.next_attempt_at > LATER - timedelta(hours=1),
+                     op.first_sent_at is None, op.unknown_since is None, op.receipt,
+                     op.downstream_ref, op.lease_version),
+                    [
+                        (e.from_state, e.to_state, e.actor, e.lease_version, e.reason, e.evidence)
+                        for e in s.scalars(
+                            select(OperationEvent)
+                            .where(OperationEvent.operation_id == i)
+                            .order_by(OperationEvent.id)
+                        )
+                    ],
+                    [
+                        (a.number, a.lease_version, a.worker, a.not_after is None,
+                         a.finished_at is None, a.proof, a.status_code, a.detail)
+                        for a in s.scalars(select(Attempt).where(Attempt.operation_id == i))
+                    ],
+                    [
+                        (r.tenant, r.reason, r.evidence, r.version, r.resolved_at is None,
+                         r.resolved_by, r.resolution)
+                        for r in s.scalars(select(ReviewItem).where(ReviewItem.operation_id == i))
+                    ],
+                )
+            )  # fmt: skip
         return rows
 
 
-@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
-def test_the_one_statement_writes_leave_what_the_row_by_row_writes_leave(rig: Rig) -> None:
-    """PostgreSQL's set-based statements against the per-row ORM-typed path, shape by shape:
-    the same columns, JSON (null included), events, attempts and review items."""
+CREATED = (None, "planned", "intake", None, None, None)
+STARTED = ("planned", "submitted", "w1", 1, None, {"attempt": 1})
+ATTEMPT = (1, 1, "w1", False, False, "unknown", 504)
+SUCCEEDED = ("succeeded", None, 1, 0, None, True, False, False, True)
+#: What each shape of ``_outcomes`` leaves, then what a look (on c) and a lookup that found
+#: the outcome (on e, whose review item it settles) leave.
+EXPECTED = [
+    (
+        (*SUCCEEDED, {"reference": "r-1", "amount": 5}, "r-1", 1),
+        [CREATED, STARTED, ("submitted", "succeeded", "w1", 1, None, None)],
+        [(*ATTEMPT, None)],
+        [],
+    ),
+    (
+        ("planned", None, 1, 0, None, True, True, False, True, None, None, 1),
+        [CREATED, STARTED, ("submitted", "planned", "w1", 1, None, {"status": 503})],
+        [(*ATTEMPT, {"n": 1, "s": "é"})],
+        [],
+    ),
+    (
+        ("unknown", None, 1, 1, None, True, True, False, False, None, None, 2),
+        [CREATED, STARTED, ("submitted", "unknown", "w1", 1, None, {"error": "ReadTimeout"}),
+         ("unknown", "unknown", "r1", 2, "lookup_unavailable", {"lookup": "unavailable"})],
+        [(*ATTEMPT, {"n": 2, "s": "é"})],
+        [("acme", "lookup_unavailable", {"lookup": "unavailable"}, 1, True, None, None)],
+    ),
+    (
+        ("rejected", "business_rejected", 1, 0, None, True, False, False, True, None, None, 1),
+        [CREATED, STARTED, ("submitted", "rejected", "w1", 1, "business_rejected", None)],
+        [(*ATTEMPT, {"n": 3, "s": "é"})],
+        [],
+    ),
+    (
+        (*SUCCEEDED[:3], 2, None, True, False, False, False, {"reference": "r-5"}, "r-5", 2),
+        [CREATED, STARTED,
+         ("submitted", "unknown", "w1", 1, "receipt_mismatch", {"why": "mismatch"}),
+         ("unknown", "succeeded", "r1", 2, None, {"lookup": "found"})],
+        [(*ATTEMPT, {"n": 4, "s": "é"})],
+        [("acme", "receipt_mismatch", {"why": "mismatch"}, 2, False, "r1",
+          {"state": "succeeded", "by": "r1", "settled_with_operation": True})],
+    ),
+    (
+        (*SUCCEEDED[:3], 1, None, True, False, False, True, {"reference": "r-6"}, "r-6", 1),
+        [CREATED, STARTED, ("submitted", "succeeded", "w1", 1, None, None)],
+        [(*ATTEMPT, {"n": 5, "s": "é"})],
+        [],
+    ),
+]  # fmt: skip
+
+
+def test_every_shape_of_transition_writes_the_same_rows_on_each_database(rig: Rig) -> None:
+    """Through the Storage interface, on each database (PostgreSQL: one statement per batch;
+    SQLite: a few per transition): the same columns, JSON (null included), events with their
+    lease versions, attempts, and review items opened and settled."""
     rig.judged_by_ledger = False  # store-level: outcomes written by hand, nothing was sent
-    results = []
-    for path, prefix in (("each", "x"), ("set", "y")):
-        ids = [rig.enqueue(f"{prefix}-{n}", {**GOOD, "amount_minor": 100 + n}) for n in range(6)]
-        with rig.engine.connect() as conn:
-            claims = store.claim_for_send(conn, worker="w1", lease_seconds=60, ids=ids)
-            if path == "each":
-                started_ids = store._write_moves_each(
-                    conn, store._start_moves(claims), actor="w1", start=True, finishes={}
-                )
-                started = store._started(claims, started_ids)
-            else:
-                started = store.start_attempts(conn, claims, worker="w1")
-            moves = _moves(sorted(started, key=lambda s: s.id))
-            finishes = {
-                m.claimed.id: store.Finish(m.claimed, "unknown", 504, n and {"n": n, "s": "é"})
-                for n, m in enumerate(moves)
-            }
-            if path == "each":
-                written = store._write_moves_each(
-                    conn, moves, actor="w1", start=False, finishes=finishes
-                )
-            else:
-                written = store.record(conn, moves, actor="w1", finishes=list(finishes.values()))
-            conn.commit()
-        assert written == set(ids)
-        results.append(_written(rig, ids))
-    each, one_statement = results
-    assert one_statement == each
+    ids = [rig.enqueue(f"x-{n}", {**GOOD, "amount_minor": 100 + n}) for n in range(6)]
+    storage = rig.storage
+    with rig.engine.connect() as conn:
+        claims = claim_for_send(conn, worker="w1", lease_seconds=60, ids=ids)
+        started = start_attempts(storage, conn, claims, worker="w1")
+        outcomes = _outcomes(sorted(started, key=lambda c: c.id))
+        finishes = [
+            Finish(t.operation, "unknown", 504, {"n": n, "s": "é"} if n else None)
+            for n, t in enumerate(outcomes)
+            if isinstance(t.operation, Claimed)
+        ]
+        assert storage.write_transitions(conn, outcomes, actor="w1", finishes=finishes) == set(ids)
+        conn.commit()
+    with rig.sessions.begin() as s:
+        unknown = Operation.id.in_([ids[2], ids[4]])
+        s.execute(update(Operation).where(unknown).values(next_attempt_at=datetime.now(UTC)))
+        looked_at = {c.id: c for c in claim_unresolved(s, worker="r1", lease_seconds=60, limit=5)}
+    c, e = looked_at[ids[2]], looked_at[ids[4]]
+    with rig.sessions.begin() as s:
+        later = [
+            Transition.look(c, note="lookup_unavailable", recheck_at=LATER, looked=True,
+                            evidence={"lookup": "unavailable"}, review="lookup_unavailable"),
+            Transition(e, Event.FIND, State.SUCCEEDED, receipt={"reference": "r-5"},
+                       evidence={"lookup": "found"}, looked=True),
+        ]  # fmt: skip
+        assert storage.write_transitions(s, later, actor="r1") == {c.id, e.id}
+    assert _written(rig, ids) == EXPECTED

@@ -8,21 +8,20 @@ from datetime import datetime
 
 from sqlalchemy import select, update
 
-from outbox import store
 from outbox.db import db_now
 from outbox.downstream import SubmitOutcome
 from outbox.leases import LeaseKeeper
 from outbox.models import Operation
 from outbox.states import State
+from outbox.storage import operations
+from outbox.storage.claims import Claimed, due_ids
 from tests.support.gateways import FakeMonotonic, Interposed
 from tests.support.rig import Rig
 from tests.support.services import wait_until
 
 
-def claim(rig: Rig, op: int, worker: str = "w1", lease: float = 30.0) -> store.Claimed:
-    with rig.sessions.begin() as s:
-        (claimed,) = store.claim_for_send(s, worker=worker, lease_seconds=lease, ids=[op])
-    return claimed
+def claim(rig: Rig, op: int, worker: str = "w1", lease: float = 30.0) -> Claimed:
+    return rig.claim(op, worker=worker, lease=lease)
 
 
 def lease_of(rig: Rig, op: int) -> tuple[datetime | None, int, str | None]:
@@ -32,7 +31,7 @@ def lease_of(rig: Rig, op: int) -> tuple[datetime | None, int, str | None]:
 
 def db_time(rig: Rig) -> datetime:
     with rig.sessions() as s:
-        return store.db_time(s)
+        return operations.db_time(s)
 
 
 def keeper(rig: Rig, owner: str = "w1", **kw: object) -> LeaseKeeper:
@@ -132,7 +131,7 @@ def test_a_live_worker_past_its_first_lease_is_not_overtaken(rig: Rig) -> None:
         # The database's clock passes the lease this claim was taken with.
         assert wait_until(lambda: db_time(rig) > original, timeout=15)
         with rig.sessions() as s:
-            seen["due"] = op in store.due_ids(s, limit=100)
+            seen["due"] = op in due_ids(s, limit=100)
         seen["other"] = rig.executor(worker="w2").execute([op])
         seen["lease"] = lease_of(rig, op)
         seen["original"] = original

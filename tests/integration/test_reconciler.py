@@ -166,12 +166,8 @@ def test_mismatched_lookup_stays_in_review(rig: Rig) -> None:
 
 
 def test_worker_died_mid_send_is_found_by_the_reconciler(rig: Rig) -> None:
-    from outbox import store
-
     op = rig.enqueue()
-    with rig.sessions.begin() as s:
-        (claimed,) = store.claim_for_send(s, worker="dead", lease_seconds=60, ids=[op])
-        store.start_attempt(s, claimed, worker="dead")
+    rig.start_send(op)
     rig.gateway().submit(
         tenant="acme",
         kind=default_registry().get("refund"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -315,16 +316,15 @@ def test_rejected_right_after_a_send_to_a_downstream_without_idempotency_is_refu
     assert rig.effects(op) == 1
 
 
+WRITE = re.compile(r"(?<!FOR )\b(?:UPDATE|INSERT INTO)\s+(\w+)")
+
+
 def writes(statements: list[str]) -> list[str]:
-    """The tables written, in order, by the statements captured."""
-    tables = []
-    for sql in statements:
-        words = sql.split()
-        if words[0] == "UPDATE":
-            tables.append(words[1])
-        elif words[:2] == ["INSERT", "INTO"]:
-            tables.append(words[2])
-    return tables
+    """The tables written, in order, by the statements captured; within one statement in the
+    order its parts are written (PostgreSQL's one statement per batch of transitions writes
+    review items only for the operation rows its UPDATE of operations returned, so after
+    it has locked them)."""
+    return [table for sql in statements for table in WRITE.findall(sql)]
 
 
 @pytest.fixture

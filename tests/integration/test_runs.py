@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from outbox import runs, store
+from outbox import runs
 from outbox.errors import InvalidInput, NotFound, StaleLease
 from outbox.models import Operation, OperationEvent, Run
 from outbox.report import Group
 from outbox.states import State
+from outbox.storage.attempts import start_attempt
 from tests.support.rig import GOOD, Rig
 
 
@@ -58,9 +59,7 @@ def report(rig: Rig, handle: str) -> Any:
 
 def submitted_by_a_lost_worker(rig: Rig, op: int) -> None:
     """Claimed and marked submitted, then the worker vanished before recording anything."""
-    with rig.sessions.begin() as s:
-        (claimed,) = store.claim_for_send(s, worker="w-lost", lease_seconds=60, ids=[op])
-        store.start_attempt(s, claimed, worker="w-lost")
+    rig.start_send(op, worker="w-lost")
 
 
 def test_cancel_with_operations_in_every_state_then_the_reconciler_settles(rig: Rig) -> None:
@@ -136,12 +135,11 @@ def test_cancel_with_operations_in_every_state_then_the_reconciler_settles(rig: 
 def test_a_claim_taken_before_the_cancel_is_fenced(rig: Rig) -> None:
     _, handle = open_run(rig)
     op = enqueue(rig, handle, "op-1", refund(1000))
-    with rig.sessions.begin() as s:
-        (claimed,) = store.claim_for_send(s, worker="w-slow", lease_seconds=60, ids=[op])
+    claimed = rig.claim(op, worker="w-slow")
     with rig.sessions.begin() as s:
         assert list(runs.cancel_run(s, "acme", handle, actor="user:1").cancelled_ids) == [op]
     with pytest.raises(StaleLease), rig.sessions.begin() as s:
-        store.start_attempt(s, claimed, worker="w-slow")
+        start_attempt(rig.storage, s, claimed, worker="w-slow")
     assert rig.op(op).state == "cancelled"
     assert rig.attempts(op) == []
     assert rig.sends(op) == 0

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from outbox import runs, store, wire
+from outbox import runs, wire
 from outbox.downstream import Accepted, Gateway, NotFound, Receipt
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.report import Group, Line, render_line
 from outbox.states import State
+from outbox.storage.operations import db_time
 from tests.support.gateways import FakeMonotonic, Interposed
 from tests.support.rig import GOOD, HOLD, Rig
 from workers.http_client import HttpGateway
@@ -196,7 +197,7 @@ def test_a_not_found_is_dated_when_it_was_asked_not_when_the_answer_came(rig: Ri
         # clock passed the attempt's quiet point.
         rig.control.set_switches(lookup_visibility_delay=0)
         with rig.sessions() as s:
-            now = store.db_time(s)
+            now = db_time(s)
         quiet_from = now - timedelta(seconds=2)  # + processing time (2 s) = now
         with rig.sessions.begin() as s:
             s.execute(

@@ -17,6 +17,9 @@ from outbox.downstream import Receipt
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry
 from outbox.models import Attempt, Operation, ReviewItem
+from outbox.storage import Storage, storage_for
+from outbox.storage.attempts import start_attempt
+from outbox.storage.claims import Claimed, claim_for_send
 from reconciler.reconcile import Reconciler
 from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.support.judge import check_truthful
@@ -45,6 +48,23 @@ class Rig:
     #: whether the test ends on ``check_truthful`` (off only for tests that write outcomes
     #: into the store by hand, with nothing sent)
     judged_by_ledger: bool = True
+
+    @property
+    def storage(self) -> Storage:
+        return storage_for(self.engine)
+
+    def claim(self, op_id: int, worker: str = "w1", lease: float = 60.0) -> Claimed:
+        """Claim one operation for sending, as a worker's claim step does."""
+        with self.sessions.begin() as s:
+            (claimed,) = claim_for_send(s, worker=worker, lease_seconds=lease, ids=[op_id])
+        return claimed
+
+    def start_send(self, op_id: int, worker: str = "dead", lease: float = 60.0) -> Claimed:
+        """Claim one operation and start its attempt (``submitted``), as a worker does just
+        before it sends; then nothing more (a worker that died mid-send)."""
+        with self.sessions.begin() as s:
+            (claimed,) = claim_for_send(s, worker=worker, lease_seconds=lease, ids=[op_id])
+            return start_attempt(self.storage, s, claimed, worker=worker)
 
     def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
         gateway = self.gateway()

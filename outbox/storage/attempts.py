@@ -1,0 +1,142 @@
+"""Attempts: starting sends, what the attempts of an operation were, and the facts the
+reconciler weighs (when each send may have been on the wire: quiescence).
+
+An attempt row is written when its send starts, in the transition to ``submitted``, and
+completed with what came back in the transition that records the outcome (a ``Finish``):
+both through the one writer (``Storage.write_transitions``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Table, bindparam, func, or_, select
+from sqlalchemy.orm import Session
+
+from outbox.errors import StaleLease
+from outbox.models import Attempt, Operation
+from outbox.states import Event, State
+from outbox.storage.claims import Claimed
+from outbox.storage.connection import Bind, connection_of
+from outbox.storage.database import Storage
+from outbox.storage.reviews import open_review_id
+from outbox.storage.transitions import Transition
+
+ops: Table = Operation.__table__  # type: ignore[assignment]
+attempts: Table = Attempt.__table__  # type: ignore[assignment]
+
+REACHED_DOWNSTREAM = select(func.count()).where(
+    attempts.c.operation_id == bindparam("operation_id"),
+    or_(attempts.c.proof.is_(None), attempts.c.proof != "not_sent"),
+)
+ATTEMPTS_OF = (
+    select(Attempt)
+    .where(Attempt.operation_id == bindparam("operation_id"))
+    .order_by(Attempt.number)
+)
+SEND_TIMES = select(attempts.c.started_at, attempts.c.not_after, attempts.c.finished_at).where(
+    attempts.c.operation_id == bindparam("operation_id")
+)
+LOOK_FACTS = select(ops.c.unknown_since, ops.c.lookups).where(ops.c.id == bindparam("operation_id"))
+
+
+def start_attempts(
+    storage: Storage, bind: Bind, claims: Sequence[Claimed], *, worker: str
+) -> list[Claimed]:
+    """Move claimed planned operations to ``submitted`` and write their attempt rows.
+
+    Returns the claims started, as they are now. One whose fence no longer holds (its lease
+    expired and a newer claim took it over) is refused, logged and left out: it must not be
+    sent. Atomic as ``Storage.write_transitions`` is (on PostgreSQL one statement).
+    """
+    starts = [
+        Transition(
+            c, Event.CLAIM, State.SUBMITTED, evidence={"attempt": c.attempts + 1}, release=False,
+            start=True,
+        )
+        for c in claims
+    ]  # fmt: skip
+    written = storage.write_transitions(bind, starts, actor=worker) if starts else set()
+    return [
+        replace(
+            c,
+            state=State.SUBMITTED,
+            attempts=c.attempts + 1,
+            first_sent_at=c.first_sent_at or c.now,
+        )
+        for c in claims
+        if c.id in written
+    ]
+
+
+def start_attempt(storage: Storage, bind: Bind, claimed: Claimed, *, worker: str) -> Claimed:
+    """``start_attempts`` for one operation; StaleLease when its fence no longer holds."""
+    started = start_attempts(storage, bind, [claimed], worker=worker)
+    if not started:
+        raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
+    return started[0]
+
+
+def reached_downstream(bind: Bind, operation_id: int) -> int:
+    """Attempts of this operation that may have reached the downstream (not proven unsent)."""
+    return int(connection_of(bind).scalar(REACHED_DOWNSTREAM, {"operation_id": operation_id}) or 0)
+
+
+def attempts_of(session: Session, operation_id: int) -> list[Attempt]:
+    """Every attempt of an operation, oldest first."""
+    return list(session.scalars(ATTEMPTS_OF, {"operation_id": operation_id}))
+
+
+def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]:
+    """Every attempt of an operation, oldest first, as evidence."""
+    return [
+        {
+            "number": a.number,
+            "started_at": a.started_at.isoformat(),
+            "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+            "proof": a.proof,
+            "status_code": a.status_code,
+            "detail": a.detail,
+        }
+        for a in attempts_of(session, operation_id)
+    ]
+
+
+@dataclass(frozen=True)
+class OperationFacts:
+    """What the reconciler (and staff's evidence rule) weigh beyond the claim snapshot."""
+
+    unknown_since: datetime | None
+    lookups: int
+    last_sent_at: datetime | None
+    in_review: bool
+    #: per attempt: when it started, and the latest it may have been on the wire (its
+    #: outcome's time, else its sender's lease end; None for attempts written before 0.2)
+    sends: tuple[tuple[datetime, datetime | None], ...] = ()
+
+
+def operation_facts(session: Session, operation_id: int) -> OperationFacts:
+    """The facts of one operation (``OperationFacts``)."""
+    params = {"operation_id": operation_id}
+    row = session.execute(LOOK_FACTS, params).one()
+    sends = tuple(
+        (a.started_at, _on_wire_until(a.not_after, a.finished_at))
+        for a in session.execute(SEND_TIMES, params)
+    )
+    return OperationFacts(
+        row.unknown_since,
+        row.lookups,
+        max((start for start, _ in sends), default=None),
+        open_review_id(session, operation_id) is not None,
+        sends,
+    )
+
+
+def _on_wire_until(not_after: datetime | None, finished_at: datetime | None) -> datetime | None:
+    """The earlier of the two bounds known: the attempt's lease end (no send outlives it) and
+    the time its outcome was written (the request was over by then)."""
+    bounds = [b for b in (not_after, finished_at) if b is not None]
+    return min(bounds) if bounds else None

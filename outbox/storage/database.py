@@ -1,0 +1,123 @@
+"""The one seam between PostgreSQL and SQLite: ``Storage``, chosen once per engine.
+
+What differs between the two databases is here and in the two implementations
+(``outbox.storage.postgres``, ``outbox.storage.sqlite``), never in a caller:
+
+* writing transitions: on PostgreSQL a batch is one static statement (``queries.sql``), atomic
+  by itself; on SQLite a few statements per operation, in the caller's transaction;
+* the intake INSERT ... ON CONFLICT DO NOTHING (each database's own INSERT construct);
+* a worker's step: on PostgreSQL an autocommit connection (every write of a step is one
+  statement, so no BEGIN and COMMIT round trips); on SQLite one transaction.
+
+Callers get theirs from ``outbox.storage.storage_for(engine)`` and never look at the dialect.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+from outbox.errors import StaleLease
+from outbox.models import Operation
+from outbox.storage.connection import Bind, connection_of
+from outbox.storage.transitions import Finish, Note, Transition, write_notes
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Storage(ABC):
+    """The database-specific writer, one per engine (``outbox.storage.storage_for``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- transitions: the one writer ----------------------------------------------------
+
+    def write_transitions(
+        self,
+        bind: Bind,
+        changes: Sequence[Transition | Note],
+        *,
+        actor: str,
+        finishes: Sequence[Finish] = (),
+    ) -> set[int]:
+        """Write transitions, each fenced, with their event rows; and notes (event rows
+        that change nothing). The one writer of event rows and of fenced state changes.
+
+        ``finishes`` complete the current attempt of operations transitioned (one at most
+        each). Returns the ids of the transitions written. One whose fence no longer holds
+        (a newer claim took the operation over; a state moved on) is refused and skipped,
+        with nothing of it written (nor its Finish); the others are written.
+        """
+        transitions = [c for c in changes if isinstance(c, Transition)]
+        notes = [c for c in changes if isinstance(c, Note)]
+        by_id = {f.claimed.id: f for f in finishes}
+        if len(by_id) != len(finishes) or not by_id.keys() <= {t.id for t in transitions}:
+            raise ValueError("one Finish per transitioned operation at most")
+        conn = connection_of(bind)
+        written: set[int] = set()
+        if transitions:
+            written = self._write(conn, transitions, actor=actor, finishes=by_id)
+        for t in transitions:
+            if t.id not in written and t.lease_version is not None:
+                log.warning(
+                    "stale write refused",
+                    extra={"operation_id": t.id, "lease_version": t.lease_version},
+                )
+        if notes:
+            write_notes(conn, notes, actor=actor)
+        return written
+
+    def write_transition(self, bind: Bind, transition: Transition, *, actor: str) -> None:
+        """Write one transition; StaleLease, writing nothing, when its fence no longer holds."""
+        if not self.write_transitions(bind, [transition], actor=actor):
+            raise StaleLease(operation_id=transition.id, lease_version=transition.lease_version)
+
+    @abstractmethod
+    def _write(
+        self,
+        conn: Connection,
+        transitions: Sequence[Transition],
+        *,
+        actor: str,
+        finishes: Mapping[int, Finish],
+    ) -> set[int]:
+        """Write ``transitions`` (their rows, events, review items, attempts); the ids written."""
+
+    # -- intake -------------------------------------------------------------------------
+
+    def create_operation(
+        self,
+        session: Session,
+        values: Mapping[str, Any],
+        *,
+        default_deadline_seconds: float,
+        evidence: dict[str, Any] | None,
+    ) -> Operation | None:
+        """Insert a planned operation, with its event row; None (nothing written) when
+        ``(tenant, op_id)`` already exists. ``values["deadline"]`` None: the default one."""
+        params = {**values, "default_deadline_seconds": default_deadline_seconds}
+        op = self._insert_operation(session, params)
+        if op is not None:
+            self.write_transitions(
+                session, [Note(op.id, created=True, evidence=evidence)], actor="intake"
+            )
+        return op
+
+    @abstractmethod
+    def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
+        """INSERT ... ON CONFLICT (tenant, op_id) DO NOTHING RETURNING the new operation."""
+
+    # -- a worker's step ----------------------------------------------------------------
+
+    @abstractmethod
+    def step(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work``, a step whose writes must be atomic, once more if its pooled
+        connection turned out to be dead (``outbox.storage.connection.run_twice``)."""

@@ -1,0 +1,119 @@
+"""PostgreSQL: a batch of transitions in one static statement; steps on autocommit.
+
+The hand-written statements are named, static SQL in ``queries.sql``, loaded once by name
+(``QUERIES``); their values come as bound parameters only. A batch of transitions travels as
+one JSON array parameter unpacked by ``json_to_recordset``: one statement and one round trip
+per batch whatever its size, atomic by itself, so a worker's steps need no transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, TextClause, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from outbox.models import Operation
+from outbox.storage.connection import run_twice
+from outbox.storage.database import Storage
+from outbox.storage.operations import intake_insert
+from outbox.storage.transitions import Finish, Transition
+
+T = TypeVar("T")
+
+QUERIES_FILE = Path(__file__).with_name("queries.sql")
+
+
+def load_queries(path: Path = QUERIES_FILE) -> dict[str, TextClause]:
+    """The statements of ``path`` by name: each starts at a ``-- name: <name>`` line; comment
+    lines are left out of the statement sent."""
+    queries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if stripped.startswith("-- name:"):
+            current = queries.setdefault(stripped.removeprefix("-- name:").strip(), [])
+        elif current is not None and stripped and not stripped.startswith("--"):
+            current.append(line)
+    return {name: text("\n".join(lines)) for name, lines in queries.items()}
+
+
+QUERIES = load_queries()
+_WRITE_TRANSITIONS = QUERIES["write_transitions"]
+_INSERT_OPERATION = intake_insert(pg_insert)
+
+
+def _json_text(value: Any) -> str:
+    """A JSON column's value as SQLAlchemy's JSON type writes it (None is JSON null)."""
+    return json.dumps(value)
+
+
+def _row(t: Transition, finish: Finish | None, actor: str) -> dict[str, Any]:
+    """One transition as an object of ``write_transitions``' ``:rows``."""
+    row: dict[str, Any] = {
+        "id": t.id,
+        "lease_version": t.lease_version,
+        "from_state": t.from_state.value,
+        "to_state": t.to.value,
+        "reason": t.reason.value if t.reason else None,
+        "release": t.release,
+        "note": t.event_reason,
+        "evidence": _json_text(t.evidence or None),
+    }
+    if t.next_attempt_at is not None:
+        if t.next_attempt_at.tzinfo is None:
+            raise ValueError("naive datetime: Settled stores aware UTC datetimes only")
+        row["next_attempt_at"] = t.next_attempt_at.astimezone(UTC).isoformat()
+    if t.due_now:
+        row["due_now"] = True
+    if t.receipt is not None:
+        row.update(receipt=_json_text(t.receipt), downstream_ref=t.receipt.get("reference"))
+    if t.looked:
+        row["looked"] = True
+    if t.review is not None:
+        row.update(review=t.review, review_evidence=_json_text(t.evidence or {}))
+    if t.settles_review:
+        row["resolution"] = _json_text(t.resolution(actor))
+    if t.start:
+        row.update(start=True, number=t.attempt_number)
+    if finish is not None:
+        row.update(
+            number=finish.claimed.attempts,
+            proof=finish.proof,
+            status_code=finish.status_code,
+            detail=_json_text(finish.detail),
+        )
+    return row
+
+
+class PostgresStorage(Storage):
+    """PostgreSQL: one statement per batch of transitions, worker steps on autocommit."""
+
+    def _write(
+        self,
+        conn: Connection,
+        transitions: Sequence[Transition],
+        *,
+        actor: str,
+        finishes: Mapping[int, Finish],
+    ) -> set[int]:
+        rows = [_row(t, finishes.get(t.id), actor) for t in transitions]
+        result = conn.execute(_WRITE_TRANSITIONS, {"rows": json.dumps(rows), "actor": actor})
+        return set(result.scalars())
+
+    def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
+        return session.scalars(_INSERT_OPERATION, params).one_or_none()
+
+    def step(self, work: Callable[[Connection], T]) -> T:
+        """On an autocommit connection: every write of a step is a single statement."""
+
+        def once() -> T:
+            with self.engine.connect() as conn:
+                return work(conn.execution_options(isolation_level="AUTOCOMMIT"))
+
+        return run_twice(once)
