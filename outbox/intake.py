@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import has_identity
 
@@ -27,6 +26,7 @@ from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Operation, Run
 from outbox.settings import Settings
 from outbox.storage import storage_for
+from outbox.storage.operations import find_operation
 
 #: ``Session.info`` key listing the operations created in the session's transaction.
 CREATED_KEY = "settled.created"
@@ -142,7 +142,7 @@ class Outbox:
             # Hints go out after commit, if the app installed the relay (outbox.relay).
             session.info.setdefault(CREATED_KEY, []).append(op.id)
             return Enqueued(op, created=True)
-        existing = _find(session, tenant, op_id)
+        existing = find_operation(session, tenant, op_id)
         if existing is None:  # only under REPEATABLE READ or SERIALIZABLE isolation
             raise IdempotencyConflict(
                 "a concurrent transaction holds this op_id; retry the transaction",
@@ -201,8 +201,3 @@ def _stored_id(
     if row.tenant != tenant:
         raise NotFound(f"no such {model.__name__.lower()} for this tenant", code=code)
     return row.id
-
-
-def _find(session: Session, tenant: str, op_id: str) -> Operation | None:
-    stmt = select(Operation).where(Operation.tenant == tenant, Operation.op_id == op_id)
-    return session.execute(stmt).scalar_one_or_none()

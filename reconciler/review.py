@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import DbClock
@@ -32,12 +31,19 @@ from outbox.downstream import (
 from outbox.downstream import NotFound as LookupNotFound
 from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, SettledError
 from outbox.kinds import DownstreamContract, KindRegistry
-from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
+from outbox.models import Operation, ReviewItem
 from outbox.states import Event, RejectReason, State
 from outbox.storage import Storage, storage_for
-from outbox.storage.attempts import OperationFacts, operation_facts
-from outbox.storage.operations import db_time
-from outbox.storage.reviews import note_staff_action, resolve_review, settle_unknown
+from outbox.storage.attempts import OperationFacts, attempts_of, operation_facts
+from outbox.storage.events import events_of
+from outbox.storage.operations import db_time, operation
+from outbox.storage.reviews import (
+    list_review_items,
+    note_staff_action,
+    resolve_review,
+    review_item,
+    settle_unknown,
+)
 from reconciler.decide import Situation, not_found_doubt
 from reconciler.evidence import weigh
 
@@ -128,25 +134,19 @@ class ReviewQueue:
     ) -> list[dict[str, Any]]:
         """Review items, oldest first."""
         audit.info("review list", extra={"staff": staff.id, "role": staff.role.value})
-        stmt = (
-            select(ReviewItem, Operation.op_id, Operation.kind, Operation.state)
-            .join(Operation, Operation.id == ReviewItem.operation_id)
-            .order_by(ReviewItem.created_at, ReviewItem.id)
-            .limit(limit)
-        )
-        if not include_resolved:
-            stmt = stmt.where(ReviewItem.resolved_at.is_(None))
-        if tenant is not None:
-            stmt = stmt.where(ReviewItem.tenant == tenant)
-        if reason is not None:
-            stmt = stmt.where(ReviewItem.reason == reason)
         with self.sessions() as session:
-            if older_than is not None:
-                cutoff = db_time(session) - older_than
-                stmt = stmt.where(ReviewItem.created_at <= cutoff)
+            cutoff = db_time(session) - older_than if older_than is not None else None
+            items = list_review_items(
+                session,
+                tenant=tenant,
+                reason=reason,
+                created_before=cutoff,
+                include_resolved=include_resolved,
+                limit=limit,
+            )
             return [
                 {**_item(item), "op_id": op_id, "kind": kind, "state": state}
-                for item, op_id, kind, state in session.execute(stmt)
+                for item, op_id, kind, state in items
             ]
 
     def show(self, staff: Staff, item_id: int) -> dict[str, Any]:
@@ -154,14 +154,8 @@ class ReviewQueue:
         audit.info("review show", extra={"staff": staff.id, "item": item_id})
         with self.sessions() as session:
             item, op = self._load(session, item_id)
-            attempts = session.scalars(
-                select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.number)
-            )
-            events = session.scalars(
-                select(OperationEvent)
-                .where(OperationEvent.operation_id == op.id)
-                .order_by(OperationEvent.id)
-            )
+            attempts = attempts_of(session, op.id)
+            events = events_of(session, op.id)
             return {
                 "item": _item(item),
                 "operation": {
@@ -371,7 +365,7 @@ class ReviewQueue:
         audit.warning("review refused", extra={"staff": staff.id, "item": item_id, **evidence})
         try:
             with self.sessions.begin() as session:
-                item = session.get(ReviewItem, item_id)
+                item = review_item(session, item_id)
                 if item is None:
                     return  # no such item: nothing to attach the attempt to
                 note_staff_action(
@@ -388,7 +382,7 @@ class ReviewQueue:
     def _conflict(self, session: Session, item_id: int) -> ReviewConflict:
         """Why a resolve lost: the item was resolved by somebody else, or the operation was
         settled by an automatic path first."""
-        item = session.get(ReviewItem, item_id, populate_existing=True)
+        item = review_item(session, item_id, fresh=True)
         if item is not None and item.resolved_at is not None:
             return ReviewConflict(
                 f"somebody else resolved this item first: {item.resolved_by}",
@@ -431,12 +425,12 @@ class ReviewQueue:
     def _load(
         self, session: Session, item_id: int, *, open_only: bool = False
     ) -> tuple[ReviewItem, Operation]:
-        item = session.get(ReviewItem, item_id)
+        item = review_item(session, item_id)
         if item is None:
             raise NotFound("no such review item", code="review_item_not_found")
         if open_only and item.resolved_at is not None:
             raise _already_resolved(item)
-        op = session.get(Operation, item.operation_id)
+        op = operation(session, item.operation_id)
         assert op is not None
         return item, op
 

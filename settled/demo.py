@@ -19,17 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
-from sqlalchemy import select
 
 from outbox import relay
 from outbox.db import upgrade
 from outbox.errors import IdempotencyConflict
 from outbox.ids import derive_idempotency_key, new_op_id
-from outbox.models import Operation, OperationEvent, ReviewItem
+from outbox.models import Operation
 from outbox.relay import Publish
 from outbox.report import Lang, check_lang, render
 from outbox.runs import cancel_run, compensate, open_run, run_report
 from outbox.settings import Settings
+from outbox.storage.events import states_passed
+from outbox.storage.operations import all_operations, find_operation
+from outbox.storage.reviews import review_reason
 from settled.celery_app import create_app, hint_publisher
 from settled.runtime import Runtime, build_runtime
 from settled.simulator import SimulatorControl, start_in_thread
@@ -74,9 +76,7 @@ class Demo:
 
     def state(self, op_id: str) -> Operation:
         with self.rt.sessions() as s:
-            op = s.scalar(
-                select(Operation).where(Operation.tenant == TENANT, Operation.op_id == op_id)
-            )
+            op = find_operation(s, TENANT, op_id)
             assert op is not None
             return op
 
@@ -95,12 +95,7 @@ class Demo:
     def path(self, operation_id: int) -> list[str]:
         """The states an operation went through, from its event log."""
         with self.rt.sessions() as s:
-            rows = s.execute(
-                select(OperationEvent.from_state, OperationEvent.to_state)
-                .where(OperationEvent.operation_id == operation_id)
-                .order_by(OperationEvent.id)
-            ).all()
-        return [to for frm, to in rows if frm != to]
+            return states_passed(s, operation_id)
 
     def show(self, op: Operation, label: str) -> None:
         ref = f" (receipt {op.downstream_ref})" if op.downstream_ref else ""
@@ -177,12 +172,11 @@ class Demo:
 
         def in_review() -> bool:
             with self.rt.sessions() as s:
-                stmt = select(ReviewItem.reason).where(ReviewItem.operation_id == op_pk)
-                return s.scalar(stmt) is not None
+                return review_reason(s, op_pk) is not None
 
         self.wait("a review item", in_review)
         with self.rt.sessions() as s:
-            reason = s.scalar(select(ReviewItem.reason).where(ReviewItem.operation_id == op_pk))
+            reason = review_reason(s, op_pk)
         self.show(self.state(op_id), f"in the review queue ({reason})")
 
     def stop_button(self) -> None:
@@ -233,7 +227,7 @@ class Demo:
             ).operation.op_id  # fmt: skip
         self.show(self.wait_state(pickup, *TERMINAL), "pickup")
         with self.rt.sessions.begin() as s:
-            original = s.scalar(select(Operation).where(Operation.op_id == ticket))
+            original = find_operation(s, TENANT, ticket)
             assert original is not None
             undo = compensate(
                 self.rt.outbox, s, original, op_id=new_op_id(), kind="ticket_cancel",
@@ -258,7 +252,7 @@ class Demo:
         self.echo(f"  {'op_id':<30} {'kind':<20} {'state':<10} {'effects':>7}  check")
         agree = True
         with self.rt.sessions() as s:
-            ops = s.scalars(select(Operation).order_by(Operation.id)).all()
+            ops = all_operations(s)
         for op in ops:
             effects = self.control.effects(TENANT, op.idempotency_key)
             if op.state == "succeeded":

@@ -16,6 +16,8 @@ without multiprocess bookkeeping. A scrape never reads the whole of a table:
   committed (ids are handed out before commit) is looked for again at the next scrapes, for
   ``patience`` seconds (ids of rolled-back transactions never appear).
 
+The statements a scrape runs, and the index each reads, are in ``outbox.storage.metrics``.
+
 Every process serving these reports the same values: aggregate them with ``max``, not ``sum``
 (the dashboard and alert rules in ``deploy/`` do).
 """
@@ -25,18 +27,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
-from sqlalchemy import ColumnElement, Select, and_, bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.db import db_now
-from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.states import State
+from outbox.storage import metrics as scrape
 
 LIVE = (State.PLANNED, State.SUBMITTED, State.UNKNOWN)
 #: How long an event id missing below the counted ones is looked for (longer than any
@@ -44,86 +43,6 @@ LIVE = (State.PLANNED, State.SUBMITTED, State.UNKNOWN)
 PATIENCE_SECONDS = 300.0
 #: Most missing ids looked for at once (the oldest are given up first).
 MAX_PENDING = 10_000
-
-ops = Operation.__table__
-events = OperationEvent.__table__
-attempts = Attempt.__table__
-reviews = ReviewItem.__table__
-
-#: Each statement below is answered from an index (``tests/integration/test_metrics.py``
-#: checks their plans on PostgreSQL): the partial indexes on live states, the open items'
-#: partial unique index, the events' primary key and the attempts' (operation, number) key.
-PLANNED = select(func.count(), func.min(ops.c.next_attempt_at), db_now()).where(
-    ops.c.state == State.PLANNED.value
-)
-UNRESOLVED = (
-    select(
-        ops.c.state,
-        func.count(),
-        func.min(ops.c.unknown_since),
-        func.min(ops.c.next_attempt_at),
-        func.min(ops.c.lease_until),
-    )
-    .where(ops.c.state.in_([State.SUBMITTED.value, State.UNKNOWN.value]))
-    .group_by(ops.c.state)
-)
-OPEN_REVIEWS = select(func.count()).select_from(reviews).where(reviews.c.resolved_at.is_(None))
-LAST_EVENT = select(func.max(events.c.id))
-#: The last event written before ``since`` (read backwards from the newest, once per process).
-LAST_EVENT_BEFORE = select(func.max(events.c.id)).where(events.c.at < bindparam("since"))
-
-_BY_RECONCILER = events.c.actor.like("reconciler:%")
-#: The event that records an attempt's outcome is written in the same statement as the
-#: attempt's completion, under the same lease version.
-_OUTCOMES = events.join(
-    attempts,
-    and_(
-        attempts.c.operation_id == events.c.operation_id,
-        attempts.c.lease_version == events.c.lease_version,
-    ),
-)
-_RECORDS_OUTCOME = and_(events.c.from_state == State.SUBMITTED.value, attempts.c.proof.is_not(None))
-
-
-def _between(lo: int, hi: int) -> ColumnElement[bool]:
-    return and_(events.c.id > lo, events.c.id <= hi)
-
-
-def transitions_between(lo: int, hi: int) -> Select[Any]:
-    """Events with ids in ``(lo, hi]`` by transition and by whether the reconciler wrote them."""
-    columns = (events.c.from_state, events.c.to_state, events.c.reason, _BY_RECONCILER)
-    return select(*columns, func.count()).where(_between(lo, hi)).group_by(*columns)
-
-
-def outcomes_between(lo: int, hi: int) -> Select[Any]:
-    """Attempts whose outcome an event with id in ``(lo, hi]`` recorded, by proof."""
-    return (
-        select(attempts.c.proof, func.count())
-        .select_from(_OUTCOMES)
-        .where(_between(lo, hi), _RECORDS_OUTCOME)
-        .group_by(attempts.c.proof)
-    )
-
-
-def gaps_between(lo: int, hi: int) -> Select[Any]:
-    """``(before, after)`` around each run of ids in ``(lo, hi]`` with no visible event."""
-    previous = func.lag(events.c.id, 1, lo).over(order_by=events.c.id).label("previous")
-    ids = select(events.c.id, previous).where(_between(lo, hi)).subquery()
-    return select(ids.c.previous, ids.c.id).where(ids.c.id - ids.c.previous > 1)
-
-
-def transitions_of(ids: Collection[int]) -> Select[Any]:
-    return select(
-        events.c.id, events.c.from_state, events.c.to_state, events.c.reason, _BY_RECONCILER
-    ).where(events.c.id.in_(ids))
-
-
-def outcomes_of(ids: Collection[int]) -> Select[Any]:
-    return (
-        select(events.c.id, attempts.c.proof)
-        .select_from(_OUTCOMES)
-        .where(events.c.id.in_(ids), _RECORDS_OUTCOME)
-    )
 
 
 class EventCounters:
@@ -154,14 +73,14 @@ class EventCounters:
         with self._lock:
             if self._counted is None:
                 since = now - timedelta(seconds=self.monotonic() - self._born)
-                self._counted = session.scalar(LAST_EVENT_BEFORE, {"since": since}) or 0
+                self._counted = scrape.last_event_id_before(session, since)
             missed_before = list(self._pending)
-            last = session.scalar(LAST_EVENT) or 0
+            last = scrape.last_event_id(session)
             if last > self._counted:
                 lo, hi = self._counted, last
                 seen = self._count_range(session, lo, hi)
                 if seen < hi - lo:
-                    for before, after in session.execute(gaps_between(lo, hi)):
+                    for before, after in scrape.gaps_between(session, lo, hi):
                         for missing in range(before + 1, after):
                             self._pending[missing] = now
                 self._counted = hi
@@ -171,19 +90,19 @@ class EventCounters:
 
     def _count_range(self, session: Session, lo: int, hi: int) -> int:
         seen = 0
-        for frm, to, reason, by_reconciler, n in session.execute(transitions_between(lo, hi)):
+        for frm, to, reason, by_reconciler, n in scrape.transitions_between(session, lo, hi):
             self._transition(frm, to, reason, by_reconciler, n)
             seen += n
-        for proof, n in session.execute(outcomes_between(lo, hi)):
+        for proof, n in scrape.outcomes_between(session, lo, hi):
             self.attempts[proof] += n
         return seen
 
     def _count_ids(self, session: Session, ids: Iterable[int]) -> None:
         wanted = list(ids)
-        for event_id, frm, to, reason, by_reconciler in session.execute(transitions_of(wanted)):
+        for event_id, frm, to, reason, by_reconciler in scrape.transitions_of(session, wanted):
             self._transition(frm, to, reason, by_reconciler, 1)
             del self._pending[event_id]
-        for _, proof in session.execute(outcomes_of(wanted)):
+        for _, proof in scrape.outcomes_of(session, wanted):
             self.attempts[proof] += 1
 
     def _transition(
@@ -210,10 +129,15 @@ class SettledCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.sessions() as s:
-            planned, oldest_due, now = s.execute(PLANNED).one()
-            unresolved = {row[0]: row[1:] for row in s.execute(UNRESOLVED)}
-            depth = s.scalar(OPEN_REVIEWS) or 0
-            self.counters.advance(s, now)
+            live = scrape.live_counts(s)
+            self.counters.advance(s, live.now)
+        now, planned, oldest_due, unresolved = (
+            live.now,
+            live.planned,
+            live.oldest_due,
+            live.unresolved,
+        )
+        depth = live.open_reviews
 
         def age(since: datetime | None) -> float:
             return max(0.0, (now - since).total_seconds()) if since is not None else 0.0

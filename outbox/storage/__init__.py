@@ -13,6 +13,8 @@ module             what it holds
 ``reviews``        review items: open ones, resolving, staff settling an operation
 ``runs``           a run's cancel flag and cancelling its planned operations
 ``operations``     reads of operation rows, the database's clock, the intake INSERT
+``events``         reads of the audit trail (event rows)
+``metrics``        what a metrics scrape reads (live gauges, event counters by id range)
 ``queries.sql``    the hand-written PostgreSQL statements, by name
 =================  ==================================================================
 

@@ -46,10 +46,32 @@ def intake_insert(insert: Callable[[Any], Any]) -> Any:
     return select(Operation).from_statement(returning)
 
 
+FIND_OPERATION = select(Operation).where(
+    Operation.tenant == bindparam("tenant"), Operation.op_id == bindparam("op_id")
+)
+ALL_OPERATIONS = select(Operation).order_by(Operation.id)
 DB_TIME = select(db_now())
 OLDEST_UNKNOWN_SINCE = select(func.min(ops.c.unknown_since)).where(
     ops.c.state == State.UNKNOWN.value
 )
+
+
+def find_operation(session: Session, tenant: str, op_id: str) -> Operation | None:
+    """Operation ``op_id`` of ``tenant``, loaded into ``session`` (None: no such one)."""
+    found: Operation | None = session.scalars(
+        FIND_OPERATION, {"tenant": tenant, "op_id": op_id}
+    ).one_or_none()
+    return found
+
+
+def operation(session: Session, operation_id: int) -> Operation | None:
+    """The operation with this primary key, loaded into ``session``."""
+    return session.get(Operation, operation_id)
+
+
+def all_operations(session: Session) -> list[Operation]:
+    """Every operation, oldest first (small databases only: the demo's)."""
+    return list(session.scalars(ALL_OPERATIONS))
 
 
 def db_time(session: Session) -> datetime:

@@ -6,13 +6,14 @@ Review items are opened and settled with the transitions that call for them
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from outbox.db import db_now
-from outbox.models import ReviewItem
+from outbox.models import Operation, ReviewItem
 from outbox.states import Event, RejectReason, State
 from outbox.storage.connection import Bind, connection_of
 from outbox.storage.database import Storage
@@ -54,6 +55,54 @@ RESOLVE_REVIEW = (
         version=reviews.c.version + 1,
     )
 )
+
+
+REVIEW_REASON = select(reviews.c.reason).where(reviews.c.operation_id == bindparam("operation_id"))
+#: Review items with their operation's op_id, kind and state, oldest first.
+REVIEW_LIST = (
+    select(ReviewItem, Operation.op_id, Operation.kind, Operation.state)
+    .join(Operation, Operation.id == ReviewItem.operation_id)
+    .order_by(ReviewItem.created_at, ReviewItem.id)
+    .limit(bindparam("limit"))
+)
+
+
+def list_review_items(
+    session: Session,
+    *,
+    tenant: str | None = None,
+    reason: str | None = None,
+    created_before: datetime | None = None,
+    include_resolved: bool = False,
+    limit: int = 100,
+) -> list[tuple[ReviewItem, str, str, str]]:
+    """Review items (open ones unless ``include_resolved``), with their operation's op_id,
+    kind and state, oldest first; each filter given narrows the list."""
+    stmt = REVIEW_LIST
+    params: dict[str, Any] = {"limit": limit}
+    if not include_resolved:
+        stmt = stmt.where(ReviewItem.resolved_at.is_(None))
+    if tenant is not None:
+        stmt = stmt.where(ReviewItem.tenant == bindparam("tenant"))
+        params["tenant"] = tenant
+    if reason is not None:
+        stmt = stmt.where(ReviewItem.reason == bindparam("reason"))
+        params["reason"] = reason
+    if created_before is not None:
+        stmt = stmt.where(ReviewItem.created_at <= bindparam("created_before"))
+        params["created_before"] = created_before
+    return list(session.execute(stmt, params))
+
+
+def review_item(session: Session, item_id: int, *, fresh: bool = False) -> ReviewItem | None:
+    """Review item ``item_id``; ``fresh``: read again even if the session holds it."""
+    return session.get(ReviewItem, item_id, populate_existing=fresh)
+
+
+def review_reason(session: Session, operation_id: int) -> str | None:
+    """Why the operation was put in review (None: it never was)."""
+    reason: str | None = session.scalars(REVIEW_REASON, {"operation_id": operation_id}).first()
+    return reason
 
 
 def open_review_id(bind: Bind, operation_id: int) -> int | None:

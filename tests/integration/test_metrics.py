@@ -16,14 +16,8 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import sessionmaker
 
 from outbox.states import TERMINAL, State
-from settled.metrics import (
-    LIVE,
-    EventCounters,
-    gaps_between,
-    outcomes_of,
-    registry,
-    transitions_of,
-)
+from outbox.storage.metrics import GAPS_BETWEEN, OUTCOMES_OF, TRANSITIONS_OF
+from settled.metrics import LIVE, EventCounters, registry
 from tests.support.rig import GOOD, HOLD, Rig
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -252,7 +246,11 @@ def test_no_scrape_statement_reads_a_growing_table_whole(
     # The statements a scrape runs only when ids are missing (uncommitted or rolled back).
     with rig.sessions() as s:
         last = int(s.scalar(text("SELECT max(id) FROM operation_events")) or 0)
-    for rare in (gaps_between(last - 5, last), transitions_of([1, 2]), outcomes_of([1, 2])):
+    for rare in (
+        GAPS_BETWEEN.params(lo=last - 5, hi=last),
+        TRANSITIONS_OF.params(ids=[1, 2]),
+        OUTCOMES_OF.params(ids=[1, 2]),
+    ):
         sql = str(rare.compile(rig.engine, compile_kwargs={"literal_binds": True}))
         assert whole_table_reads(explain(rig.engine, sql, None)) == [], sql
 
