@@ -1,14 +1,16 @@
-"""The submit path, one step at a time (README.md, "Order of processing a submit").
+"""The submit path, one step at a time, numbered as in README.md, "Order of processing a submit"
+(step 1's route and body are the HTTP layer's and ``app``'s):
 
-1. authenticate (401) and require an ``Idempotency-Key`` (400);
-2. count the request and draw a fault (rules first, then the seeded schedule);
-3. the faults before the idempotency layer: ``429``, ``503_before``, ``reset_before``;
-4. validate the body as an intent of the kind (400);
-5. the idempotency layer: replay, ``idempotency_key_reused``, ``409 idempotency_key_in_use``;
+1. authenticate (401);
+2. require an ``Idempotency-Key`` (400);
+3. count the request and draw a fault (rules first, then the seeded schedule);
+4. the faults before the idempotency layer: ``429``, ``503_before``, ``reset_before``;
+5. validate the body as an intent of the kind (400);
+6. the idempotency layer: replay, ``idempotency_key_reused``, ``409 idempotency_key_in_use``;
    else mark the key in flight (``hold_before_commit`` holds here);
-6. execute and save, in one transaction (``business_reject``, ``mismatched_receipt`` and
+7. execute and save, in one transaction (``business_reject``, ``mismatched_receipt`` and
    ``503_after_commit`` change what is executed or saved);
-7. the faults on the answer: ``commit_then_timeout``, ``commit_then_reset`` (replays too).
+8. the faults on the answer: ``commit_then_timeout``, ``commit_then_reset`` (replays too).
 
 What each fault does is in ``injection``; a step that answers early raises ``Answer``.
 """
