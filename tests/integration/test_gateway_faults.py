@@ -397,8 +397,15 @@ def test_connection_the_server_closed_while_idle_is_not_reused(tmp_path: Path) -
 
 
 def test_one_gateway_serves_many_threads_at_once(
-    sim_gateway: HttpGateway, sim_control: SimulatorControl, sim_tenant: SimTenant
+    simulator: SimulatorHandle,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    request: pytest.FixtureRequest,
 ) -> None:
+    # About concurrency, not timeouts: a patient client, so that a loaded machine answering
+    # one of the POOL_SIZE concurrent requests late does not turn it into an "unknown".
+    sim_gateway = HttpGateway(simulator.url, {sim_tenant.name: sim_tenant.api_key}, timeout=30)
+    request.addfinalizer(sim_gateway.close)
     sim_control.create_order(sim_tenant.name, "A1", 10**6, "CNY")
     threads, rounds = POOL_SIZE, 4
     small = {**PARAMS, "amount_minor": 1}
