@@ -204,16 +204,14 @@ INSERT_NOTE = insert(events).from_select(
 
 def write_notes(conn: Connection, notes: Sequence[Note], *, actor: str) -> None:
     """The event rows of ``notes`` (through ``Storage.write_transitions`` only)."""
-    conn.execute(
-        INSERT_NOTE,
-        [
-            {
-                "operation_id": n.operation_id,
-                "created": n.created,
-                "actor": actor,
-                "note": n.note,
-                "evidence": n.evidence,
-            }
-            for n in notes
-        ],
-    )
+    rows = [
+        {
+            "operation_id": n.operation_id,
+            "created": n.created,
+            "actor": actor,
+            "note": n.note,
+            "evidence": n.evidence,
+        }
+        for n in notes
+    ]
+    conn.execute(INSERT_NOTE, rows[0] if len(rows) == 1 else rows)  # one: no executemany
