@@ -13,16 +13,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
 from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Enqueued, Outbox
-from outbox.models import Operation, OperationEvent, ReviewItem, Run
+from outbox.models import Operation, Run
 from outbox.report import OpFacts, Report, RunFacts, build_line, build_report
 from outbox.states import State
+from outbox.storage import runs as storage_runs
 from outbox.storage import storage_for
+from outbox.storage.events import rejection_codes
+from outbox.storage.operations import compensations_of, find_operation, op_ids_of
+from outbox.storage.reviews import in_review
 from outbox.storage.runs import cancel_planned, request_run_cancel
 
 HANDLE_PREFIX = "run_"
@@ -52,7 +55,7 @@ def find_run(session: Session, tenant: str, handle: str) -> Run:
     tenant = validate_tenant(tenant)
     if not isinstance(handle, str) or HANDLE_RE.fullmatch(handle) is None:
         raise NotFound("no such run", code="run_not_found")
-    run = session.scalar(select(Run).where(Run.tenant == tenant, Run.handle == handle))
+    run = storage_runs.find_run(session, tenant, handle)
     if run is None:
         raise NotFound("no such run", code="run_not_found")
     return run
@@ -106,7 +109,7 @@ def compensate(
         )
     run: Run | None = None
     if original.run_id is not None:
-        run = session.get(Run, original.run_id)
+        run = storage_runs.run(session, original.run_id)
         if run is not None and run.cancel_requested_at is not None:
             # The executor sends nothing in a cancelled run: the compensation would only be
             # cancelled. Refuse now, writing nothing, rather than pretend it will run.
@@ -137,17 +140,7 @@ def compensate(
 
 def run_facts(session: Session, run: Run) -> RunFacts:
     """Snapshots of a run's operations, and of compensations enqueued for them elsewhere."""
-    in_run = select(Operation.id).where(Operation.run_id == run.id).scalar_subquery()
-    ops = list(
-        session.scalars(
-            select(Operation)
-            .where(
-                Operation.tenant == run.tenant,
-                or_(Operation.run_id == run.id, Operation.compensates_id.in_(in_run)),
-            )
-            .order_by(Operation.id)
-        )
-    )
+    ops = storage_runs.run_operations(session, run)
     return RunFacts(
         handle=run.handle,
         cancelled=run.cancel_requested_at is not None,
@@ -173,19 +166,12 @@ def operation_status(session: Session, tenant: str, op_id: str) -> dict[str, Any
         op_id = validate_op_id(op_id)
     except InvalidIdentifier:
         raise NotFound("no such operation", code="operation_not_found") from None
-    stmt = select(Operation).where(Operation.tenant == tenant, Operation.op_id == op_id)
-    op = session.scalar(stmt)
+    op = find_operation(session, tenant, op_id)
     if op is None:
         raise NotFound("no such operation", code="operation_not_found")
-    comps = list(
-        session.scalars(
-            select(Operation)
-            .where(Operation.tenant == tenant, Operation.compensates_id == op.id)
-            .order_by(Operation.id)
-        )
-    )
+    comps = compensations_of(session, tenant, op.id)
     facts = _facts(session, [op, *comps])
-    run = session.get(Run, op.run_id) if op.run_id is not None else None
+    run = storage_runs.run(session, op.run_id) if op.run_id is not None else None
     cancelled = run is not None and run.cancel_requested_at is not None
     line = build_line(facts[0], facts[1:], cancelled=cancelled)
     return {
@@ -200,35 +186,14 @@ def operation_status(session: Session, tenant: str, op_id: str) -> dict[str, Any
 def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
     ids = [op.id for op in ops]
     codes: dict[int, str] = {}
-    in_review: set[int] = set()
+    reviewed: set[int] = set()
     if ids:
-        rows = session.execute(
-            select(OperationEvent.operation_id, OperationEvent.evidence)
-            .where(
-                OperationEvent.operation_id.in_(ids),
-                OperationEvent.to_state == State.REJECTED.value,
-            )
-            .order_by(OperationEvent.id)
-        )
-        for operation_id, evidence in rows:
-            code = (evidence or {}).get("code")
-            if isinstance(code, str):
-                codes[operation_id] = code
-        in_review = set(
-            session.scalars(
-                select(ReviewItem.operation_id).where(
-                    ReviewItem.operation_id.in_(ids), ReviewItem.resolved_at.is_(None)
-                )
-            )
-        )
+        codes = rejection_codes(session, ids)
+        reviewed = in_review(session, ids)
     op_ids = {op.id: op.op_id for op in ops}
     missing = {op.compensates_id for op in ops if op.compensates_id is not None} - set(op_ids)
     if missing:
-        op_ids.update(
-            session.execute(
-                select(Operation.id, Operation.op_id).where(Operation.id.in_(missing))
-            ).tuples()
-        )
+        op_ids.update(op_ids_of(session, missing))
     return [
         OpFacts(
             op_id=op.op_id,
@@ -238,7 +203,7 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             code=codes.get(op.id),
             reference=op.downstream_ref,
             receipt_status=_receipt_status(op.receipt),
-            in_review=op.id in in_review,
+            in_review=op.id in reviewed,
             compensates=op_ids.get(op.compensates_id) if op.compensates_id else None,
             sent=op.attempts > 0,
             by_staff=(op.receipt or {}).get("source") == "staff",

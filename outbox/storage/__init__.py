@@ -11,7 +11,7 @@ module             what it holds
                    INSERT and a worker's step, implemented by ``postgres`` and ``sqlite``
 ``attempts``       starting sends, attempt history, the reconciler's quiescence facts
 ``reviews``        review items: open ones, resolving, staff settling an operation
-``runs``           a run's cancel flag and cancelling its planned operations
+``runs``           finding a run, its operations, its cancel flag, cancelling them
 ``operations``     reads of operation rows, the database's clock, the intake INSERT
 ``events``         reads of the audit trail (event rows)
 ``metrics``        what a metrics scrape reads (live gauges, event counters by id range)

@@ -3,10 +3,13 @@ only), oldest first."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from outbox.models import OperationEvent
+from outbox.states import State
 
 EVENTS_OF = (
     select(OperationEvent)
@@ -18,6 +21,27 @@ STATES_OF = (
     .where(OperationEvent.operation_id == bindparam("operation_id"))
     .order_by(OperationEvent.id)
 )
+
+
+REJECTIONS_OF = (
+    select(OperationEvent.operation_id, OperationEvent.evidence)
+    .where(
+        OperationEvent.operation_id.in_(bindparam("ids", expanding=True)),
+        OperationEvent.to_state == State.REJECTED.value,
+    )
+    .order_by(OperationEvent.id)
+)
+
+
+def rejection_codes(session: Session, ids: Collection[int]) -> dict[int, str]:
+    """The downstream's refusal code each of these operations was rejected with (those
+    whose rejection event has one)."""
+    codes: dict[int, str] = {}
+    for operation_id, evidence in session.execute(REJECTIONS_OF, {"ids": sorted(ids)}):
+        code = (evidence or {}).get("code")
+        if isinstance(code, str):
+            codes[operation_id] = code
+    return codes
 
 
 def events_of(session: Session, operation_id: int) -> list[OperationEvent]:

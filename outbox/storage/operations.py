@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
@@ -50,6 +50,17 @@ FIND_OPERATION = select(Operation).where(
     Operation.tenant == bindparam("tenant"), Operation.op_id == bindparam("op_id")
 )
 ALL_OPERATIONS = select(Operation).order_by(Operation.id)
+COMPENSATIONS_OF = (
+    select(Operation)
+    .where(
+        Operation.tenant == bindparam("tenant"),
+        Operation.compensates_id == bindparam("operation_id"),
+    )
+    .order_by(Operation.id)
+)
+OP_IDS = select(Operation.id, Operation.op_id).where(
+    Operation.id.in_(bindparam("ids", expanding=True))
+)
 DB_TIME = select(db_now())
 OLDEST_UNKNOWN_SINCE = select(func.min(ops.c.unknown_since)).where(
     ops.c.state == State.UNKNOWN.value
@@ -67,6 +78,16 @@ def find_operation(session: Session, tenant: str, op_id: str) -> Operation | Non
 def operation(session: Session, operation_id: int) -> Operation | None:
     """The operation with this primary key, loaded into ``session``."""
     return session.get(Operation, operation_id)
+
+
+def compensations_of(session: Session, tenant: str, operation_id: int) -> list[Operation]:
+    """The operations enqueued to compensate this one, oldest first."""
+    return list(session.scalars(COMPENSATIONS_OF, {"tenant": tenant, "operation_id": operation_id}))
+
+
+def op_ids_of(session: Session, ids: Collection[int]) -> dict[int, str]:
+    """The op_id of each of these operations (by primary key)."""
+    return {i: op_id for i, op_id in session.execute(OP_IDS, {"ids": sorted(ids)})}
 
 
 def all_operations(session: Session) -> list[Operation]:

@@ -6,6 +6,7 @@ Review items are opened and settled with the transitions that call for them
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +58,9 @@ RESOLVE_REVIEW = (
 )
 
 
+IN_REVIEW_AMONG = select(reviews.c.operation_id).where(
+    reviews.c.operation_id.in_(bindparam("ids", expanding=True)), reviews.c.resolved_at.is_(None)
+)
 REVIEW_REASON = select(reviews.c.reason).where(reviews.c.operation_id == bindparam("operation_id"))
 #: Review items with their operation's op_id, kind and state, oldest first.
 REVIEW_LIST = (
@@ -97,6 +101,11 @@ def list_review_items(
 def review_item(session: Session, item_id: int, *, fresh: bool = False) -> ReviewItem | None:
     """Review item ``item_id``; ``fresh``: read again even if the session holds it."""
     return session.get(ReviewItem, item_id, populate_existing=fresh)
+
+
+def in_review(session: Session, operation_ids: Collection[int]) -> set[int]:
+    """Those of these operations with an open review item."""
+    return set(session.scalars(IN_REVIEW_AMONG, {"ids": sorted(operation_ids)}))
 
 
 def review_reason(session: Session, operation_id: int) -> str | None:

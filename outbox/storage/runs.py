@@ -1,10 +1,10 @@
-"""Runs: the cancel flag, cancelling a run's planned operations, which runs are cancelled."""
+"""Runs: finding one, its operations, the cancel flag, cancelling its planned operations."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from outbox.db import db_now
@@ -27,9 +27,38 @@ PLANNED_OF_RUN = (
     .where(ops.c.run_id == bindparam("run_id"), ops.c.state == State.PLANNED.value)
     .order_by(ops.c.id)
 )
+FIND_RUN = select(Run).where(Run.tenant == bindparam("tenant"), Run.handle == bindparam("handle"))
+_IN_RUN = select(Operation.id).where(Operation.run_id == bindparam("run_id")).scalar_subquery()
+#: A run's operations, and compensations enqueued (in any run) for them, oldest first.
+RUN_OPERATIONS = (
+    select(Operation)
+    .where(
+        Operation.tenant == bindparam("tenant"),
+        or_(Operation.run_id == bindparam("run_id"), Operation.compensates_id.in_(_IN_RUN)),
+    )
+    .order_by(Operation.id)
+)
 CANCELLED_AMONG = select(runs.c.id).where(
     runs.c.id.in_(bindparam("ids", expanding=True)), runs.c.cancel_requested_at.is_not(None)
 )
+
+
+def find_run(session: Session, tenant: str, handle: str) -> Run | None:
+    """Run ``handle`` of ``tenant``, loaded into ``session`` (None: no such run)."""
+    found: Run | None = session.scalars(
+        FIND_RUN, {"tenant": tenant, "handle": handle}
+    ).one_or_none()
+    return found
+
+
+def run(session: Session, run_id: int) -> Run | None:
+    """The run with this primary key, loaded into ``session``."""
+    return session.get(Run, run_id)
+
+
+def run_operations(session: Session, run: Run) -> list[Operation]:
+    """A run's operations, and the compensations enqueued for them elsewhere, oldest first."""
+    return list(session.scalars(RUN_OPERATIONS, {"tenant": run.tenant, "run_id": run.id}))
 
 
 def request_run_cancel(session: Session, run_id: int, *, actor: str) -> bool:
