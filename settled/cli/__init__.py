@@ -1,0 +1,54 @@
+"""The ``settled`` command line: the root group and its commands, one module per group.
+
+    common       one-line errors, the checked input types, the runtime from the settings
+    processes    worker, beat, web, run (and the checks before they start)
+    db           db upgrade
+    review       review list, show, requery, resolve (support staff)
+    apikey       apikey create, revoke
+    reconcile    reconcile [--once]
+    simulator    simulator
+    demo         demo
+
+Bad input, bad configuration and refused actions end with one line on stderr (``Error: ...``)
+and a non-zero exit status, never a traceback (``common.OneLineErrors``). Every command
+imports what it runs when it runs, so ``settled --help`` loads click and nothing else.
+"""
+
+from __future__ import annotations
+
+import click
+
+from settled.cli.apikey import apikey
+from settled.cli.common import OneLineErrors
+from settled.cli.db import db
+from settled.cli.demo import demo
+from settled.cli.processes import beat, run_stack, web, worker
+from settled.cli.reconcile import reconcile
+from settled.cli.review import review
+from settled.cli.simulator import simulator
+
+__all__ = ["main"]
+
+
+@click.group(cls=OneLineErrors)
+@click.version_option(package_name="settled", prog_name="settled")
+def main() -> None:
+    """Settled: safe side-effecting operations."""
+    from outbox import logs
+
+    # JSON lines (SETTLED_LOG_FORMAT); a person's command shows warnings unless
+    # SETTLED_LOG_LEVEL says otherwise (worker, beat, web and simulator: INFO).
+    logs.configure(default_level="WARNING")
+
+
+# click lists them by name, whatever the order here.
+main.add_command(worker)
+main.add_command(beat)
+main.add_command(web)
+main.add_command(run_stack)
+main.add_command(db)
+main.add_command(review)
+main.add_command(apikey)
+main.add_command(reconcile)
+main.add_command(simulator)
+main.add_command(demo)

@@ -1,0 +1,183 @@
+"""The long-running processes: ``worker``, ``beat``, ``web`` and ``run`` (the three under one
+supervisor), and the checks each makes before it starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from settled.cli.common import CONCURRENCY, LOGLEVEL, PORT, TEXT
+
+
+def _preflight(settings: Any, *, broker: bool) -> None:
+    """Refuse to start on a misconfiguration, before anything runs: the development secrets
+    against PostgreSQL, a contract for an unknown kind, a database that does not answer or is
+    not migrated, a broker that does not answer. Each is one line naming what to fix."""
+    from outbox.db import check_schema
+    from outbox.kinds import default_registry
+
+    found = settings.development_secrets()
+    if found:
+        raise click.ClickException(
+            f"refusing to start against PostgreSQL with the development value of "
+            f"{' and '.join(found)}: set your own (or SETTLED_DEVELOPMENT=1 on a development "
+            "machine)"
+        )
+    settings.apply_contracts(default_registry())
+    check_schema(settings.database_url)
+    if broker:
+        from settled.celery_app import check_broker
+
+        check_broker(settings)
+
+
+@click.command()
+@click.option("--beat/--no-beat", default=False, help="also run beat (sweeper, reconciler)")
+@click.option(
+    "--pool",
+    default="prefork",
+    show_default=True,
+    type=click.Choice(["prefork", "solo", "threads"]),
+)
+@click.option("--concurrency", default=2, show_default=True, type=CONCURRENCY)
+@click.option(
+    "--loglevel", default="INFO", show_default=True, type=LOGLEVEL, envvar="SETTLED_LOG_LEVEL"
+)
+@click.option("--hostname", default=None, type=TEXT, help="Celery node name")
+def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str | None) -> None:
+    """Run a Celery worker on the submit queue (claim, send, record).
+
+    Exits non-zero whenever the worker ends other than by a stop signal (Celery's
+    "Unrecoverable error" included), so that a supervisor restarts it.
+    """
+    from outbox import logs
+    from outbox.settings import Settings
+    from settled.celery_app import create_app, worker_argv
+
+    settings = Settings()
+    logs.configure(loglevel)
+    _preflight(settings, broker=True)
+    if beat:
+        _beat_folder(settings)
+    if settings.metrics_port is not None:
+        _serve_metrics(settings)
+    app = create_app(settings)
+    argv = worker_argv(
+        beat=beat, pool=pool, concurrency=concurrency, loglevel=loglevel, hostname=hostname
+    )
+    raise SystemExit(_run_worker(app, argv))
+
+
+def _run_worker(app: Any, argv: list[str]) -> int:
+    """Run Celery's worker command; return the worker's exit status.
+
+    ``app.worker_main`` and ``app.start`` return nothing: Celery's command line runs with
+    ``standalone_mode=False``, so click returns the status that ``ctx.exit`` gave it, and
+    ``start`` drops it. The worker object, which keeps it, is taken from ``worker_init``.
+    """
+    from celery.signals import worker_init
+
+    workers: list[Any] = []
+
+    def keep(sender: Any, **_: Any) -> None:
+        workers.append(sender)
+
+    worker_init.connect(keep, weak=False)
+    try:
+        app.start(argv)
+    finally:
+        worker_init.disconnect(keep)
+    if not workers:
+        return 1  # the worker was never built: Celery refused the command
+    status = workers[-1].exitcode  # 1 after "Unrecoverable error", 0 after a stop signal
+    return status if isinstance(status, int) else 0
+
+
+def _serve_metrics(settings: Any) -> None:
+    """Serve Prometheus metrics from this (the worker's main) process, read from the database."""
+    import os
+
+    from prometheus_client import start_http_server
+    from sqlalchemy.orm import sessionmaker
+
+    from outbox.db import make_engine
+    from settled.metrics import registry
+
+    engine = make_engine(settings.database_url, pool_size=1, max_overflow=0)
+    # Pool children must not share this engine's connections.
+    os.register_at_fork(after_in_child=lambda: engine.dispose(close=False))
+    start_http_server(
+        settings.metrics_port, addr=settings.metrics_host, registry=registry(sessionmaker(engine))
+    )
+
+
+@click.command()
+@click.option(
+    "--loglevel", default="INFO", show_default=True, type=LOGLEVEL, envvar="SETTLED_LOG_LEVEL"
+)
+def beat(loglevel: str) -> None:
+    """Run celery beat: the sweeper and the reconciler on their schedules (run one)."""
+    from outbox import logs
+    from outbox.settings import Settings
+    from settled.celery_app import create_app
+
+    logs.configure(loglevel)
+    settings = Settings()
+    _preflight(settings, broker=True)
+    _beat_folder(settings)
+    # Beat returns when a stop signal ends it; any failure is raised (exit status 1).
+    create_app(settings).start(["beat", f"--loglevel={loglevel}"])
+
+
+def _beat_folder(settings: Any) -> None:
+    """Create the folder of beat's state file: beat cannot start without it (and then nothing
+    sweeps or reconciles)."""
+    from pathlib import Path
+
+    Path(settings.beat_schedule_file).parent.mkdir(parents=True, exist_ok=True)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, type=TEXT)
+@click.option("--port", default=8000, show_default=True, type=PORT)
+def web(host: str, port: int) -> None:
+    """Run the status API (run reports, cancel, operations; OpenAPI at /openapi.json) and
+    /healthz, /metrics."""
+    from outbox.settings import Settings
+    from settled.web import serve
+
+    settings = Settings()
+    _preflight(settings, broker=False)
+    click.echo(f"status API on http://{host}:{port}")
+    serve(settings, host=host, port=port)
+
+
+def run_children(*, web_host: str, web_port: int, concurrency: int) -> list[list[str]]:
+    """The ``settled`` commands ``settled run`` supervises."""
+    return [
+        ["worker", "--pool=prefork", f"--concurrency={concurrency}"],
+        ["beat"],
+        ["web", f"--host={web_host}", f"--port={web_port}"],
+    ]
+
+
+@click.command("run")
+@click.option(
+    "--web-host",
+    default="127.0.0.1",
+    show_default=True,
+    type=TEXT,
+    help="interface web listens on (0.0.0.0: every interface, e.g. in a container)",
+)
+@click.option("--web-port", default=8000, show_default=True, type=PORT)
+@click.option("--concurrency", default=2, show_default=True, type=CONCURRENCY)
+def run_stack(web_host: str, web_port: int, concurrency: int) -> None:
+    """Worker, beat and web for a single machine, against the configured PostgreSQL and Redis.
+
+    A child that dies is restarted with back-off (said on stderr); SIGTERM stops them all.
+    """
+    from settled.supervise import settled_command, supervise
+
+    children = run_children(web_host=web_host, web_port=web_port, concurrency=concurrency)
+    raise SystemExit(supervise([settled_command(*args) for args in children]))
