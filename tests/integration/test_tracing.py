@@ -1,6 +1,7 @@
-"""OpenTelemetry traces (``settled.observe``): one trace per operation, from its intake through
-the hint (a real Celery worker, the context in the message headers), the claim and the send to
-the recorded outcome, and any later reconcile; the idempotency key is never an attribute."""
+"""OpenTelemetry traces (``settled.tracing``, made by ``settled.observe``): one trace per
+operation, from its intake through the hint (a real Celery worker, the context in the message
+headers), the claim and the send to the recorded outcome, and any later reconcile; the
+idempotency key is never an attribute."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from outbox import logs, relay
 from outbox.intake import Outbox
 from outbox.settings import Settings
 from outbox.states import State
-from settled import celery_app, observe
+from settled import celery_app, observe, tracing
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import wait_until
 
@@ -162,15 +163,15 @@ def test_without_tracing_no_trace_context_is_stored(rig: Rig) -> None:
     op = rig.enqueue("op-1")
     rig.executor().execute([op])
     with rig.sessions() as s:
-        stored = s.scalar(select(observe.TRACES.c.trace_context).where(observe.TRACES.c.id == op))
+        stored = s.scalar(select(tracing.TRACES.c.trace_context).where(tracing.TRACES.c.id == op))
     assert stored is None
 
 
 def test_the_environment_switches_tracing_on() -> None:
-    assert not observe.tracing_enabled({})
-    assert observe.tracing_enabled({"SETTLED_TRACING": "1"})
-    assert observe.tracing_enabled({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
-    assert not observe.tracing_enabled(
+    assert not tracing.tracing_enabled({})
+    assert tracing.tracing_enabled({"SETTLED_TRACING": "1"})
+    assert tracing.tracing_enabled({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert not tracing.tracing_enabled(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SDK_DISABLED": "true"}
     )
 
