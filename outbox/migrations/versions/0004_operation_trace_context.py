@@ -3,7 +3,7 @@
 Revision ID: 0004
 Revises: 0003
 
-Written and read only by ``settled.observe`` (Core statements); the ORM model does not map it.
+Written and read only by ``settled.tracing`` (Core statements); the ORM model does not map it.
 """
 
 from __future__ import annotations
