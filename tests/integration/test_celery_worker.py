@@ -415,13 +415,17 @@ def test_paused_worker_cannot_overwrite_the_newer_claims_result(
     app: App, stack: Stack, sim_control: SimulatorControl
 ) -> None:
     sim_control.add_rule("hold_before_commit", hold_seconds=30, times=1)
-    paused = stack.start_worker(name="paused")
+    # The downstream holds the send until the test releases it: it promises that much time
+    # before a send is visible to lookups, so a "not found" never requeues it, however slowly
+    # the fresh worker starts (with the default 2 s, a loaded machine saw a second request).
+    held = {"SETTLED_DOWNSTREAM_CONTRACTS": json.dumps({"refund": {"processing_seconds": 15}})}
+    paused = stack.start_worker(name="paused", **held)
     ids = app.enqueue(1)
     (key,) = app.keys(ids)
     sim_control.wait_in_flight("acme", key, timeout=30)
     os.kill(paused.pid, signal.SIGSTOP)
     try:
-        stack.start_worker(beat=True, name="fresh")
+        stack.start_worker(beat=True, name="fresh", **held)
         # The lease expires; the fresh worker finds the send unrecorded, queries, finds
         # nothing yet (still held before commit) and records "unknown".
         wait_until(lambda: app.states(ids)[ids[0]] == "unknown", 30, "fresh claim settles")
