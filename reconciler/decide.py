@@ -46,7 +46,8 @@ class Situation:
     #: database time read *before* the lookup was asked (None: ``now``); a "not found" is
     #: dated by it, never by when the answer came back
     asked_at: datetime | None = None
-    #: per attempt: its start, and the latest it may have been on the wire (store.Facts)
+    #: per attempt: its start, and the latest it may have been on the wire
+    #: (``outbox.storage.attempts.OperationFacts``)
     sends: tuple[tuple[datetime, datetime | None], ...] = ()
 
     @property
