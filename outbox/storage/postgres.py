@@ -3,7 +3,8 @@
 The hand-written statements are named, static SQL in ``queries.sql``, loaded once by name
 (``QUERIES``); their values come as bound parameters only. A batch of transitions travels as
 one JSON array parameter unpacked by ``json_to_recordset``: one statement and one round trip
-per batch whatever its size, atomic by itself, so a worker's steps need no transaction.
+per batch whatever its size, atomic by itself, so a worker's steps need no transaction. The
+statement has the parts the batch needs (``PARTS``); its variants are made at import.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC
+from itertools import combinations
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,9 +31,9 @@ T = TypeVar("T")
 QUERIES_FILE = Path(__file__).with_name("queries.sql")
 
 
-def load_queries(path: Path = QUERIES_FILE) -> dict[str, TextClause]:
+def load_queries(path: Path = QUERIES_FILE) -> dict[str, str]:
     """The statements of ``path`` by name: each starts at a ``-- name: <name>`` line; comment
-    lines are left out of the statement sent."""
+    lines are left out of the text sent."""
     queries: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -40,12 +42,43 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, TextClause]:
             current = queries.setdefault(stripped.removeprefix("-- name:").strip(), [])
         elif current is not None and stripped and not stripped.startswith("--"):
             current.append(line)
-    return {name: text("\n".join(lines)) for name, lines in queries.items()}
+    return {name: "\n".join(lines) for name, lines in queries.items()}
 
 
 QUERIES = load_queries()
-_WRITE_TRANSITIONS = QUERIES["write_transitions"]
+#: The parts of ``write_transitions`` a batch may need, in the order they are written.
+PARTS = ("open_reviews", "settle_reviews", "start_attempts", "finish_attempts")
+
+
+def _write_transitions(parts: frozenset[str]) -> TextClause:
+    """``write_transitions`` with the named ``parts`` (``queries.sql``)."""
+    body = [QUERIES["write_transitions"]]
+    body += [QUERIES[f"write_transitions.{p}"] for p in PARTS if p in parts]
+    return text("\n".join([*body, QUERIES["write_transitions.end"]]))
+
+
+#: Every variant of ``write_transitions``, made once at import: one per set of parts.
+WRITE_TRANSITIONS = {
+    frozenset(chosen): _write_transitions(frozenset(chosen))
+    for n in range(len(PARTS) + 1)
+    for chosen in combinations(PARTS, n)
+}
 _INSERT_OPERATION = intake_insert(pg_insert)
+
+
+def _parts(rows: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """The parts of ``write_transitions`` these rows need."""
+    needed = set()
+    for row in rows:
+        if "review" in row:
+            needed.add("open_reviews")
+        if "resolution" in row:
+            needed.add("settle_reviews")
+        if row.get("start"):
+            needed.add("start_attempts")
+        if "proof" in row:
+            needed.add("finish_attempts")
+    return frozenset(needed)
 
 
 def _json_text(value: Any) -> str:
@@ -103,7 +136,8 @@ class PostgresStorage(Storage):
         finishes: Mapping[int, Finish],
     ) -> set[int]:
         rows = [_row(t, finishes.get(t.id), actor) for t in transitions]
-        result = conn.execute(_WRITE_TRANSITIONS, {"rows": json.dumps(rows), "actor": actor})
+        statement = WRITE_TRANSITIONS[_parts(rows)]
+        result = conn.execute(statement, {"rows": json.dumps(rows), "actor": actor})
         return set(result.scalars())
 
     def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:

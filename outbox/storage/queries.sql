@@ -1,17 +1,20 @@
--- Hand-written PostgreSQL statements, loaded by name (``outbox.storage.postgres.QUERIES``).
+-- Hand-written PostgreSQL statements, loaded by name (``outbox.storage.postgres``).
 -- Each starts with a "-- name: <name>" line; its comment lines say what it does. Static SQL:
--- values come only as bound parameters (":name").
+-- values come only as bound parameters (":name"), never formatted into the text.
 
 -- name: write_transitions
 -- A batch of transitions in one statement, atomic by itself (the executor's hot path: an
 -- autocommit connection runs it). :rows is a JSON array with one object per transition
--- (``outbox.storage.postgres._row``); :actor is the writer.
+-- (``outbox.storage.postgres._row``); :actor is the writer. Returns the ids written.
 -- The UPDATE is fenced row by row: the operation must still be in from_state and, under a
 -- claim (lease_version given), at the claim's lease version; outside any claim (lease_version
--- null) the version is bumped, so that no lease holder can write after it. Everything else
--- (the event row, the review item opened or settled, the attempt started or finished) is
--- written for the rows the UPDATE changed only. JSON columns travel as text and are cast, so
--- a JSON null stays a JSON null, as SQLAlchemy's JSON type writes it.
+-- null) the version is bumped, so that no lease holder can write after it. Each row's event
+-- is written for the rows the UPDATE changed only, and so is what the parts below write
+-- (review items opened and settled, attempts started and finished): a part is added to the
+-- statement, between the event rows and the final SELECT, only for a batch that needs it
+-- (each part is a data-modifying statement that costs even when it writes nothing). JSON
+-- columns travel as text and are cast, so a JSON null stays a JSON null, as SQLAlchemy's JSON
+-- type writes it.
 WITH v AS (
     SELECT *
     FROM json_to_recordset(CAST(:rows AS json)) AS v(
@@ -53,46 +56,60 @@ m AS (
     WHERE o.id = v.id
       AND o.state = v.from_state
       AND (v.lease_version IS NULL OR o.lease_version = v.lease_version)
-    RETURNING o.id, o.tenant, o.lease_version, o.lease_until
+    -- what the parts below need of each row written (no second join with v)
+    RETURNING o.id, o.tenant, o.lease_version, o.lease_until, v.lease_version AS fence,
+              v.from_state, v.to_state, v.note, v.evidence, v.review, v.review_evidence,
+              v.resolution, v.start, v.number, v.proof, v.status_code, v.detail
 ),
 e AS (
     INSERT INTO operation_events
         (operation_id, from_state, to_state, actor, lease_version, reason, evidence, at)
-    SELECT v.id, v.from_state, v.to_state, :actor, m.lease_version, v.note,
-           CAST(v.evidence AS json), clock_timestamp()
-    FROM v JOIN m ON m.id = v.id
-),
-r AS (
-    -- at most one open item per operation (a partial unique index)
+    SELECT m.id, m.from_state, m.to_state, :actor, m.lease_version, m.note,
+           CAST(m.evidence AS json), clock_timestamp()
+    FROM m
+)
+
+-- name: write_transitions.open_reviews
+-- Part: the review items the rows ask for (at most one open item per operation: a partial
+-- unique index).
+, r AS (
     INSERT INTO review_items (operation_id, tenant, reason, evidence, version, created_at)
-    SELECT v.id, m.tenant, v.review, CAST(v.review_evidence AS json), 1, clock_timestamp()
-    FROM v JOIN m ON m.id = v.id
-    WHERE v.review IS NOT NULL
+    SELECT m.id, m.tenant, m.review, CAST(m.review_evidence AS json), 1, clock_timestamp()
+    FROM m
+    WHERE m.review IS NOT NULL
     ON CONFLICT (operation_id) WHERE resolved_at IS NULL DO NOTHING
-),
-c AS (
-    -- an operation leaving unknown takes its open review item with it (the operation row
-    -- first, then the item: the one lock order)
+)
+
+-- name: write_transitions.settle_reviews
+-- Part: an operation leaving unknown takes its open review item with it (the operation row
+-- first, then the item: the one lock order, as the item is found through the rows written).
+, c AS (
     UPDATE review_items AS i
     SET resolved_at = clock_timestamp(), resolved_by = :actor,
-        resolution = CAST(v.resolution AS json), version = i.version + 1
-    FROM v JOIN m ON m.id = v.id
-    WHERE v.resolution IS NOT NULL AND i.operation_id = v.id AND i.resolved_at IS NULL
-),
-a AS (
-    -- a send's attempt row, bounded by the claim's lease end
-    INSERT INTO attempts (operation_id, number, lease_version, worker, started_at, not_after)
-    SELECT v.id, v.number, v.lease_version, :actor, clock_timestamp(), m.lease_until
-    FROM v JOIN m ON m.id = v.id
-    WHERE v.start
-),
-f AS (
-    -- what came back for the attempt the transition ends
-    UPDATE attempts AS a
-    SET finished_at = clock_timestamp(), proof = v.proof, status_code = v.status_code,
-        detail = CAST(v.detail AS json)
-    FROM v JOIN m ON m.id = v.id
-    WHERE v.proof IS NOT NULL
-      AND a.operation_id = v.id AND a.number = v.number AND a.lease_version = v.lease_version
+        resolution = CAST(m.resolution AS json), version = i.version + 1
+    FROM m
+    WHERE m.resolution IS NOT NULL AND i.operation_id = m.id AND i.resolved_at IS NULL
 )
+
+-- name: write_transitions.start_attempts
+-- Part: a send's attempt row, bounded by the claim's lease end.
+, a AS (
+    INSERT INTO attempts (operation_id, number, lease_version, worker, started_at, not_after)
+    SELECT m.id, m.number, m.fence, :actor, clock_timestamp(), m.lease_until
+    FROM m
+    WHERE m.start
+)
+
+-- name: write_transitions.finish_attempts
+-- Part: what came back for the attempt a transition ends.
+, f AS (
+    UPDATE attempts AS t
+    SET finished_at = clock_timestamp(), proof = m.proof, status_code = m.status_code,
+        detail = CAST(m.detail AS json)
+    FROM m
+    WHERE m.proof IS NOT NULL
+      AND t.operation_id = m.id AND t.number = m.number AND t.lease_version = m.fence
+)
+
+-- name: write_transitions.end
 SELECT id FROM m
