@@ -30,7 +30,7 @@ from outbox.states import Event, RejectReason, State
 
 @dataclass(frozen=True)
 class Verdict:
-    """The state change the store writes (fenced by the lease version)."""
+    """The state change storage writes (fenced by the lease version)."""
 
     event: Event
     to: State

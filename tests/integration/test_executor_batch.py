@@ -182,7 +182,7 @@ def test_a_batch_costs_three_statements_whatever_its_size(
 def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rig.judged_by_ledger = False  # store-level: outcomes written by hand, nothing was sent
+    rig.judged_by_ledger = False  # storage-level: outcomes written by hand, nothing was sent
     ids = enqueue_many(rig, 3)
     with rig.sessions.begin() as s:
         claims = claim_for_send(s, worker="w1", lease_seconds=60, ids=ids)
@@ -337,7 +337,7 @@ def test_every_shape_of_transition_writes_the_same_rows_on_each_database(rig: Ri
     """Through the Storage interface, on each database (PostgreSQL: one statement per batch;
     SQLite: a few per transition): the same columns, JSON (null included), events with their
     lease versions, attempts, and review items opened and settled."""
-    rig.judged_by_ledger = False  # store-level: outcomes written by hand, nothing was sent
+    rig.judged_by_ledger = False  # storage-level: outcomes written by hand, nothing was sent
     ids = [rig.enqueue(f"x-{n}", {**GOOD, "amount_minor": 100 + n}) for n in range(6)]
     storage = rig.storage
     with rig.engine.connect() as conn:

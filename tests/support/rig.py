@@ -46,7 +46,7 @@ class Rig:
     #: every gateway handed out, closed at teardown (their pools hold keep-alive sockets)
     gateways: list[HttpGateway] = field(default_factory=list)
     #: whether the test ends on ``check_truthful`` (off only for tests that write outcomes
-    #: into the store by hand, with nothing sent)
+    #: into storage by hand, with nothing sent)
     judged_by_ledger: bool = True
 
     @property
