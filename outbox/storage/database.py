@@ -1,15 +1,17 @@
-"""The one seam between PostgreSQL and SQLite: ``Storage``, chosen once per engine.
+"""The one seam between PostgreSQL and SQLite: ``Storage``, chosen by the engine's database.
 
 What differs between the two databases is here and in the two implementations
 (``outbox.storage.postgres``, ``outbox.storage.sqlite``), never in a caller:
 
-* writing transitions: on PostgreSQL a batch is one static statement (``queries.sql``), atomic
-  by itself; on SQLite a few statements per operation, in the caller's transaction;
+* writing transitions and their event rows (``write_transitions``, the one writer): on
+  PostgreSQL a batch is one static statement (``queries.sql``), atomic by itself; on SQLite a
+  few statements per operation, in the caller's transaction;
 * the intake INSERT ... ON CONFLICT DO NOTHING (each database's own INSERT construct);
 * a worker's step: on PostgreSQL an autocommit connection (every write of a step is one
   statement, so no BEGIN and COMMIT round trips); on SQLite one transaction.
 
-Callers get theirs from ``outbox.storage.storage_for(engine)`` and never look at the dialect.
+Callers get theirs from ``outbox.storage.storage_for(engine)`` (and may keep it) and never
+look at the dialect.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ T = TypeVar("T")
 
 
 class Storage(ABC):
-    """The database-specific writer, one per engine (``outbox.storage.storage_for``)."""
+    """What differs per database, for one engine (``outbox.storage.storage_for``)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
