@@ -42,6 +42,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import random
 import signal
 import socket
@@ -679,8 +680,16 @@ class Soak:
             producers.append(proc)
             self.timeline.record("start", f"producer-{i}", proc.pid, quota=quota)
 
-        for _ in producers:
-            ready.get(timeout=120)
+        waiting = len(producers)
+        end = time.monotonic() + 120
+        while waiting:
+            try:
+                ready.get(timeout=1.0)
+                waiting -= 1
+            except queue.Empty:
+                dead = [p.name for p in producers if not p.is_alive()]
+                if dead or time.monotonic() > end:
+                    raise RuntimeError(f"producers not ready (dead: {dead}): see logs") from None
         start = shared_start.value = time.monotonic() + 0.2
         go.set()
         self.timeline.record("production_begins", "producers")
