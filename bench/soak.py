@@ -874,6 +874,7 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
     skipped = Counter(e["fault"] for e in soak.timeline.events if e["kind"] == "skipped")
     whole = [r for r in recovery_rows if r["kind"] in ("kill_worker_group", "stop_worker")]
     slowest = max(whole, key=lambda r: r["seconds"] or 0.0, default=None)
+    takeover = max(whole, key=lambda r: r["takeover_seconds"] or 0.0, default=None)
     child = [r for r in recovery_rows if r["kind"] == "kill_worker_child"]
     slowest_child = max(child, key=lambda r: r["seconds"] or 0.0, default=None)
     firsts = [r["first_commit"] for r in results if r.get("first_commit")]
@@ -927,6 +928,7 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
         },
         "slowest_recovery": slowest,
         "slowest_child_recovery": slowest_child,
+        "slowest_takeover": takeover,
         "recoveries": recovery_rows,
         "settled": settled,
         "seconds_from_last_fault_to_settled": round(settled_at - last_fault, 1)
@@ -951,18 +953,23 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
 
 def _recoveries(conn: psycopg.Connection[Any], recoveries: list[Recovery]) -> list[dict[str, Any]]:
     """Per worker kill or stop: from the moment (database time) until each operation the
-    worker held reached a terminal state or the review queue; the slowest of them."""
+    worker held reached a terminal state or the review queue; the slowest of them. Also the
+    slowest takeover: until the first event any process wrote for the operation after the
+    moment (what the lease decides; later downstream faults add to the first figure only)."""
     out = []
     for rec in recoveries:
         rows = conn.execute(
             "SELECT o.id, least("
             " (SELECT min(e.at) FROM operation_events e WHERE e.operation_id = o.id"
             "  AND e.to_state IN ('succeeded', 'rejected', 'cancelled')),"
-            " (SELECT min(r.created_at) FROM review_items r WHERE r.operation_id = o.id))"
+            " (SELECT min(r.created_at) FROM review_items r WHERE r.operation_id = o.id)),"
+            " (SELECT min(e.at) FROM operation_events e WHERE e.operation_id = o.id"
+            "  AND e.at > %s)"
             " FROM operations o WHERE o.id = ANY(%s)",
-            (rec.held,),
+            (rec.db_time, rec.held),
         ).fetchall()
-        times = [(op, (at - rec.db_time).total_seconds() if at else None) for op, at in rows]
+        times = [(op, (at - rec.db_time).total_seconds() if at else None) for op, at, _ in rows]
+        takeovers = [(at - rec.db_time).total_seconds() for _, _, at in rows if at is not None]
         done = [(max(0.0, s), op) for op, s in times if s is not None]
         seconds, slowest = max(done) if done else (None, None)
         path = []
@@ -983,6 +990,7 @@ def _recoveries(conn: psycopg.Connection[Any], recoveries: list[Recovery]) -> li
                 "held": len(rec.held),
                 "unsettled": sum(s is None for _, s in times),
                 "seconds": round(seconds, 1) if seconds is not None else None,
+                "takeover_seconds": round(max(takeovers), 1) if takeovers else None,
                 "slowest_op": slowest,
                 "slowest_path": path,
             }
@@ -1037,6 +1045,7 @@ def render(r: dict[str, Any]) -> str:
         else "n/a (no worker held a lease when killed or stopped)"
     )
     child = r["slowest_child_recovery"]
+    take = r["slowest_takeover"]
     rows = [
         ("seed", str(r["seed"])),
         ("operations", f"{r['operations']} ({kv(r['operations_by_kind'])})"),
@@ -1060,6 +1069,12 @@ def render(r: dict[str, Any]) -> str:
             f"{sends['submits_above_max_attempts']}",
         ),
         ("slowest recovery (worker killed/stopped)", slow_text),
+        (
+            "  slowest first event after a kill/stop",
+            f"{take['takeover_seconds']} s ({take['kind']} {take['target']} at t={take['t']} s)"
+            if take and take["takeover_seconds"] is not None
+            else "n/a",
+        ),
         (
             "  slowest after a child kill",
             f"{child['seconds']} s" if child and child["seconds"] is not None else "n/a",
