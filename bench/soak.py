@@ -39,6 +39,8 @@ downstream's draws and what the producers enqueue.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import heapq
 import json
 import multiprocessing
 import os
@@ -227,7 +229,7 @@ class Soak:
     services: dict[str, Service] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     recoveries: list[Recovery] = field(default_factory=list)
-    stopped_as: dict[str, str] = field(default_factory=dict)
+    stopped_as: dict[int, str] = field(default_factory=dict)  # stop's pick -> group stopped
     files: list[IO[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -526,7 +528,7 @@ class Soak:
             held, db_time = self.held(pids)
             os.killpg(pgid, signal.SIGSTOP)
             svc.stopped = True
-            self.stopped_as[a.target] = svc.name
+            self.stopped_as[a.pick] = svc.name
             self._record_fault(
                 a, svc.name, pgid, held, db_time, pids=pids, seconds=round(a.length, 3)
             )
@@ -535,7 +537,7 @@ class Soak:
 
     def _resume_worker(self, a: Action) -> None:
         with self.lock:
-            name = self.stopped_as.pop(a.target, None)
+            name = self.stopped_as.pop(a.pick, None)
             if name is None:
                 return  # its stop was skipped
             svc = self.services[name]
@@ -696,17 +698,32 @@ class Soak:
         _sleep_until(start)
         self.downstream(DOWNSTREAM)
         self.timeline.record("faults_begin", "downstream", probabilities=DOWNSTREAM)
-        for action in schedule:
+        todo = [(a.at, n, a) for n, a in enumerate(schedule)]
+        heapq.heapify(todo)
+        while todo:
+            _, n, action = heapq.heappop(todo)
             self.wait(start + action.at, progress)
             self.act(action)
             self._check_simulator()
+            if action.kind in KILLS and n < len(schedule):
+                # A kind that has not happened yet and was skipped now (nothing running to
+                # hit: everything just restarted) is tried once more a little later.
+                happened = any(e["kind"] == action.kind for e in self.timeline.events)
+                at = round(time.monotonic() - start + 3.0, 3)
+                if not happened and at + action.length < args.duration - 1.0:
+                    again = dataclasses.replace(action, at=at, pick=action.pick + 1000)
+                    heapq.heappush(todo, (at, len(schedule) + n, again))
+                    if action.kind == "stop_worker":
+                        resume = Action(at + action.length, "resume_worker", "", again.pick)
+                        heapq.heappush(todo, (resume.at, 2 * len(schedule) + n, resume))
+                    self.timeline.record("retry_later", action.target, fault=action.kind, at=at)
         self.wait(start + args.duration, progress)
         assert self.control is not None
         self.control.clear_rules()  # the schedule too
         self.control.release_holds()
         with self.lock:
-            for name in list(self.stopped_as):
-                self._resume_worker(Action(0.0, "resume_worker", name))
+            for pick, name in list(self.stopped_as.items()):
+                self._resume_worker(Action(0.0, "resume_worker", name, pick))
         last_fault = time.monotonic()
         self.timeline.record("faults_end", "downstream")
         print(f"  faults stopped at t={self.timeline.now():.1f} s; waiting to settle", flush=True)
@@ -1134,6 +1151,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    for name in [k for k in os.environ if k.startswith("SETTLED_")]:
+        del os.environ[name]  # the soak's processes run on its settings and defaults only
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     out = args.out or Path(tempfile.mkdtemp(prefix=f"settled-soak-{seed}-"))
     if out.exists() and any(out.iterdir()):

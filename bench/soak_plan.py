@@ -57,7 +57,9 @@ class Action:
     at: float
     kind: str  # a KILLS kind, "resume_worker", "lookup_outage_begin", "lookup_outage_end"
     target: str  # w1, w2, b1, b2, redis, postgres, downstream
-    pick: int = 0  # kill_worker_child: which child (index modulo the children found)
+    #: kill_worker_child: which child (index modulo the children found); stop_worker and its
+    #: resume_worker: the same number, pairing them
+    pick: int = 0
     length: float = 0.0  # stop_worker and lookup_outage_begin: seconds until the end action
 
     def as_dict(self) -> dict[str, Any]:
@@ -103,9 +105,9 @@ def chaos_schedule(
         start = warmup + rng.uniform(0, room)
         if all(abs(start - s) > stop_seconds + 2 for s, _, _ in stops):
             stops.append((start, start + stop_seconds, rng.choice(WORKERS)))
-    for start, stop_end, target in stops:
-        actions.append(Action(round(start, 3), "stop_worker", target, length=stop_seconds))
-        actions.append(Action(round(stop_end, 3), "resume_worker", target))
+    for i, (start, stop_end, target) in enumerate(stops):
+        actions.append(Action(round(start, 3), "stop_worker", target, i, stop_seconds))
+        actions.append(Action(round(stop_end, 3), "resume_worker", target, i))
 
     # Lookup outages: 4-8 s each, apart from each other.
     outages: list[tuple[float, float]] = []
