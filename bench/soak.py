@@ -1152,7 +1152,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     for name in [k for k in os.environ if k.startswith("SETTLED_")]:
-        del os.environ[name]  # the soak's processes run on its settings and defaults only
+        if not name.startswith("SETTLED_TEST_"):  # SETTLED_TEST_SERVER_PATH: which binaries
+            del os.environ[name]  # the soak's processes run on its settings and defaults only
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     out = args.out or Path(tempfile.mkdtemp(prefix=f"settled-soak-{seed}-"))
     if out.exists() and any(out.iterdir()):

@@ -30,7 +30,11 @@ OPS = 1000
 @pytest.mark.timeout(480)
 def test_a_short_fault_soak_has_no_duplicate_no_loss_no_lie(tmp_path: Path) -> None:
     out = tmp_path / "soak"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SETTLED_") or k.startswith("SETTLED_TEST_")
+    }
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "soak.py"), "--ops", str(OPS), "--duration", "40",
          "--seed", str(SEED), "--out", str(out)],
