@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import DbClock, Monotonic
@@ -54,6 +55,12 @@ class PassReport:
             "oldest_unknown_seconds": self.oldest_unknown_seconds,
             "at": self.at.isoformat(),
         }
+
+
+def _database_away(exc: DBAPIError) -> bool:
+    """The database could not be reached or dropped the connection (as opposed to refusing a
+    value, which is this operation's own trouble)."""
+    return bool(exc.connection_invalidated) or isinstance(exc, OperationalError)
 
 
 @dataclass
@@ -147,6 +154,14 @@ class Reconciler:
         except StaleLease:
             return "stale"
         except Exception as exc:
+            if isinstance(exc, DBAPIError) and _database_away(exc):
+                # A restart or a network blip is nobody's case to review: the lease lapses
+                # and a later pass looks again (the operation is as it was).
+                log.warning(
+                    "database unavailable; looked at again after the lease",
+                    extra={"operation_id": claimed.id, "error": type(exc).__name__},
+                )
+                return "deferred"
             log.exception("reconcile failed for an operation", extra={"operation_id": claimed.id})
             self._to_review(claimed, type(exc).__name__)
             return "error"

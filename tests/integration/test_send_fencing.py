@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
 
 from outbox import runs, wire
 from outbox.downstream import Accepted, Gateway, NotFound, Receipt
@@ -306,6 +307,33 @@ def test_one_operation_the_database_refuses_never_aborts_a_reconcile_pass(rig: R
     assert rig.reconciler().run_once().outcomes == {"found": 1}
     assert rig.op(odd).state == "succeeded"
     assert rig.reviews(odd)[0].resolved_at is not None
+
+
+def test_a_database_blip_during_a_reconcile_puts_nobody_in_review(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection is lost after the lookup (PostgreSQL restarting): the operation is not
+    the staff's case; its lease lapses and the next pass settles it."""
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    assert rig.op(op).state == "unknown"
+    real = store.facts
+    lost = OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    def facts_once(*args: Any, **kw: Any) -> Any:
+        monkeypatch.setattr(store, "facts", real)
+        raise lost
+
+    monkeypatch.setattr(store, "facts", facts_once)
+    assert rig.reconciler().run_once().outcomes == {"deferred": 1}
+    row = rig.op(op)
+    assert (row.state, rig.reviews(op)) == ("unknown", [])
+    assert row.lease_owner is not None  # kept: it lapses, and nobody wrote a verdict
+    rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    rig.make_due(op)
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    assert rig.op(op).state == "succeeded" and rig.reviews(op) == []
 
 
 def poll(condition: Any, timeout: float = 10.0) -> None:

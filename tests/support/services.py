@@ -298,3 +298,90 @@ def refuse_foreign_flushes() -> None:
 
         execute_command.refuses_foreign_flushes = True  # type: ignore[attr-defined]
         setattr(cls, "execute_command", execute_command)  # noqa: B010
+
+
+def postgres_bin_dir() -> Path:
+    """The folder of ``initdb``, ``pg_ctl`` and ``postgres``: the system's (``server_path()``),
+    else the ``pgserver`` wheel's own build. Found without importing the wheel."""
+    initdb = system_binary("initdb")
+    if initdb is not None and (initdb.parent / "pg_ctl").exists():
+        return initdb.parent
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(folder) / "pginstall" / "bin"
+        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
+            return candidate
+    raise RuntimeError("no PostgreSQL binaries: install PostgreSQL or the pgserver wheel")
+
+
+class PostgresCluster:
+    """A PostgreSQL cluster of the caller's own (``initdb`` in a temporary folder, a free
+    loopback port), which it may stop in any mode and start again on the same port and data:
+    a crash (``stop("immediate")``) and a restart, as a fault test wants them.
+
+    ``url`` is the libpq URL of its maintenance database. ``close`` stops it and deletes it.
+    """
+
+    def __init__(self, bin_dir: Path | None = None, port: int | None = None) -> None:
+        self.bin_dir = bin_dir or postgres_bin_dir()
+        self.root = Path(tempfile.mkdtemp(prefix="settled-pgcluster-"))
+        self.data = self.root / "data"
+        self.log = self.root / "log"
+        self.port = port or free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self._root = os.geteuid() == 0
+        self._run_as = ["runuser", "-u", "postgres", "--"] if self._root else []
+        if self._root:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._pg(["initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust"])
+
+    def _pg(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        tool, *args = argv
+        return subprocess.run(
+            [*self._run_as, str(self.bin_dir / tool), *args], check=check, capture_output=True
+        )
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections (crash recovery included)."""
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._pg(["pg_ctl", "-D", str(self.data), "-o", opts, "-w", "-t", "120", "-l",
+                  str(self.log), "start"])  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m mode``: ``immediate`` is a crash (every backend killed at once,
+        no checkpoint; the next start recovers from the WAL)."""
+        self._pg(["pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop"], check=False)
+
+    def postmaster_pid(self) -> int | None:
+        """The server's process id while it runs (from ``postmaster.pid``), else None."""
+        try:
+            first = (self.data / "postmaster.pid").read_text().split("\n", 1)[0]
+        except (OSError, PermissionError):
+            return None
+        pid = int(first) if first.strip().isdigit() else None
+        if pid is None:
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, another user's: postgres when not run as root
+        return pid
+
+    def close(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A started ``PostgresCluster``, stopped and deleted afterwards."""
+    cluster = PostgresCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
