@@ -81,6 +81,7 @@ from bench.soak_plan import (  # noqa: E402
     secret,
 )
 from outbox.settings import Settings  # noqa: E402
+from settled.simulator import SimulatorControl  # noqa: E402
 from tests.support.services import (  # noqa: E402
     PostgresCluster,
     free_port,
@@ -89,11 +90,10 @@ from tests.support.services import (  # noqa: E402
     wait_for_own_redis,
     wait_until,
 )
-from workers.simulator import SimulatorControl  # noqa: E402
 
 TERMINAL = ("succeeded", "rejected", "cancelled")
 DATABASE = "settled_soak"
-HOST = socket.gethostname()  # a worker's lease owner is "<hostname>:<pid>" (workers.runtime)
+HOST = socket.gethostname()  # a worker's lease owner is "<hostname>:<pid>" (settled.runtime)
 #: The product's default lease (``SETTLED_LEASE_SECONDS`` is not set for the workers).
 LEASE_SECONDS = float(Settings.model_fields["lease_seconds"].default)
 
@@ -326,7 +326,7 @@ class Soak:
         def start(svc: Service) -> int:
             svc.proc = self.spawn(
                 name,
-                [sys.executable, "-m", "outbox.cli", "worker", "--pool", "prefork",
+                [sys.executable, "-m", "settled.cli", "worker", "--pool", "prefork",
                  "--concurrency", str(self.args.concurrency), "--no-beat",
                  f"--hostname={name}@%h", "--loglevel", self.args.loglevel],
                 self.env(),
@@ -341,7 +341,7 @@ class Soak:
         def start(svc: Service) -> int:
             svc.proc = self.spawn(
                 name,
-                [sys.executable, "-m", "outbox.cli", "beat", "--loglevel", self.args.loglevel],
+                [sys.executable, "-m", "settled.cli", "beat", "--loglevel", self.args.loglevel],
                 self.env(SETTLED_BEAT_SCHEDULE_FILE=str(schedule)),
             )
             return svc.proc.pid
@@ -354,7 +354,7 @@ class Soak:
         with psycopg.connect(cluster.url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{DATABASE}"')
         upgraded = subprocess.run(
-            [sys.executable, "-m", "outbox.cli", "db", "upgrade"],
+            [sys.executable, "-m", "settled.cli", "db", "upgrade"],
             env=self.env(),
             capture_output=True,
             text=True,
@@ -371,7 +371,7 @@ class Soak:
         tenants = " ".join(f"{t}={k}" for t, k in self.api_keys.items())
         self.simulator = self.spawn(
             "simulator",
-            [sys.executable, "-m", "outbox.cli", "simulator", "--test-mode",
+            [sys.executable, "-m", "settled.cli", "simulator", "--test-mode",
              "--ledger", self.args.sim_ledger, "--port", str(self.sim_port)],
             self.env(SETTLED_SIMULATOR_TENANTS=tenants),
         )  # fmt: skip

@@ -31,14 +31,13 @@ from sqlalchemy.exc import DBAPIError  # noqa: E402
 from sqlalchemy.orm import Session, sessionmaker  # noqa: E402
 
 from bench.soak_plan import BIG_ORDERS, Job, producer_jobs, refund_params  # noqa: E402
-from outbox import runs  # noqa: E402
+from outbox import relay, runs  # noqa: E402
 from outbox.db import make_engine  # noqa: E402
 from outbox.errors import InvalidInput  # noqa: E402
 from outbox.intake import Outbox  # noqa: E402
 from outbox.models import Operation, Run  # noqa: E402
 from outbox.settings import Settings  # noqa: E402
-from workers import relay  # noqa: E402
-from workers.celery_app import create_app, hint_publisher  # noqa: E402
+from settled.celery_app import create_app, hint_publisher  # noqa: E402
 
 T = TypeVar("T")
 

@@ -23,6 +23,7 @@ from outbox.models import Attempt, Operation, OperationEvent
 from outbox.report import Group, Line, render_line
 from outbox.states import State
 from outbox.storage.operations import db_time
+from reconciler import reconcile as reconcile_module
 from tests.support.gateways import FakeMonotonic, Interposed
 from tests.support.rig import GOOD, HOLD, Rig
 from workers.http_client import HttpGateway
@@ -318,14 +319,14 @@ def test_a_database_blip_during_a_reconcile_puts_nobody_in_review(
     op = rig.enqueue()
     rig.executor().execute([op])
     assert rig.op(op).state == "unknown"
-    real = store.facts
+    real = reconcile_module.operation_facts
     lost = OperationalError("SELECT", {}, Exception("server closed the connection"))
 
     def facts_once(*args: Any, **kw: Any) -> Any:
-        monkeypatch.setattr(store, "facts", real)
+        monkeypatch.setattr(reconcile_module, "operation_facts", real)
         raise lost
 
-    monkeypatch.setattr(store, "facts", facts_once)
+    monkeypatch.setattr(reconcile_module, "operation_facts", facts_once)
     assert rig.reconciler().run_once().outcomes == {"deferred": 1}
     row = rig.op(op)
     assert (row.state, rig.reviews(op)) == ("unknown", [])
