@@ -10,10 +10,11 @@ with the *same* key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from outbox.change import Change
 from outbox.downstream import (
     Found,
     LookupMisuse,
@@ -24,7 +25,7 @@ from outbox.downstream import (
     settlement,
 )
 from outbox.kinds import DownstreamContract
-from outbox.states import Event, RejectReason, State
+from outbox.states import Event, State
 
 #: Longest the reconciler waits between two looks at one operation.
 MAX_RECHECK = timedelta(minutes=5)
@@ -81,20 +82,6 @@ class Situation:
         return self.now >= self.deadline or self.now - since >= self.review_after
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What to write. ``event`` None: no state change, look again at ``recheck_at``."""
-
-    outcome: str  # a stable code, counted per pass
-    event: Event | None = None
-    to: State | None = None
-    reason: RejectReason | None = None
-    receipt: dict[str, Any] | None = None
-    review: str | None = None  # open a review item with this reason code
-    recheck_at: datetime | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
 def not_found_doubt(s: Situation) -> str | None:
     """Why a "not found" cannot prove that nothing ran, or None when it can.
 
@@ -113,27 +100,28 @@ def backoff(s: Situation) -> datetime:
     return s.now + delay
 
 
-def decide(s: Situation, lookup: LookupOutcome | None) -> Decision:
-    """Decide from one lookup (``None`` where the downstream has no lookup API)."""
+def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
+    """Decide from one lookup (``None`` where the downstream has no lookup API). The change's
+    ``code`` says what was decided, counted per pass."""
     if isinstance(lookup, Found):
         settled = settlement(lookup)
-        return Decision(
-            "found",
+        return Change(
             Event.FIND,
             settled.state,
             reason=settled.reason,
             receipt=settled.receipt,
             evidence={"lookup": "found", "reference": lookup.receipt.reference, **settled.evidence},
+            code="found",
         )
     if s.state is State.SUBMITTED:
         # The worker died mid-send and nothing was found: the send may still land. First
         # record that the outcome is unknown; the next pass applies the rules below.
-        return Decision(
-            "abandoned",
+        return Change(
             Event.ABANDON,
             State.UNKNOWN,
-            recheck_at=s.now,
+            next_attempt_at=s.now,
             evidence={"detail": "worker lost during send", "lookup": lookup_name(lookup)},
+            code="abandoned",
         )
     if isinstance(lookup, LookupMisuse):
         return _review(s, "lookup_mismatch", {"code": lookup.code, "detail": lookup.detail})
@@ -149,28 +137,30 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Decision:
     if isinstance(lookup, NotFound):
         doubt = not_found_doubt(s)
         if doubt == "not_quiet":
-            return Decision(
+            return Change.look(
                 "wait_quiescence",
                 recheck_at=max(s.quiet_at, s.now),
                 evidence={"lookup": "not_found"},
             )
         if doubt is not None:
             return _review(s, doubt, {"lookup": "not_found"})
-        return Decision(
-            "requeued",
+        return Change(  # no later time: due at once, with the same key
             Event.REQUEUE,
             State.PLANNED,
             evidence={"lookup": "not_found", "quiet_since": s.quiet_at.isoformat()},
+            code="requeued",
         )
     assert isinstance(lookup, Unavailable)
     if s.overdue:
         return _review(s, "lookup_unavailable", {"lookup": "unavailable", "detail": lookup.detail})
-    return Decision("lookup_unavailable", recheck_at=backoff(s), evidence={"lookup": "unavailable"})
+    return Change.look(
+        "lookup_unavailable", recheck_at=backoff(s), evidence={"lookup": "unavailable"}
+    )
 
 
-def _review(s: Situation, reason: str, evidence: dict[str, Any]) -> Decision:
+def _review(s: Situation, reason: str, evidence: dict[str, Any]) -> Change:
     """Undeterminable: stays unknown, in the review queue (opened once), looked at again later."""
-    return Decision(
+    return Change.look(
         "in_review" if s.in_review else "to_review",
         review=None if s.in_review else reason,
         recheck_at=backoff(s),

@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.change import Change
 from outbox.clock import DbClock, Monotonic
 from outbox.downstream import Gateway, LookupOutcome, look_up, lookup_deadline
 from outbox.errors import StaleLease
@@ -34,7 +35,7 @@ from outbox.storage.attempts import attempt_history, operation_facts
 from outbox.storage.claims import Claimed, claim_unresolved
 from outbox.storage.operations import db_time, oldest_unknown_since
 from outbox.storage.transitions import Transition
-from reconciler.decide import MAX_RECHECK, Decision, Situation, decide
+from reconciler.decide import MAX_RECHECK, Situation, decide
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +174,14 @@ class Reconciler:
         if claimed.state is not State.UNKNOWN:
             return
         try:
-            failed = Transition.look(
+            failed = Transition.of(
                 claimed,
-                note="reconcile_failed",
-                recheck_at=claimed.now + MAX_RECHECK,
-                looked=False,
-                evidence={"error": error},
-                review="reconcile_failed",
+                Change.look(
+                    "reconcile_failed",
+                    recheck_at=claimed.now + MAX_RECHECK,
+                    evidence={"error": error},
+                    review="reconcile_failed",
+                ),
             )
             with self.sessions.begin() as session:
                 self.storage.write_transition(session, failed, actor=self.actor)
@@ -213,37 +215,14 @@ class Reconciler:
             )
             decision = decide(situation, lookup)
             self._write(session, claimed, decision, looked=lookup is not None, before=facts.lookups)
-        return decision.outcome
+        assert decision.code is not None
+        return decision.code
 
     def _write(
-        self, session: Session, claimed: Claimed, d: Decision, *, looked: bool, before: int
+        self, session: Session, claimed: Claimed, change: Change, *, looked: bool, before: int
     ) -> None:
-        evidence = dict(d.evidence)
-        if d.review is not None:
-            evidence["attempts"] = attempt_history(session, claimed.id)
-            evidence["lookups"] = before + int(looked)
-        if d.event is None or d.to is None:
-            assert d.recheck_at is not None
-            concluded = Transition.look(
-                claimed,
-                note=d.outcome,
-                recheck_at=d.recheck_at,
-                looked=looked,
-                evidence=evidence,
-                review=d.review,
-            )
-        else:
-            concluded = Transition(
-                claimed,
-                d.event,
-                d.to,
-                reason=d.reason,
-                evidence=evidence,
-                next_attempt_at=d.recheck_at,
-                # requeued with no later time given: due at once
-                due_now=d.recheck_at is None and d.to is State.PLANNED,
-                review=d.review,
-                receipt=d.receipt,
-                looked=looked,
-            )
+        if change.review is not None:
+            history = {"attempts": attempt_history(session, claimed.id), "lookups": before + looked}
+            change = replace(change, evidence={**change.evidence, **history})
+        concluded = Transition.of(claimed, change, looked=looked)
         self.storage.write_transition(session, concluded, actor=self.actor)

@@ -37,6 +37,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.change import Change
 from outbox.clock import DbClock, Deadline, Monotonic
 from outbox.downstream import (
     Accepted,
@@ -58,7 +59,7 @@ from outbox.storage.claims import Claimed, claim_for_send
 from outbox.storage.runs import cancelled_runs
 from outbox.storage.transitions import Finish, Transition
 from workers.failpoints import failpoint
-from workers.verdicts import Budget, Verdict, check_before_send, judge_recovery, judge_submit
+from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
 
 log = logging.getLogger(__name__)
 
@@ -215,14 +216,7 @@ class Executor:
                 fingerprint_ok=fingerprint_ok,
             )
             if check is not None:
-                stop = Transition(
-                    claimed,
-                    check.event,
-                    check.to,
-                    reason=check.reason,
-                    evidence={"stop": check.why, "sent": False},
-                )
-                stops.append((stop, check.why))
+                stops.append((Transition.of(claimed, check), check.stop or ""))
                 continue
             fresh.append((claimed, kind))
         stopped = self.storage.write_transitions(conn, [t for t, _ in stops], actor=self.worker)
@@ -251,11 +245,12 @@ class Executor:
         later (by a worker whose configuration has what is missing): an event row says why."""
         held: dict[int, State] = {}
         for claimed, why in blocked:
-            look = Transition.look(
-                claimed, note=why, looked=False,
+            held_back = Change.look(
+                why,
                 recheck_at=claimed.now + timedelta(seconds=HOLD_SECONDS),
                 evidence={"held": why, "sent": False},
-            )  # fmt: skip
+            )
+            look = Transition.of(claimed, held_back)
             try:
                 self._write_one(look)
             except SettledError:  # StaleLease: a newer claim holds it
@@ -307,7 +302,7 @@ class Executor:
         fenced UPDATE matched no row and nothing else of it is written; the others are written.
         """
         judged = [(sent, self._judge(sent)) for sent in batch]
-        transitions = [self._transition(sent.claimed, verdict) for sent, verdict in judged]
+        transitions = [Transition.of(sent.claimed, change) for sent, change in judged]
         finishes = [_finish(sent) for sent, _ in judged]
         written: dict[int, State] = {}
         try:
@@ -326,21 +321,22 @@ class Executor:
                 extra={"error": type(exc.orig).__name__},
             )
             done, written = self._record_each(transitions, finishes)
-        for sent, verdict in judged:
+        for sent, change in judged:
             if sent.claimed.id in done and sent.claimed.id not in written:
-                written[sent.claimed.id] = verdict.to
+                assert change.to is not None  # a verdict on a send always moves
+                written[sent.claimed.id] = change.to
                 log.info(
                     "attempt recorded",
                     extra={
                         "operation_id": sent.claimed.id,
                         "attempt": sent.claimed.attempts,
                         "proof": sent.outcome.proof.value,
-                        "state": verdict.to.value,
+                        "state": change.to.value,
                     },
                 )
         return written
 
-    def _judge(self, sent: Sent) -> Verdict:
+    def _judge(self, sent: Sent) -> Change:
         claimed = sent.claimed
         return judge_submit(
             sent.outcome,
@@ -380,10 +376,10 @@ class Executor:
                 extra={"operation_id": claimed.id, "error": error},
             )
             evidence = {"detail": "the database refused the outcome", "error": error}
-            fallback = Transition(
-                claimed, Event.LOSE, State.UNKNOWN, evidence=evidence,
-                review="outcome_not_recorded",
-            )  # fmt: skip
+            lost = Change(
+                Event.LOSE, State.UNKNOWN, evidence=evidence, review="outcome_not_recorded"
+            )
+            fallback = Transition.of(claimed, lost)
             proof = Finish(claimed, finish.proof, finish.status_code, {"error": error})
             try:
                 if alone(fallback, proof):
@@ -404,28 +400,15 @@ class Executor:
         if kind.contract.queryable:
             deadline = lookup_deadline(clock, claimed, self.lease_seconds / 2)
             found = look_up(self.gateway, claimed, kind, deadline=deadline)
-            verdict = judge_recovery(found)
+            change = judge_recovery(found)
         else:
-            verdict = judge_recovery(None)
-        found_out = self._transition(claimed, verdict, looked=kind.contract.queryable)
+            change = judge_recovery(None)
+        found_out = Transition.of(claimed, change, looked=kind.contract.queryable)
         if not self._step(
             lambda conn: self.storage.write_transitions(conn, [found_out], actor=self.worker)
         ):
             return {}  # refused as stale: a newer claim holds it
-        return {claimed.id: verdict.to}
-
-    def _transition(self, claimed: Claimed, verdict: Verdict, looked: bool = False) -> Transition:
-        return Transition(
-            claimed,
-            verdict.event,
-            verdict.to,
-            reason=verdict.reason,
-            evidence=verdict.evidence or None,
-            next_attempt_at=verdict.next_attempt_at,
-            review=verdict.review,
-            receipt=verdict.receipt,
-            looked=looked,
-        )
+        return {claimed.id: found_out.to}
 
     def close(self) -> None:
         if self._pool is not None:

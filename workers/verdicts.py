@@ -1,4 +1,4 @@
-"""What the executor does with an outcome: a pure function from values to a verdict.
+"""What the executor does with an outcome: pure functions from values to a ``Change``.
 
 No database, clock or network in here: ``now`` and ``rand`` are passed in.
 """
@@ -6,10 +6,10 @@ No database, clock or network in here: ``now`` and ``rand`` are passed in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
+from outbox.change import Change
 from outbox.downstream import (
     Accepted,
     Found,
@@ -29,20 +29,6 @@ from outbox.states import Event, RejectReason, State
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The state change storage writes (fenced by the lease version)."""
-
-    event: Event
-    to: State
-    reason: RejectReason | None = None
-    next_attempt_at: datetime | None = None
-    receipt: dict[str, Any] | None = None
-    #: open a review item with this reason code in the same transaction
-    review: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Budget:
     attempts_made: int  # including the attempt whose outcome is being judged
     max_attempts: int
@@ -57,13 +43,13 @@ def judge_submit(
     now: datetime,
     rand: Callable[[], float],
     policy: RetryPolicy = RetryPolicy(),  # noqa: B008
-) -> Verdict:
-    """The verdict on one attempt's outcome (DESIGN.md, "What an outcome proves")."""
+) -> Change:
+    """The change one attempt's outcome calls for (DESIGN.md, "What an outcome proves")."""
     match outcome:
         case Accepted(receipt=receipt):
-            return Verdict(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
+            return Change(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
         case Refused(reason=reason, code=code, status=status):
-            return Verdict(
+            return Change(
                 Event.REFUSE,
                 State.REJECTED,
                 reason=reason,
@@ -84,7 +70,7 @@ def judge_submit(
                 rand=rand,
             )
             if isinstance(decision, RetryAt):
-                return Verdict(
+                return Change(
                     Event.DEFER,
                     State.PLANNED,
                     next_attempt_at=decision.when,
@@ -95,14 +81,14 @@ def judge_submit(
             review = None
             if not contract.idempotent and not contract.queryable:
                 review = "ambiguous_without_idempotency_or_lookup"
-            return Verdict(
+            return Change(
                 Event.LOSE,
                 State.UNKNOWN,
                 review=review,
                 evidence={"detail": detail, "status": status},
             )
         case Misuse(code=code, detail=detail, status=status):
-            return Verdict(
+            return Change(
                 Event.LOSE,
                 State.UNKNOWN,
                 review=code,
@@ -111,20 +97,20 @@ def judge_submit(
     raise TypeError(f"not a submit outcome: {outcome!r}")  # pragma: no cover
 
 
-def _give_up(why: str) -> Verdict:
-    return Verdict(
+def _give_up(why: str) -> Change:
+    return Change(
         Event.GIVE_UP, State.REJECTED, reason=RejectReason.NOT_EXECUTED, evidence={"stop": why}
     )
 
 
-def judge_recovery(found: LookupOutcome | None) -> Verdict:
+def judge_recovery(found: LookupOutcome | None) -> Change:
     """A submitted operation whose worker died mid-send: settle it only from a lookup.
 
     ``found`` is None where the downstream has no lookup.
     """
     if isinstance(found, Found):
         settled = settlement(found)
-        return Verdict(
+        return Change(
             Event.FIND,
             settled.state,
             reason=settled.reason,
@@ -132,21 +118,11 @@ def judge_recovery(found: LookupOutcome | None) -> Verdict:
             evidence=settled.evidence,
         )
     lookup = lookup_name(found)
-    return Verdict(
+    return Change(
         Event.ABANDON,
         State.UNKNOWN,
         evidence={"detail": "worker lost during send", "lookup": lookup},
     )
-
-
-@dataclass(frozen=True)
-class SendCheck:
-    """Why a claimed, planned operation must not be sent (None fields: send it)."""
-
-    event: Event
-    to: State
-    reason: RejectReason | None
-    why: str
 
 
 def check_before_send(
@@ -160,10 +136,13 @@ def check_before_send(
     contract: DownstreamContract,
     run_cancelled: bool,
     fingerprint_ok: bool,
-) -> SendCheck | None:
-    """The last checks before a send; ``reached_downstream`` counts attempts not proven unsent."""
+) -> Change | None:
+    """The last checks before a send: None to send it, else the change that stops it (why, in
+    its evidence's ``stop``). ``reached_downstream`` counts attempts not proven unsent."""
     if run_cancelled:
-        return SendCheck(Event.CANCEL, State.CANCELLED, None, "run_cancelled")
+        return Change(
+            Event.CANCEL, State.CANCELLED, evidence={"stop": "run_cancelled", "sent": False}
+        )
     stop: str | None = None
     if not fingerprint_ok:
         stop = "fingerprint_mismatch"
@@ -177,4 +156,9 @@ def check_before_send(
         stop = "one_send_without_idempotency"
     if stop is None:
         return None
-    return SendCheck(Event.GIVE_UP, State.REJECTED, RejectReason.NOT_EXECUTED, stop)
+    return Change(
+        Event.GIVE_UP,
+        State.REJECTED,
+        reason=RejectReason.NOT_EXECUTED,
+        evidence={"stop": stop, "sent": False},
+    )

@@ -14,7 +14,9 @@ Every change of an operation's state, and every event row, goes through
   staff action).
 
 The transition table (``outbox.states``) is checked when a Transition is made, and again in
-SQL: the UPDATE names the state the table was checked against.
+SQL: the UPDATE names the state the table was checked against. What a pure decision says to
+write is a ``Change`` (``outbox.change``); ``Transition.of`` applies one to a claimed
+operation, and is the only translation of one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, Connection, Table, bindparam, case, insert, null, select
 
+from outbox.change import Change
 from outbox.db import db_now
 from outbox.errors import IllegalTransition
 from outbox.models import Operation, OperationEvent
@@ -87,6 +90,34 @@ class Transition:
             transition(self.from_state, self.event, self.to, self.reason)
         if self.start and (self.event is not Event.CLAIM or self.lease_version is None):
             raise IllegalTransition("only a claim's send starts an attempt")
+
+    @classmethod
+    def of(cls, claimed: Claimed, change: Change, *, looked: bool = False) -> Transition:
+        """``change`` written about ``claimed``, fenced by its claim; ``looked``: a lookup was
+        made for it (counted)."""
+        evidence = change.evidence or None
+        if change.event is None or change.to is None:
+            assert change.next_attempt_at is not None and change.code is not None
+            return cls.look(
+                claimed,
+                note=change.code,
+                recheck_at=change.next_attempt_at,
+                looked=looked,
+                evidence=evidence,
+                review=change.review,
+            )
+        return cls(
+            claimed,
+            change.event,
+            change.to,
+            reason=change.reason,
+            evidence=evidence,
+            next_attempt_at=change.next_attempt_at,
+            due_now=change.due_now,
+            review=change.review,
+            receipt=change.receipt,
+            looked=looked,
+        )
 
     @classmethod
     def look(

@@ -91,11 +91,11 @@ def test_decision_table(state: State, contract: str, timing: str, lookup: str) -
     d = decide(s, LOOKUPS[lookup])
     want = expected(state, contract, timing, lookup)
     if want.startswith("review:"):
-        assert (d.outcome, d.review) == ("to_review", want.split(":", 1)[1])
+        assert (d.code, d.review) == ("to_review", want.split(":", 1)[1])
         assert d.event is None  # stays unknown: never rejected without evidence
-        assert d.recheck_at is not None and NOW < d.recheck_at <= NOW + MAX_RECHECK
+        assert d.next_attempt_at is not None and NOW < d.next_attempt_at <= NOW + MAX_RECHECK
     else:
-        assert d.outcome == want
+        assert d.code == want
         assert d.review is None
     if want == "found":
         assert d.event is Event.FIND
@@ -110,11 +110,11 @@ def test_decision_table(state: State, contract: str, timing: str, lookup: str) -
         assert (d.event, d.to) == (Event.REQUEUE, State.PLANNED)
     elif want == "wait_quiescence":
         assert d.event is None
-        assert d.recheck_at == s.quiet_at
-        assert d.recheck_at > NOW
+        assert d.next_attempt_at == s.quiet_at
+        assert d.next_attempt_at > NOW
     elif want == "lookup_unavailable":
         assert d.event is None
-        assert d.recheck_at == NOW + timedelta(seconds=8)  # 2 ** lookups
+        assert d.next_attempt_at == NOW + timedelta(seconds=8)  # 2 ** lookups
 
 
 def test_nothing_but_a_receipt_ever_settles_as_rejected_or_succeeded() -> None:
@@ -129,7 +129,7 @@ def test_nothing_but_a_receipt_ever_settles_as_rejected_or_succeeded() -> None:
 def test_review_is_opened_once() -> None:
     s = situation(State.UNKNOWN, "not_idempotent", "quiet", in_review=True)
     d = decide(s, NotFound())
-    assert (d.outcome, d.review, d.event) == ("in_review", None, None)
+    assert (d.code, d.review, d.event) == ("in_review", None, None)
 
 
 def test_quiescence_is_longer_than_the_client_timeout_plus_processing_time() -> None:
@@ -140,7 +140,7 @@ def test_quiescence_is_longer_than_the_client_timeout_plus_processing_time() -> 
 def test_recheck_backoff_is_capped() -> None:
     s = situation(State.UNKNOWN, "idempotent", "quiet")
     many = Situation(**{**s.__dict__, "lookups": 40})
-    assert decide(many, Unavailable("x")).recheck_at == NOW + MAX_RECHECK
+    assert decide(many, Unavailable("x")).next_attempt_at == NOW + MAX_RECHECK
 
 
 # -- quiescence counts from the end of an attempt's lease; a "not found" is dated when asked -
@@ -156,11 +156,11 @@ def test_an_abandoned_attempt_is_quiet_only_after_its_lease_ends() -> None:
     just before the lease ended: "not found" proves nothing until the processing time passed."""
     s = quiet_case(sends=((NOW - timedelta(seconds=60), NOW - timedelta(seconds=1)),))
     assert s.quiet_at == NOW + timedelta(seconds=1)
-    assert decide(s, NotFound()).outcome == "wait_quiescence"
+    assert decide(s, NotFound()).code == "wait_quiescence"
     later = quiet_case(
         sends=((NOW - timedelta(seconds=60), NOW - timedelta(seconds=3)),),
     )
-    assert decide(later, NotFound()).outcome == "requeued"
+    assert decide(later, NotFound()).code == "requeued"
 
 
 def test_every_attempt_counts_not_only_the_newest() -> None:
@@ -171,7 +171,7 @@ def test_every_attempt_counts_not_only_the_newest() -> None:
         ),
     )
     assert s.quiet_at == NOW + timedelta(seconds=7)
-    assert decide(s, NotFound()).outcome == "wait_quiescence"
+    assert decide(s, NotFound()).code == "wait_quiescence"
 
 
 def test_an_attempt_without_bounds_counts_from_its_start_plus_the_client_timeout() -> None:
@@ -182,9 +182,9 @@ def test_an_attempt_without_bounds_counts_from_its_start_plus_the_client_timeout
 def test_a_not_found_asked_before_quiescence_proves_nothing_even_if_answered_after() -> None:
     sends = ((NOW - timedelta(seconds=5), NOW - timedelta(seconds=3)),)  # quiet at NOW - 1 s
     asked_early = quiet_case(sends=sends, asked_at=NOW - timedelta(seconds=1.5))
-    assert decide(asked_early, NotFound()).outcome == "wait_quiescence"
+    assert decide(asked_early, NotFound()).code == "wait_quiescence"
     asked_late = quiet_case(sends=sends, asked_at=NOW - timedelta(seconds=0.5))
-    assert decide(asked_late, NotFound()).outcome == "requeued"
+    assert decide(asked_late, NotFound()).code == "requeued"
 
 
 def test_not_found_inside_the_retention_margin_goes_to_review() -> None:
@@ -197,4 +197,4 @@ def test_not_found_inside_the_retention_margin_goes_to_review() -> None:
         sends=((NOW - timedelta(seconds=4.2), NOW - timedelta(seconds=3)),),
     )
     d = decide(s, NotFound())
-    assert (d.outcome, d.review) == ("to_review", "past_key_retention")
+    assert (d.code, d.review) == ("to_review", "past_key_retention")

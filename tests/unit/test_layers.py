@@ -44,6 +44,7 @@ PURE = (
     "outbox.fingerprint",
     "outbox.retry",
     "outbox.clock",
+    "outbox.change",
     "outbox.wire",
     "outbox.downstream",
     "outbox.report",

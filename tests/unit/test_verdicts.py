@@ -162,9 +162,10 @@ def test_checks_before_a_send(change: dict[str, object], why: str | None) -> Non
     elif why == "run_cancelled":
         assert check is not None
         assert (check.event, check.to, check.reason) == (Event.CANCEL, State.CANCELLED, None)
+        assert (check.stop, check.evidence["sent"]) == ("run_cancelled", False)
     else:
         assert check is not None
-        assert (check.event, check.to, check.reason, check.why) == (
+        assert (check.event, check.to, check.reason, check.stop) == (
             Event.GIVE_UP,
             State.REJECTED,
             RejectReason.NOT_EXECUTED,
