@@ -32,6 +32,7 @@ from outbox import logs, relay
 from outbox.intake import Enqueued, Outbox
 from reconciler.reconcile import Reconciler
 from settled import tracing
+from workers.claiming import Claims
 from workers.executor import Executor, Sent
 
 if TYPE_CHECKING:
@@ -178,9 +179,8 @@ def _publish_hints(
 
 def _claim(original: Callable[..., Any], self: Executor, ids: Sequence[int], extra: int) -> Any:
     started = time.time_ns()
-    result = original(self, ids, extra)
-    to_send, to_recover, blocked, _written = result
-    claimed = [c for c, _ in to_send] + list(to_recover) + [c for c, _ in blocked]
+    result: Claims = original(self, ids, extra)
+    claimed = result.claimed
     for c in claimed:
         logs.remember(c.id, tenant=c.tenant, op_id=c.op_id, kind=c.kind)
     tracer = tracing.tracer()
@@ -201,8 +201,8 @@ def _claim(original: Callable[..., Any], self: Executor, ids: Sequence[int], ext
         attributes={
             "settled.hinted": len(ids),
             "settled.claimed": len(claimed),
-            "settled.to_send": len(to_send),
-            "settled.to_recover": len(to_recover),
+            "settled.to_send": len(result.send),
+            "settled.to_recover": len(result.recover),
         },
     )
     span.end()

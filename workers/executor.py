@@ -2,7 +2,7 @@
 
 1. claim the hinted operations by a conditional update (lease in database time, fencing
    version bumped); re-check cancel flag, fingerprint and budget; write the attempt row and
-   ``submitted``, committed before anything is sent.
+   ``submitted``, committed before anything is sent (``workers.claiming``).
 2. send each with the stored idempotency key, no transaction open. A batch is sent at once,
    a thread each, and every send is bounded by its lease: it never starts, and never runs,
    past ``min(deadline, lease end - clock margin)`` (database time, measured on the monotonic
@@ -48,26 +48,21 @@ from outbox.downstream import (
     look_up,
     lookup_deadline,
 )
-from outbox.errors import InvalidInput, SettledError
+from outbox.errors import SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LeaseKeeper
 from outbox.states import Event, State
 from outbox.storage import Storage, storage_for
-from outbox.storage.attempts import reached_downstream, start_attempts
-from outbox.storage.claims import Claimed, claim_for_send
-from outbox.storage.runs import cancelled_runs
+from outbox.storage.claims import Claimed
 from outbox.storage.transitions import Finish, Transition
+from workers.claiming import HOLD_SECONDS, Claims, SendClaims
 from workers.failpoints import failpoint
-from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
+from workers.verdicts import Budget, judge_recovery, judge_submit
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: An operation this worker cannot check (its kind or fingerprint key version is not configured
-#: here) is looked at again this much later: a rolling deploy has time to bring a worker that can.
-HOLD_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -128,13 +123,14 @@ class Executor:
         # Taken before the claim is asked: database time estimated from it runs ahead of the
         # database's, never behind (outbox.clock).
         mono = self.monotonic()
-        to_send, to_recover, blocked, written = self._claim(ids, extra)
+        claims = self._claim(ids, extra)
+        to_send, to_recover, written = claims.send, claims.recover, claims.written
         held = [c for c, _ in to_send] + to_recover
         # Renewed while this worker works on them (a slow outcome write, a lookup); if the
         # worker dies they are free a short lease later (``outbox.leases``).
         with self.keeper.holding(held):
-            if blocked:
-                written.update(self._hold(blocked))
+            if claims.blocked:
+                written.update(self._hold(claims.blocked))
             failpoint("after_claim")
             sent = self._send([(c, k, self._clock(c, mono)) for c, k in to_send])
             if sent:
@@ -156,89 +152,11 @@ class Executor:
     def _clock(self, claimed: Claimed, mono: float) -> DbClock:
         return DbClock(claimed.now, mono, self.monotonic)
 
-    def _claim(
-        self, ids: Sequence[int], extra: int
-    ) -> tuple[
-        list[tuple[Claimed, Kind]],
-        list[Claimed],
-        list[tuple[Claimed, str]],
-        dict[int, State],
-    ]:
-        return self._step(lambda conn: self._claim_in(conn, ids, extra))
-
-    def _claim_in(
-        self, conn: Connection, ids: Sequence[int], extra: int
-    ) -> tuple[
-        list[tuple[Claimed, Kind]],
-        list[Claimed],
-        list[tuple[Claimed, str]],
-        dict[int, State],
-    ]:
-        to_recover: list[Claimed] = []
-        stops: list[tuple[Transition, str]] = []
-        #: claimed operations this worker cannot judge (its configuration lacks their kind or
-        #: fingerprint key): not sent, held for later; the rest of the batch goes on
-        blocked: list[tuple[Claimed, str]] = []
-        claims = claim_for_send(
-            conn,
-            worker=self.worker,
-            lease_seconds=self.lease_seconds,
-            ids=ids,
-            extra=extra,
+    def _claim(self, ids: Sequence[int], extra: int) -> Claims:
+        claims = SendClaims(
+            self.storage, self.registry, self.fingerprinter, self.worker, self.lease_seconds
         )
-        cancelled = cancelled_runs(conn, (c.run_id for c in claims))
-        fresh: list[tuple[Claimed, Kind]] = []
-        for claimed in claims:
-            if claimed.state is State.SUBMITTED:
-                to_recover.append(claimed)
-                continue
-            try:
-                kind = self.registry.get(claimed.kind)
-                fingerprint_ok = self._fingerprint_ok(claimed, kind)
-            except SettledError as exc:
-                log.error(
-                    "not sent: this worker cannot check the operation",
-                    extra={"operation_id": claimed.id, "error": exc.code},
-                )
-                blocked.append((claimed, exc.code))
-                continue
-            check = check_before_send(
-                now=claimed.now,
-                deadline=claimed.deadline,
-                attempts=claimed.attempts,
-                max_attempts=claimed.max_attempts,
-                reached_downstream=(
-                    0 if kind.contract.idempotent else reached_downstream(conn, claimed.id)
-                ),
-                first_sent_at=claimed.first_sent_at,
-                contract=kind.contract,
-                run_cancelled=claimed.run_id in cancelled,
-                fingerprint_ok=fingerprint_ok,
-            )
-            if check is not None:
-                stops.append((Transition.of(claimed, check), check.stop or ""))
-                continue
-            fresh.append((claimed, kind))
-        stopped = self.storage.write_transitions(conn, [t for t, _ in stops], actor=self.worker)
-        written: dict[int, State] = {}
-        for stop, why in stops:
-            if stop.id in stopped:
-                written[stop.id] = stop.to
-                log.info("not sent", extra={"operation_id": stop.id, "stop": why})
-        kinds = {c.id: k for c, k in fresh}
-        started = start_attempts(self.storage, conn, [c for c, _ in fresh], worker=self.worker)
-        return [(c, kinds[c.id]) for c in started], to_recover, blocked, written
-
-    def _fingerprint_ok(self, claimed: Claimed, kind: Kind) -> bool:
-        """Whether the stored params still match the stored fingerprint. Raises SettledError
-        when the fingerprint's key version is not configured here (nothing can be checked)."""
-        try:
-            intent = kind.parse(claimed.params)
-        except InvalidInput:
-            return False
-        return self.fingerprinter.matches(
-            kind.name, intent, claimed.fingerprint_key_version, claimed.fingerprint
-        )
+        return self._step(lambda conn: claims.claim(conn, ids, extra))
 
     def _hold(self, blocked: list[tuple[Claimed, str]]) -> dict[int, State]:
         """Release operations this worker cannot check, to be looked at again ``HOLD_SECONDS``
