@@ -48,6 +48,7 @@ PURE = (
     "outbox.downstream",
     "outbox.report",
     "workers.verdicts",
+    "workers.http_classify",
     "reconciler.decide",
     "reconciler.evidence",
 )
