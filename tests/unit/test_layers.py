@@ -47,6 +47,8 @@ PURE = (
     "outbox.wire",
     "outbox.downstream",
     "outbox.report",
+    "outbox.report_lines",
+    "outbox.report_text",
     "workers.verdicts",
     "workers.http_classify",
     "reconciler.decide",
