@@ -53,6 +53,7 @@ PURE = (
     "workers.http_classify",
     "reconciler.decide",
     "reconciler.evidence",
+    "reconciler.staff",
 )
 HEAVY = ("sqlalchemy", "psycopg", "alembic", "httpx", "celery", "kombu", "fastapi", "redis")
 
