@@ -19,7 +19,8 @@ from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, 
 from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Enqueued, Outbox
 from outbox.models import Operation, Run
-from outbox.report import OpFacts, Report, RunFacts, build_line, build_report
+from outbox.report import Report, RunFacts, build_report
+from outbox.report_lines import OpFacts, build_line
 from outbox.states import State
 from outbox.storage import runs as storage_runs
 from outbox.storage import storage_for

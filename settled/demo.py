@@ -26,7 +26,8 @@ from outbox.errors import IdempotencyConflict
 from outbox.ids import derive_idempotency_key, new_op_id
 from outbox.models import Operation
 from outbox.relay import Publish
-from outbox.report import Lang, check_lang, render
+from outbox.report import render
+from outbox.report_text import Lang, check_lang
 from outbox.runs import cancel_run, compensate, open_run, run_report
 from outbox.settings import Settings
 from outbox.storage.events import states_passed

@@ -33,7 +33,7 @@ def with_staff(f: Any) -> Any:
 
 def _as_staff(staff: str, role: str, action: Any) -> Any:
     """Run ``action(review_queue, staff)`` with the staff's identity checked first."""
-    from reconciler.review import Staff
+    from reconciler.staff import Staff
 
     who = Staff.parse(staff, role)
     rt = runtime()

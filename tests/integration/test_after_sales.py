@@ -15,7 +15,8 @@ import pytest
 from outbox import runs
 from outbox.errors import IdempotencyConflict
 from outbox.models import Operation
-from outbox.report import Compensation, Group, Report
+from outbox.report import Report
+from outbox.report_lines import Compensation, Group
 from outbox.states import State
 from tests.support.rig import HOLD, Rig
 

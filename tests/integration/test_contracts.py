@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from outbox.settings import Settings
-from reconciler.review import Staff
+from reconciler.staff import Staff
 from settled.runtime import Runtime, build_runtime
 from tests.support.rig import HOLD, Rig
 

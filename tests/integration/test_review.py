@@ -17,7 +17,8 @@ from outbox.errors import Forbidden, InvalidInput, ReviewConflict
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent
 from outbox.states import State
-from reconciler.review import ReviewQueue, Staff
+from reconciler.review import ReviewQueue
+from reconciler.staff import Staff
 from settled.cli import main
 from tests.support.rig import GOOD as GOOD_REFUND
 from tests.support.rig import HOLD, Rig

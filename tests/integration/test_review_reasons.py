@@ -17,7 +17,8 @@ from outbox.downstream import LookupMisuse, Misuse, Receipt, SubmitOutcome
 from outbox.errors import Forbidden, ReviewConflict
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import OperationEvent
-from reconciler.review import REASONS, ReviewQueue, Staff
+from reconciler.review import ReviewQueue
+from reconciler.staff import REASONS, Staff
 from tests.integration.test_send_fencing import Poisoned
 from tests.support.gateways import Interposed
 from tests.support.rig import HOLD, Rig

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from outbox import runs
 from outbox.errors import InvalidInput, NotFound, StaleLease
 from outbox.models import Operation, OperationEvent, Run
-from outbox.report import Group
+from outbox.report_lines import Group
 from outbox.states import State
 from outbox.storage.attempts import start_attempt
 from tests.support.rig import GOOD, Rig

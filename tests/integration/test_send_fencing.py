@@ -20,7 +20,8 @@ from sqlalchemy.exc import OperationalError
 from outbox import runs, wire
 from outbox.downstream import Accepted, Gateway, NotFound, Receipt
 from outbox.models import Attempt, Operation, OperationEvent
-from outbox.report import Group, Line, render_line
+from outbox.report import render_line
+from outbox.report_lines import Group, Line
 from outbox.states import State
 from outbox.storage.operations import db_time
 from reconciler import reconcile as reconcile_module

@@ -48,9 +48,13 @@ PURE = (
     "outbox.wire",
     "outbox.downstream",
     "outbox.report",
+    "outbox.report_lines",
+    "outbox.report_text",
     "workers.verdicts",
+    "workers.http_classify",
     "reconciler.decide",
     "reconciler.evidence",
+    "reconciler.staff",
 )
 HEAVY = ("sqlalchemy", "psycopg", "alembic", "httpx", "celery", "kombu", "fastapi", "redis")
 

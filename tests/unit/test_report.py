@@ -9,16 +9,9 @@ import re
 import pytest
 
 from outbox.errors import InvalidInput
-from outbox.report import (
-    MESSAGES,
-    Compensation,
-    Group,
-    OpFacts,
-    RunFacts,
-    build_report,
-    render,
-    render_line,
-)
+from outbox.report import RunFacts, build_report, render, render_line
+from outbox.report_lines import Compensation, Group, OpFacts
+from outbox.report_text import MESSAGES
 from outbox.states import RejectReason, State
 
 RESTORED = {"en": re.compile("restored", re.IGNORECASE), "zh": re.compile("已恢复")}

@@ -1,0 +1,174 @@
+"""One operation's line in a run's report: its group, its message key, the evidence it rests
+on, and where its compensations stand.
+
+Pure, and built from ``OpFacts`` only (states, reject reasons, receipt references, whether an
+attempt was ever made), never from free text: a line says "not sent" only when no attempt was
+ever made; "restored" only when the compensation succeeded *and* carries the downstream's
+receipt; an outcome support staff settled by their own statement (no downstream record) is
+their statement. The whole report is ``outbox.report``; the sentences, ``outbox.report_text``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.states import State
+
+
+class Group(enum.StrEnum):
+    DONE = "done"
+    NOT_DONE = "not_done"
+    UNCERTAIN = "uncertain"
+
+
+class Compensation(enum.StrEnum):
+    """Where the compensations of an operation stand, best first."""
+
+    RESTORED = "restored"  # a compensation succeeded and its receipt says so
+    STAFF = "staff"  # support staff recorded it done, on their own statement
+    PENDING = "pending"  # sent, or recorded done without a receipt: not confirmed
+    NOT_SENT = "not_sent"  # planned: not sent yet
+    NOT_DONE = "not_done"  # rejected or cancelled: the offset did not happen
+
+
+@dataclass(frozen=True)
+class OpFacts:
+    """What the report may know about one operation."""
+
+    op_id: str
+    kind: str
+    state: State
+    reason: str | None = None  # reject reason (states.RejectReason)
+    code: str | None = None  # the downstream's refusal code, if any
+    reference: str | None = None  # the receipt's downstream reference
+    receipt_status: str | None = None  # the receipt's own status ("succeeded", "rejected")
+    in_review: bool = False
+    compensates: str | None = None  # op_id of the operation this one offsets
+    sent: bool = False  # an attempt was made (an attempt row exists)
+    by_staff: bool = False  # settled by support staff's statement, not a downstream record
+    #: the downstream's record differs from the intent (a receipt mismatch staff settled)
+    differs: bool = False
+
+
+@dataclass(frozen=True)
+class CompensationNote:
+    op_id: str
+    status: Compensation
+    reference: str | None
+
+
+@dataclass(frozen=True)
+class Line:
+    """One operation in the report: its group, a message key and the evidence it rests on."""
+
+    op_id: str
+    kind: str
+    state: State
+    group: Group
+    message: str  # key into the message tables
+    evidence: Mapping[str, Any]
+    compensates: str | None = None
+    compensation: CompensationNote | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "op_id": self.op_id,
+            "kind": self.kind,
+            "state": self.state.value,
+            "group": self.group.value,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+            "compensates": self.compensates,
+            "compensation": None
+            if self.compensation is None
+            else {
+                "op_id": self.compensation.op_id,
+                "status": self.compensation.status.value,
+                "reference": self.compensation.reference,
+            },
+        }
+
+
+def group_of(state: State) -> Group:
+    if state is State.SUCCEEDED:
+        return Group.DONE
+    if state in (State.SUBMITTED, State.UNKNOWN):
+        return Group.UNCERTAIN
+    return Group.NOT_DONE  # planned (not sent yet), rejected, cancelled
+
+
+def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled: bool) -> Line:
+    """The report line of one operation (``compensations``: the operations offsetting it)."""
+    group = group_of(op.state)
+    evidence: dict[str, Any] = {}
+    if op.state is State.SUCCEEDED:
+        message = "done" if op.reference else "done_no_receipt"
+        if op.by_staff:
+            message = "done_staff"
+        elif op.differs:
+            message = "done_differs"
+        evidence["reference"] = op.reference
+    elif op.state is State.REJECTED:
+        message = "rejected_staff" if op.by_staff else "rejected"
+        evidence["reason"] = op.reason
+        if op.reason == "not_executed" and op.sent:
+            evidence["reason"] = "not_executed_sent"  # sent, and proven not carried out
+        if op.code:
+            evidence["code"] = op.code
+    elif op.state is State.CANCELLED:
+        message = "cancelled_after_check" if op.sent else "cancelled"
+    elif op.state is State.PLANNED:
+        message = "planned_stopped" if cancelled else "planned"
+        if op.sent:
+            message += "_again"
+    else:
+        message = "pending_stopped" if cancelled else "pending"
+        if op.in_review:
+            message += "_review"
+    evidence["in_review"] = op.in_review
+    if op.compensates is not None:
+        message = "compensation_" + message
+    return Line(
+        op_id=op.op_id,
+        kind=op.kind,
+        state=op.state,
+        group=group,
+        message=message,
+        evidence=evidence,
+        compensates=op.compensates,
+        compensation=compensation_note(compensations),
+    )
+
+
+def _status(op: OpFacts) -> Compensation:
+    if op.state is State.SUCCEEDED:
+        if op.by_staff:
+            return Compensation.STAFF
+        # "Restored" needs the compensation's own receipt, saying it succeeded.
+        if op.reference and op.receipt_status == "succeeded":
+            return Compensation.RESTORED
+        return Compensation.PENDING
+    if op.state in (State.SUBMITTED, State.UNKNOWN):
+        return Compensation.PENDING
+    if op.state is State.PLANNED:
+        return Compensation.PENDING if op.sent else Compensation.NOT_SENT
+    return Compensation.NOT_DONE
+
+
+def compensation_note(compensations: Iterable[OpFacts]) -> CompensationNote | None:
+    """The best standing among an operation's compensations (the latest on a tie)."""
+    best: tuple[int, OpFacts, Compensation] | None = None
+    order = list(Compensation)
+    for op in compensations:
+        status = _status(op)
+        rank = order.index(status)
+        if best is None or rank <= best[0]:
+            best = (rank, op, status)
+    if best is None:
+        return None
+    _, op, status = best
+    shown = status in (Compensation.RESTORED, Compensation.STAFF)
+    return CompensationNote(op.op_id, status, op.reference if shown else None)

@@ -1,0 +1,156 @@
+"""What a downstream's HTTP response proves: the classification of README.md, "How the client
+classifies responses", as pure functions (DESIGN.md, "What an outcome proves").
+
+``classify_submit`` and ``classify_lookup`` read a response that came back (its status, its
+headers, its JSON body) and return the gateway's outcome value; a response that never came back
+is the adapter's to classify by phase (``workers.http_client``). Pure: no I/O, no clock (``now``
+is passed in); httpx is named for its types only and never loaded by importing this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from outbox import wire
+from outbox.downstream import (
+    Accepted,
+    Found,
+    LookupMisuse,
+    LookupOutcome,
+    Misuse,
+    NotExecuted,
+    NotFound,
+    Receipt,
+    Refused,
+    SubmitOutcome,
+    Unavailable,
+    Unknown,
+    receipt_matches,
+    valid_reference,
+)
+from outbox.kinds import Kind
+from outbox.retry import parse_retry_after
+from outbox.states import RejectReason
+
+if TYPE_CHECKING:
+    import httpx
+
+
+def classify_submit(
+    response: httpx.Response,
+    kind: Kind,
+    params: Mapping[str, Any],
+    *,
+    now: datetime,
+    idempotency_key: str | None = None,
+) -> SubmitOutcome:
+    """What a submit response proves (DESIGN.md, "What an outcome proves").
+
+    With ``idempotency_key``, a receipt naming another key is not this operation's receipt.
+    """
+    status = response.status_code
+    if status in kind.contract.not_executed_statuses:
+        retry_after = parse_retry_after(response.headers.get(wire.RETRY_AFTER), now)
+        return NotExecuted(status, retry_after)
+    body = _json_object(response)
+    if 200 <= status < 300:
+        receipt = _receipt(body)
+        if receipt is None or receipt.status != "succeeded":
+            return Unknown("2xx without a readable receipt", status)
+        misfit = _misfit(receipt, params, idempotency_key)
+        if misfit is not None:
+            return Misuse(misfit, _MISFITS[misfit], status)
+        return Accepted(receipt)
+    error_type, code = _error(body)
+    if status in (401, 403):
+        return Refused(RejectReason.PERMISSION_DENIED, code or f"http_{status}", status)
+    if error_type == wire.IDEMPOTENCY_ERROR:
+        if code == wire.KEY_IN_USE:
+            return Unknown("an earlier request with this key is still in flight", status)
+        return Misuse("idempotency_error", code or "idempotency error", status)
+    if status == 409:
+        return Unknown("conflict without an idempotency error body", status)
+    if 400 <= status < 500 and error_type == wire.BUSINESS_ERROR:
+        return Refused(RejectReason.BUSINESS_REJECTED, code or "business_error", status)
+    if status in (400, 422) and error_type == wire.INVALID_REQUEST:
+        return Refused(RejectReason.INVALID_PARAMS, code or "invalid_request", status)
+    if status >= 500:
+        return Unknown(f"server error {code or status}", status)
+    # A status the protocol does not define (3xx, 404, 405, an unknown 4xx body): nobody can
+    # tell whether it executed, and retrying will not change it; a person must look.
+    return Misuse("unexpected_response", f"unexpected HTTP {status}", status)
+
+
+def classify_lookup(
+    response: httpx.Response, params: Mapping[str, Any], *, idempotency_key: str | None = None
+) -> LookupOutcome:
+    """What a lookup response proves; a found record is checked against ``params`` (and,
+    with ``idempotency_key``, must name that key)."""
+    status = response.status_code
+    body = _json_object(response)
+    if status == 404 and _error(body)[1] == wire.KEY_NOT_FOUND:
+        return NotFound()
+    if status != 200:
+        # A bare 404 is a missing route (no lookup API), not proof that the key is unknown.
+        return Unavailable(f"lookup answered HTTP {status}")
+    receipt = _receipt(body)
+    if receipt is None or receipt.status not in ("succeeded", "rejected"):
+        return Unavailable("lookup answered without a readable record")
+    misfit = _misfit(receipt, params, idempotency_key)
+    if misfit is not None:
+        ours = misfit == "receipt_mismatch"  # our key, a storable id, other params
+        return LookupMisuse(misfit, _MISFITS[misfit], receipt if ours else None)
+    if receipt.status == "succeeded":
+        return Found(receipt)
+    _, code = _error(body)
+    return Found(receipt, RejectReason.BUSINESS_REJECTED, code or "business_error")
+
+
+#: Why a readable receipt is still not this operation's proof; each goes to review at once.
+_MISFITS = {
+    "receipt_mismatch": "the receipt does not match the intent",
+    "receipt_key_mismatch": "the receipt names another idempotency key",
+    "receipt_unreadable": "the receipt's reference is not a valid reference",
+}
+
+
+def _misfit(receipt: Receipt, params: Mapping[str, Any], idempotency_key: str | None) -> str | None:
+    """Why ``receipt`` cannot settle the operation, or None when it can."""
+    if not valid_reference(receipt.reference):
+        return "receipt_unreadable"
+    echoed = receipt.raw.get("idempotency_key")
+    if idempotency_key is not None and echoed is not None and echoed != idempotency_key:
+        return "receipt_key_mismatch"
+    if not receipt_matches(params, receipt):
+        return "receipt_mismatch"
+    return None
+
+
+def _json_object(response: httpx.Response) -> Mapping[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _receipt(body: Mapping[str, Any]) -> Receipt | None:
+    reference, status, params = body.get("id"), body.get("status"), body.get("params")
+    if not isinstance(reference, str) or not isinstance(status, str):
+        return None
+    if not isinstance(params, dict):
+        return None
+    return Receipt(reference=reference, status=status, params=params, raw=dict(body))
+
+
+def _error(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    error = body.get("error")
+    if not isinstance(error, dict):
+        return None, None
+    error_type, code = error.get("type"), error.get("code")
+    return (
+        error_type if isinstance(error_type, str) else None,
+        code if isinstance(code, str) else None,
+    )
