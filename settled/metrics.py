@@ -131,6 +131,11 @@ class SettledCollector(Collector):
         with self.sessions() as s:
             live = scrape.live_counts(s)
             self.counters.advance(s, live.now)
+        yield from self._gauges(live)
+        yield from self._counters()
+
+    def _gauges(self, live: scrape.LiveCounts) -> Iterator[Metric]:
+        """What is live now: operations by state, the oldest waits, the review queue."""
         now, planned, oldest_due, unresolved = (
             live.now,
             live.planned,
@@ -178,6 +183,8 @@ class SettledCollector(Collector):
             value=age(min(due_looks)) if due_looks else 0.0,
         )
 
+    def _counters(self) -> Iterator[Metric]:
+        """What happened since this process started: attempts, transitions, reconcile results."""
         c = self.counters
         attempts_total = CounterMetricFamily(
             "settled_attempts",
