@@ -14,13 +14,12 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from outbox.db import db_now
 from outbox.errors import NotFound
 from outbox.ids import validate_tenant
 from outbox.models import ApiKey
+from outbox.storage.apikeys import add_api_key, live_key, revoke_key
 
 KEY_RE = re.compile(r"stk_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 #: compared against when no row matches, so a miss costs the same as a wrong secret
@@ -44,22 +43,14 @@ def create_api_key(session: Session, *, tenant: str) -> tuple[ApiKey, str]:
     tenant = validate_tenant(tenant)
     key_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32)
-    row = ApiKey(tenant=tenant, key_id=key_id, secret_hash=_hash(secret))
-    session.add(row)
-    session.flush()
+    row = add_api_key(session, tenant=tenant, key_id=key_id, secret_hash=_hash(secret))
     return row, f"stk_{key_id}_{secret}"
 
 
 def authenticate(session: Session, presented: str | None) -> Principal | None:
     """The principal of a valid, unrevoked key; None for anything else."""
     match = KEY_RE.fullmatch(presented) if isinstance(presented, str) else None
-    row = None
-    if match is not None:
-        row = session.execute(
-            select(ApiKey.tenant, ApiKey.key_id, ApiKey.secret_hash).where(
-                ApiKey.key_id == match.group(1), ApiKey.revoked_at.is_(None)
-            )
-        ).first()
+    row = live_key(session, match.group(1)) if match is not None else None
     secret = match.group(2) if match is not None else ""
     ok = hmac.compare_digest(_hash(secret), row.secret_hash if row is not None else _DUMMY_HASH)
     if row is None or not ok:
@@ -69,10 +60,5 @@ def authenticate(session: Session, presented: str | None) -> Principal | None:
 
 def revoke_api_key(session: Session, key_id: str) -> None:
     """Revoke a key (never committed here); NotFound if no such live key."""
-    result = session.execute(
-        update(ApiKey)
-        .where(ApiKey.key_id == key_id, ApiKey.revoked_at.is_(None))
-        .values(revoked_at=db_now())
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if not revoke_key(session, key_id):
         raise NotFound("no such active key", code="api_key_not_found")

@@ -86,15 +86,14 @@ def check_schema(url: str) -> None:
     """Raise SettledError (``database_not_migrated``) unless the database at ``url`` is at the
     newest migration. Connection errors are raised as they come (DBAPIError)."""
     from alembic.script import ScriptDirectory
-    from sqlalchemy import inspect, text
     from sqlalchemy.pool import NullPool
+
+    from outbox.storage.schema import applied_revisions  # here: storage imports this module
 
     engine = make_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            current: set[str] = set()
-            if inspect(conn).has_table("alembic_version"):
-                current = set(conn.scalars(text("SELECT version_num FROM alembic_version")))
+            current = applied_revisions(conn)
     finally:
         engine.dispose()
     alembic_log = logging.getLogger("alembic")

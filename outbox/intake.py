@@ -22,7 +22,7 @@ from outbox.ids import (
     validate_op_id,
     validate_tenant,
 )
-from outbox.kinds import KindRegistry, default_registry
+from outbox.kinds import Intent, Kind, KindRegistry, default_registry
 from outbox.models import Operation, Run
 from outbox.settings import Settings
 from outbox.storage import storage_for
@@ -83,81 +83,168 @@ class Outbox:
         writes nothing; with another intent it raises IdempotencyConflict. Bad input raises an
         InvalidInput subclass before anything is written.
         """
+        request = self._validate(
+            tenant=tenant,
+            op_id=op_id,
+            kind=kind,
+            params=params,
+            run=run,
+            correlation_id=correlation_id,
+            compensates=compensates,
+            max_attempts=max_attempts,
+            deadline=deadline,
+        )
+        op = self._insert(session, request)
+        if op is None:
+            return Enqueued(self._replayed(session, request), created=False)
+        _hint_after_commit(session, op)
+        return Enqueued(op, created=True)
+
+    def _validate(
+        self,
+        *,
+        tenant: str,
+        op_id: str,
+        kind: str,
+        params: Mapping[str, Any],
+        run: Run | None,
+        correlation_id: str | None,
+        compensates: Operation | None,
+        max_attempts: int | None,
+        deadline: datetime | None,
+    ) -> _Request:
+        """``enqueue``'s arguments checked, in this order: the first bad one is raised,
+        before anything is written."""
         tenant = validate_tenant(tenant)
         op_id = validate_op_id(op_id)
         spec = self.registry.get(kind)
         intent = spec.parse(params)
-        if correlation_id is not None:
-            correlation_id = validate_correlation_id(correlation_id)
-            if correlation_id == op_id:
-                # A tool-call id names one model turn, not one business intent: a retried
-                # turn gets a new call id, so using it as op_id would send the intent twice.
-                raise InvalidIdentifier(
-                    "op_id must be minted by the app (new_op_id()), not taken from a tool-call id",
-                    code="op_id_is_correlation_id",
-                    field="op_id",
-                )
-        attempts = self.max_attempts if max_attempts is None else max_attempts
-        if (
-            not isinstance(attempts, int)
-            or isinstance(attempts, bool)
-            or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT
-        ):
-            raise InvalidInput(
-                f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}",
-                code="invalid_budget",
-                field="max_attempts",
-            )
-        deadline = _checked_deadline(deadline)
+        correlation_id = _checked_correlation_id(correlation_id, op_id)
+        attempts = _checked_attempts(self.max_attempts if max_attempts is None else max_attempts)
+        checked_deadline = _checked_deadline(deadline)
         run_id = _stored_id(run, Run, tenant, field="run", code="run_not_found")
         compensates_id = _stored_id(
             compensates, Operation, tenant, field="compensates", code="operation_not_found"
         )
+        return _Request(
+            tenant=tenant,
+            op_id=op_id,
+            spec=spec,
+            intent=intent,
+            correlation_id=correlation_id,
+            max_attempts=attempts,
+            deadline=checked_deadline,
+            run_id=run_id,
+            compensates_id=compensates_id,
+        )
 
-        version = self.fingerprinter.current
-        values: dict[str, Any] = {
-            "tenant": tenant,
-            "op_id": op_id,
-            "kind": spec.name,
-            "params": canonical_params(intent),
-            "fingerprint": self.fingerprinter.fingerprint(spec.name, intent, version),
-            "fingerprint_key_version": version,
-            "idempotency_key": derive_idempotency_key(self.idempotency_secret, tenant, op_id),
-            "max_attempts": attempts,
-            "deadline": deadline,  # None: the default deadline, in database time
-            "run_id": run_id,
-            "correlation_id": correlation_id,
-            "compensates_id": compensates_id,
-        }
-        # Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
-        # waits for the other transaction and then inserts nothing instead of raising; on
-        # SQLite the write lock is taken before any read, so no lock upgrade can fail.
-        op = storage_for(session).create_operation(
+    def _insert(self, session: Session, request: _Request) -> Operation | None:
+        """Insert the operation with its ``created`` event row; None (nothing written) if
+        ``(tenant, op_id)`` is already taken.
+
+        Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
+        waits for the other transaction and then inserts nothing instead of raising; on
+        SQLite the write lock is taken before any read, so no lock upgrade can fail.
+        """
+        correlation_id = request.correlation_id
+        return storage_for(session).create_operation(
             session,
-            values,
+            self._row_values(request),
             default_deadline_seconds=self.deadline.total_seconds(),
             evidence={"correlation_id": correlation_id} if correlation_id else None,
         )
-        if op is not None:
-            # Hints go out after commit, if the app installed the relay (outbox.relay).
-            session.info.setdefault(CREATED_KEY, []).append(op.id)
-            return Enqueued(op, created=True)
-        existing = find_operation(session, tenant, op_id)
+
+    def _row_values(self, request: _Request) -> dict[str, Any]:
+        """The operation row's values: the request, its fingerprint and idempotency key."""
+        version = self.fingerprinter.current
+        kind, tenant, op_id = request.spec.name, request.tenant, request.op_id
+        return {
+            "tenant": tenant,
+            "op_id": op_id,
+            "kind": kind,
+            "params": canonical_params(request.intent),
+            "fingerprint": self.fingerprinter.fingerprint(kind, request.intent, version),
+            "fingerprint_key_version": version,
+            "idempotency_key": derive_idempotency_key(self.idempotency_secret, tenant, op_id),
+            "max_attempts": request.max_attempts,
+            "deadline": request.deadline,  # None: the default deadline, in database time
+            "run_id": request.run_id,
+            "correlation_id": request.correlation_id,
+            "compensates_id": request.compensates_id,
+        }
+
+    def _replayed(self, session: Session, request: _Request) -> Operation:
+        """The stored operation a replay of ``(tenant, op_id)`` names, if it is the same
+        intent; IdempotencyConflict otherwise."""
+        existing = find_operation(session, request.tenant, request.op_id)
         if existing is None:  # only under REPEATABLE READ or SERIALIZABLE isolation
             raise IdempotencyConflict(
                 "a concurrent transaction holds this op_id; retry the transaction",
                 code="concurrent_intake",
             )
-        if existing.kind != spec.name or not self.fingerprinter.matches(
-            spec.name, intent, existing.fingerprint_key_version, existing.fingerprint
+        name = request.spec.name
+        if existing.kind != name or not self.fingerprinter.matches(
+            name, request.intent, existing.fingerprint_key_version, existing.fingerprint
         ):
             raise IdempotencyConflict(
                 "op_id already names a different intent for this tenant; "
                 "mint a new op_id for a new operation",
-                tenant=tenant,
-                op_id=op_id,
+                tenant=request.tenant,
+                op_id=request.op_id,
             )
-        return Enqueued(existing, created=False)
+        return existing
+
+
+@dataclass(frozen=True)
+class _Request:
+    """An ``enqueue`` call's arguments, validated: what is inserted, or compared on a replay."""
+
+    tenant: str
+    op_id: str
+    spec: Kind
+    intent: Intent
+    correlation_id: str | None
+    max_attempts: int
+    deadline: datetime | None  # None: the default deadline, in database time
+    run_id: int | None
+    compensates_id: int | None
+
+
+def _hint_after_commit(session: Session, op: Operation) -> None:
+    """List ``op`` in the session: its hint goes out after commit, if the app installed the
+    relay (``outbox.relay``)."""
+    session.info.setdefault(CREATED_KEY, []).append(op.id)
+
+
+def _checked_correlation_id(correlation_id: str | None, op_id: str) -> str | None:
+    """``correlation_id`` if valid and not the op_id itself; else InvalidIdentifier."""
+    if correlation_id is None:
+        return None
+    correlation_id = validate_correlation_id(correlation_id)
+    if correlation_id == op_id:
+        # A tool-call id names one model turn, not one business intent: a retried turn gets
+        # a new call id, so using it as op_id would send the intent twice.
+        raise InvalidIdentifier(
+            "op_id must be minted by the app (new_op_id()), not taken from a tool-call id",
+            code="op_id_is_correlation_id",
+            field="op_id",
+        )
+    return correlation_id
+
+
+def _checked_attempts(attempts: object) -> int:
+    """``attempts`` if it is an integer from 1 to ``MAX_ATTEMPTS_LIMIT``; else InvalidInput."""
+    if (
+        not isinstance(attempts, int)
+        or isinstance(attempts, bool)
+        or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise InvalidInput(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}",
+            code="invalid_budget",
+            field="max_attempts",
+        )
+    return attempts
 
 
 def _checked_deadline(deadline: object) -> datetime | None:

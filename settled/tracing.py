@@ -32,8 +32,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import column, select, table, update
 from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.storage.traces import store_trace_context, trace_contexts
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 TRACER_NAME = "settled"
-#: ``operations.trace_context`` (migration 0004), deliberately not on the ORM model: the
-#: intake's INSERT ... RETURNING and every other statement stay as they were, tracing or not.
-TRACES = table("operations", column("id"), column("trace_context"))
 
 
 def tracing_enabled(environ: dict[str, str] | None = None) -> bool:
@@ -161,9 +159,7 @@ def provider_from_environment() -> TracerProvider:
 
 def store_context(session: Session, operation_id: int, span: Span) -> None:
     """Store ``span``'s context on the operation's row, in ``session``'s transaction."""
-    session.execute(
-        update(TRACES).where(TRACES.c.id == operation_id).values(trace_context=_traceparent(span))
-    )
+    store_trace_context(session, operation_id, _traceparent(span))
 
 
 def _traceparent(span: Span) -> str | None:
@@ -181,13 +177,10 @@ def stored_contexts(sessions: sessionmaker[Session], ids: Sequence[int]) -> dict
 
     if not ids:
         return {}
-    stmt = select(TRACES.c.id, TRACES.c.trace_context).where(
-        TRACES.c.id.in_(ids), TRACES.c.trace_context.is_not(None)
-    )
     with sessions() as session:
-        rows = session.execute(stmt).all()
+        stored = trace_contexts(session, ids)
     propagator = TraceContextTextMapPropagator()
-    return {row.id: propagator.extract({"traceparent": row.trace_context}) for row in rows}
+    return {i: propagator.extract({"traceparent": parent}) for i, parent in stored.items()}
 
 
 def current() -> Context:

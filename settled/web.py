@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -31,6 +31,7 @@ from outbox.apikeys import Principal, authenticate
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.settings import Settings
+from outbox.storage.connection import ping
 from settled import metrics
 
 access_log = logging.getLogger("settled.access")
@@ -128,7 +129,7 @@ operator_routes = APIRouter(include_in_schema=False)
 @operator_routes.get("/healthz")
 def healthz(s: DB) -> dict[str, str]:
     """Liveness and database reachability, for the orchestrator's health check."""
-    s.execute(text("SELECT 1"))
+    ping(s)
     return {"status": "ok"}
 
 

@@ -15,6 +15,10 @@ module             what it holds
 ``operations``     reads of operation rows, the database's clock, the intake INSERT
 ``events``         reads of the audit trail (event rows)
 ``metrics``        what a metrics scrape reads (live gauges, event counters by id range)
+``apikeys``        the status API's keys: adding one, the live key of an id, revoking
+``traces``         an operation's trace context (``operations.trace_context``)
+``schema``         the migrations (Alembic revisions) a database is at
+``connection``     where a statement runs, the health check's ping, running a step again
 ``queries.sql``    the hand-written PostgreSQL statements, by name
 =================  ==================================================================
 

@@ -1,18 +1,21 @@
-"""Where a statement runs, and running a step again on a connection found dead."""
+"""Where a statement runs, whether the database answers, and running a step again on a
+connection found dead."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Select, literal_column, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+PING: Select[tuple[Any]] = select(literal_column("1"))
 
 #: Where a statement runs: a session's transaction, or a connection (a worker's step).
 Bind = Session | Connection
@@ -21,6 +24,11 @@ Bind = Session | Connection
 def connection_of(bind: Bind) -> Connection:
     """The connection ``bind`` runs its statements on."""
     return bind.connection() if isinstance(bind, Session) else bind
+
+
+def ping(bind: Bind) -> None:
+    """One round trip to the database (``SELECT 1``); raises DBAPIError if it does not answer."""
+    bind.execute(PING)
 
 
 def run_twice(run: Callable[[], T]) -> T:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, event, func, select
 from sqlalchemy.orm import Session, make_transient
 
 from outbox import runs
@@ -108,6 +110,38 @@ def test_enqueue_never_commits(engine: Engine, outbox: Outbox) -> None:
         # Another connection cannot see the uncommitted intent.
         assert count(engine) == 0
         s.rollback()
+
+
+@contextmanager
+def statements(engine: Engine) -> Iterator[list[str]]:
+    """The statements run on ``engine`` meanwhile, by their first word (SQLite's BEGIN left
+    out: PostgreSQL's is implicit)."""
+    seen: list[str] = []
+
+    def keep(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if statement != "BEGIN":
+            seen.append(statement.split(None, 1)[0])
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+
+
+def test_an_intake_costs_two_statements_new_or_replayed(engine: Engine, outbox: Outbox) -> None:
+    # The hot path: the INSERT ... ON CONFLICT DO NOTHING RETURNING, then the created event
+    # row; a replay or a conflict reads the stored operation instead. Nothing else.
+    with Session(engine) as s, s.begin(), statements(engine) as new:
+        assert enqueue(outbox, s, correlation_id="call-1").created
+    with Session(engine) as s, s.begin(), statements(engine) as replay:
+        assert not enqueue(outbox, s, correlation_id="call-1").created
+    with Session(engine) as s, statements(engine) as conflict:
+        with pytest.raises(IdempotencyConflict):
+            enqueue(outbox, s, params={**GOOD, "amount_minor": 1})
+        s.rollback()
+    assert new == ["INSERT", "INSERT"]
+    assert replay == conflict == ["INSERT", "SELECT"]
 
 
 def test_replay_with_same_intent_returns_the_existing_operation(

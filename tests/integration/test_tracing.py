@@ -22,6 +22,7 @@ from outbox import logs, relay
 from outbox.intake import Outbox
 from outbox.settings import Settings
 from outbox.states import State
+from outbox.storage.traces import TRACES
 from settled import celery_app, observe, tracing
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import wait_until
@@ -163,7 +164,7 @@ def test_without_tracing_no_trace_context_is_stored(rig: Rig) -> None:
     op = rig.enqueue("op-1")
     rig.executor().execute([op])
     with rig.sessions() as s:
-        stored = s.scalar(select(tracing.TRACES.c.trace_context).where(tracing.TRACES.c.id == op))
+        stored = s.scalar(select(TRACES.c.trace_context).where(TRACES.c.id == op))
     assert stored is None
 
 

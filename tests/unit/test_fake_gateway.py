@@ -170,3 +170,33 @@ def test_a_scripted_receipt_is_what_a_lookup_finds() -> None:
     fake.script_submit(Accepted(receipt))
     submit(fake)
     assert lookup(fake) == Found(receipt)
+
+
+def test_receipts_are_named_by_the_prefix_in_the_order_things_were_done() -> None:
+    fake = FakeGateway(reference_prefix="sim")
+    first, second = submit(fake, "k1"), submit(fake, "k2")
+    assert (first.receipt.reference, second.receipt.reference) == ("sim_1", "sim_2")
+    assert submit(fake, "k1").receipt.reference == "sim_1"  # a replay makes no new receipt
+    assert fake.record("acme", "k3") is None  # never sent: nothing on record
+
+
+def test_a_call_past_its_deadline_leaves_the_scripts_for_the_next_call() -> None:
+    fake = FakeGateway()
+    passed = datetime.now(UTC) - timedelta(seconds=1)
+    fake.script_submit(Unknown("cut"))
+    fake.script_lookup(Unavailable("down"))
+    assert isinstance(submit(fake, deadline=passed), NotSent)
+    assert isinstance(lookup(fake, deadline=passed), Unavailable)
+    assert submit(fake) == Unknown("cut")  # the call that was made gets the scripted answer
+    assert lookup(fake) == Unavailable("down")
+    assert lookup(fake) == NotFound()
+
+
+def test_a_scripted_answer_wins_over_a_replay_and_undoes_nothing() -> None:
+    fake = FakeGateway()
+    accepted = submit(fake)
+    fake.script_submit(Unknown("reset"))
+    assert submit(fake) == Unknown("reset")  # the answer was lost this time
+    assert lookup(fake) == Found(accepted.receipt)  # what was done stays done, once
+    assert fake.effects("acme", "k1") == 1
+    assert submit(fake) == accepted  # then the replay again
