@@ -45,10 +45,7 @@ def open_run(session: Session, *, tenant: str, title: str | None = None) -> Run:
     tenant = validate_tenant(tenant)
     if title is not None:
         title = validate_label(title, field="title", max_length=MAX_TITLE)
-    run = Run(tenant=tenant, handle=new_handle(), title=title)
-    session.add(run)
-    session.flush()
-    return run
+    return storage_runs.add_run(session, tenant=tenant, handle=new_handle(), title=title)
 
 
 def find_run(session: Session, tenant: str, handle: str) -> Run:

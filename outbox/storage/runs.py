@@ -43,6 +43,14 @@ CANCELLED_AMONG = select(runs.c.id).where(
 )
 
 
+def add_run(session: Session, *, tenant: str, handle: str, title: str | None) -> Run:
+    """A new run's row in ``session`` (flushed: it has its id; never committed)."""
+    run = Run(tenant=tenant, handle=handle, title=title)
+    session.add(run)
+    session.flush()
+    return run
+
+
 def find_run(session: Session, tenant: str, handle: str) -> Run | None:
     """Run ``handle`` of ``tenant``, loaded into ``session`` (None: no such run)."""
     found: Run | None = session.scalars(

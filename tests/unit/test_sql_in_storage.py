@@ -17,8 +17,8 @@ The SQL homes: ``outbox.storage`` (every statement, as its docstring says), ``ou
 ``make_engine`` (SQLite's PRAGMAs and BEGIN on every connection). ``settled.simulator`` is a
 product of its own with its own ledger database; its SQL is its own.
 
-What the check cannot tell from the source: an ORM unit of work (``session.add`` then a
-flush) looks like any ``.add``; by convention it belongs in storage too.
+An ORM unit of work writes at its flush: ``flush`` is refused like ``execute`` (``session.add``
+alone looks like any ``.add``, and writes nothing until a flush or a commit in storage).
 """
 
 from __future__ import annotations
@@ -54,7 +54,16 @@ EXC = "sqlalchemy.exc"
 DRIVERS = ("psycopg", "psycopg2", "sqlite3", "asyncpg")
 #: Methods that run a statement, on a session, a connection or a DBAPI cursor.
 RUNS_SQL = frozenset(
-    {"execute", "executemany", "exec_driver_sql", "scalar", "scalars", "query", "executescript"}
+    {
+        "execute",
+        "executemany",
+        "exec_driver_sql",
+        "scalar",
+        "scalars",
+        "query",
+        "executescript",
+        "flush",
+    }
 )
 #: ``(module, receiver.method)``: calls of a ``RUNS_SQL`` name that run no SQL of their own.
 NOT_SQL = frozenset(
