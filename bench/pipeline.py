@@ -376,14 +376,19 @@ def wait_worker(app: Any, proc: subprocess.Popen[bytes], timeout: float = 60.0) 
     poll(answers, timeout, "the worker to answer a ping")
 
 
+# One worker runs at a time: ``limit=1`` returns at its reply, where a broadcast would wait
+# the whole timeout for other workers' replies (a drain shorter than that would be timed as
+# taking that long).
+
+
 def pause(app: Any) -> None:
-    replies = app.control.cancel_consumer(QUEUE, reply=True, timeout=2.0)
+    replies = app.control.cancel_consumer(QUEUE, reply=True, timeout=5.0, limit=1)
     if not replies:
         raise RuntimeError("no worker confirmed cancel_consumer")
 
 
 def resume(app: Any) -> None:
-    replies = app.control.add_consumer(QUEUE, reply=True, timeout=2.0)
+    replies = app.control.add_consumer(QUEUE, reply=True, timeout=5.0, limit=1)
     if not replies:
         raise RuntimeError("no worker confirmed add_consumer")
 
