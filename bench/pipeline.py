@@ -37,10 +37,14 @@ services (each phase in ``bench/phases/``):
   as a reference, the earlier measure: one producer at half the batched maximum rate whose
   transactions commit every operation that has arrived;
 * a raw-SQL lifecycle with psycopg (insert, fenced claim, fenced outcome: three commits) from C
-  threads, in the same database after the counters were read.
+  threads, in the same database after the counters were read;
+* scan flatness (``phases/scan.py``): the sweeper's and the reconciler's pass over a table of
+  10^4 and of 10^6 operations (filled on the server, mostly terminal, the same live operations
+  in both), in a throwaway database of its own.
 
 It prints a table with the targets of issue 17 beside the figures (and whether each is met),
-and asserts nothing. A quick run: ``--ops 200 --single-ops 200 --latency-ops 100 --idle-ops 20``.
+and asserts nothing. A quick run: ``--ops 200 --single-ops 200 --latency-ops 100 --idle-ops 20
+--scan-large 20000``; ``--scan-large 0`` leaves the scan phase out.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ from bench.phases.drain import DrainResult, measure_drain  # noqa: E402
 from bench.phases.latency import LatencyResult, measure_latency  # noqa: E402
 from bench.phases.noop import NoopResult, measure_noop  # noqa: E402
 from bench.phases.reference import measure_raw_sql, measure_simulator  # noqa: E402
+from bench.phases.scan import ScanResult, measure_scans  # noqa: E402
 from outbox.db import make_engine, upgrade  # noqa: E402
 from outbox.models import Operation  # noqa: E402
 from outbox.settings import Settings  # noqa: E402
@@ -98,6 +103,7 @@ class Results:
     total: int
     raw_rate: float
     vacuums: int  # autovacuum/autoanalyze runs during the batched drain
+    scan: ScanResult | None
 
 
 def verify(db_url: str) -> tuple[int, int]:
@@ -169,7 +175,7 @@ def run_pipeline(args: argparse.Namespace, svc: Services) -> Results:
     raw_rate = measure_raw_sql(svc.db_url, args.concurrency, args.raw_ops)
     return Results(
         sim_rate, noop_product, noop_stock, batched, single, latency, done, total, raw_rate,
-        vacuums,
+        vacuums, scan=None,
     )  # fmt: skip
 
 
@@ -241,6 +247,19 @@ def table(r: Results, producers: int) -> list[tuple[str, str, str, str]]:
          _met(single.commits_per_op <= 2.2)),
         ("100 ops per intake commit", f"{batched.commits_per_op:.2f}", "reference", ""),
     ]  # fmt: skip
+    if r.scan is not None:
+        small, large = (f"{n:,}" for n in r.scan.sizes)
+        rows += [("scans (the same pass at two table sizes, median)", "", "", "")]
+        for name, (ms_small, ms_large), ratio in (
+            ("sweeper", r.scan.sweep_ms, r.scan.sweep_ratio),
+            ("reconciler", r.scan.reconcile_ms, r.scan.reconcile_ratio),
+        ):
+            rows += [
+                (f"{name} pass, {small} operations", f"{ms_small:.2f} ms", "reference", ""),
+                (f"{name} pass, {large} operations", f"{ms_large:.2f} ms",
+                 f"<= {2 * ms_small:.2f} ms", _met(ratio <= 2)),
+                ("  large ÷ small", f"{ratio:.2f}", "<= 2", _met(ratio <= 2)),
+            ]  # fmt: skip
     rows += [
         ("references", "", "", ""),
         ("simulator alone, requests/s", f"{r.sim_rate:.0f}", "reference", ""),
@@ -287,6 +306,12 @@ def print_notes(r: Results, args: argparse.Namespace) -> None:
         f"{len(r.latency.batched_ms)} batched; publish-to-start samples: "
         f"{len(r.noop_stock.start_ms)} stock, {len(r.noop_product.start_ms)} product"
     )
+    if r.scan is not None:
+        print(
+            f"scan table: {r.scan.hinted} operations due (re-hinted by every sweep), "
+            f"{args.scan_live} live and not due, the rest terminal; filling and vacuuming the "
+            f"large table took {r.scan.fill_seconds:.1f} s; {args.scan_repeats} passes each"
+        )
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -323,6 +348,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--claim-batch", type=int, default=None, help="SETTLED_CLAIM_BATCH (default: settings)"
     )
+    parser.add_argument("--scan-small", type=int, default=10_000, help="operations, small table")
+    parser.add_argument(
+        "--scan-large", type=int, default=1_000_000, help="operations, large table (0: no scans)"
+    )
+    parser.add_argument("--scan-live", type=int, default=1000, help="live operations, not due")
+    parser.add_argument("--scan-due", type=int, default=100, help="planned operations due")
+    parser.add_argument("--scan-repeats", type=int, default=20, help="timed passes per size")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/14", help="flushed!")
     parser.add_argument("--keep-logs", action="store_true")
@@ -333,6 +365,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for name in ("ops", "single_ops", "producers", "latency_ops", "idle_ops", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.scan_large and args.scan_large < args.scan_small:
+        parser.error("--scan-large must be at least --scan-small")
+    if args.scan_small < args.scan_live + args.scan_due:
+        parser.error("--scan-small must hold --scan-live and --scan-due operations")
     return args
 
 
@@ -379,6 +415,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             svc.stop_all()
     flush(args.redis)
+    if args.scan_large:
+        print(f"  measuring the scans at {args.scan_small:,} and {args.scan_large:,} "
+              "operations ...", flush=True)  # fmt: skip
+        results.scan = measure_scans(
+            args.pg, small=args.scan_small, large=args.scan_large, live=args.scan_live,
+            due=args.scan_due, repeats=args.scan_repeats,
+        )  # fmt: skip
 
     print_table(table(results, args.producers))
     print_notes(results, args)

@@ -172,9 +172,9 @@ def start_settled_worker(svc: Services, name: str) -> subprocess.Popen[bytes]:
 
 
 @contextmanager
-def throwaway_database(admin_url: str) -> Iterator[tuple[str, str]]:
+def throwaway_database(admin_url: str, tag: str = "") -> Iterator[tuple[str, str]]:
     """A database of its own (name, SQLAlchemy URL), dropped at the end."""
-    name = f"settled_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    name = f"settled_bench_{tag}{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"{admin_url.rsplit('/', 1)[0]}/{name}".replace("postgresql://", "postgresql+psycopg://")
