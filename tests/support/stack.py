@@ -92,6 +92,9 @@ class Stack:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
+            # a group of its own: whatever it forks (prefork children, an embedded beat) is
+            # stopped with it, and never outlives the test
+            start_new_session=True,
         )
         self.procs.append(proc)
         self.log_paths[proc.pid] = log
@@ -118,6 +121,8 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what it left behind, if anything
         self.procs.clear()
         for f in self.files:
             f.close()
