@@ -17,8 +17,9 @@ Hints larger than ``max_batch`` are worked in consecutive batches, each claimed 
 it is sent.
 
 Each step (claim and start; record) runs as its database's ``Storage.step`` says: on
-PostgreSQL every write of a step is a single statement per batch, atomic by itself, on an
-autocommit connection; on SQLite one transaction. A step that finds its pooled connection
+PostgreSQL every write of a step is a single statement per batch; the claim step commits
+once (claim and start in one transaction), the record step's one statement on an autocommit
+connection; on SQLite each step is one transaction. A step that finds its pooled connection
 dead runs once more on a fresh one (``outbox.storage.connection.run_twice``).
 """
 
@@ -156,7 +157,9 @@ class Executor:
         claims = SendClaims(
             self.storage, self.registry, self.fingerprinter, self.worker, self.lease_seconds
         )
-        return self._step(lambda conn: claims.claim(conn, ids, extra))
+        # One commit for the claim, the stops and the attempts started (a claim lost with its
+        # connection is undone, and free again at once).
+        return self.storage.step(lambda conn: claims.claim(conn, ids, extra), one_commit=True)
 
     def _hold(self, blocked: list[tuple[Claimed, str]]) -> dict[int, State]:
         """Release operations this worker cannot check, to be looked at again ``HOLD_SECONDS``

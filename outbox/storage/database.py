@@ -8,7 +8,9 @@ What differs between the two databases is here and in the two implementations
   few statements per operation, in the caller's transaction;
 * the intake INSERT ... ON CONFLICT DO NOTHING (each database's own INSERT construct);
 * a worker's step: on PostgreSQL an autocommit connection (every write of a step is one
-  statement, so no BEGIN and COMMIT round trips); on SQLite one transaction.
+  statement, so no BEGIN and COMMIT round trips), or with ``one_commit`` one transaction
+  (the claim step: the claim and the start of its sends, one commit); on SQLite one
+  transaction.
 
 Callers get theirs from ``outbox.storage.storage_for(engine)`` (and may keep it) and never
 look at the dialect.
@@ -120,6 +122,11 @@ class Storage(ABC):
     # -- a worker's step ----------------------------------------------------------------
 
     @abstractmethod
-    def step(self, work: Callable[[Connection], T]) -> T:
+    def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
         """Run ``work``, a step whose writes must be atomic, once more if its pooled
-        connection turned out to be dead (``outbox.storage.connection.run_twice``)."""
+        connection turned out to be dead (``outbox.storage.connection.run_twice``).
+
+        ``one_commit``: the step's statements commit together, once (a claim and the start of
+        its sends: one commit instead of one per statement; a claim lost with its connection
+        is undone, not left leased).
+        """

@@ -1,10 +1,13 @@
-"""PostgreSQL: a batch of transitions in one static statement; steps on autocommit.
+"""PostgreSQL: a batch of transitions in one static statement; steps on autocommit or in one
+transaction.
 
 The hand-written statements are named, static SQL in ``queries.sql``, loaded once by name
 (``QUERIES``); their values come as bound parameters only. A batch of transitions travels as
 one JSON array parameter unpacked by ``json_to_recordset``: one statement and one round trip
-per batch whatever its size, atomic by itself, so a worker's steps need no transaction. The
-statement has the parts the batch needs (``PARTS``); its variants are made at import.
+per batch whatever its size, atomic by itself, so a worker's outcome step needs no
+transaction. Its claim step (the claim, then the start of its sends) is one transaction: one
+commit, a WAL flush, instead of two. The statement has the parts the batch needs
+(``PARTS``); its variants are made at import.
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ def _row(t: Transition, finish: Finish | None, actor: str) -> dict[str, Any]:
 
 
 class PostgresStorage(Storage):
-    """PostgreSQL: one statement per batch of transitions, worker steps on autocommit."""
+    """PostgreSQL: one statement per batch of transitions, worker steps on autocommit (or in
+    one transaction, ``one_commit``)."""
 
     def _write(
         self,
@@ -143,10 +147,14 @@ class PostgresStorage(Storage):
     def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
         return session.scalars(_INSERT_OPERATION, params).one_or_none()
 
-    def step(self, work: Callable[[Connection], T]) -> T:
-        """On an autocommit connection: every write of a step is a single statement."""
+    def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
+        """On an autocommit connection: every write of a step is a single statement; with
+        ``one_commit``, in one transaction."""
 
         def once() -> T:
+            if one_commit:
+                with self.engine.begin() as conn:
+                    return work(conn)
             with self.engine.connect() as conn:
                 return work(conn.execution_options(isolation_level="AUTOCOMMIT"))
 

@@ -213,8 +213,8 @@ class SqliteStorage(Storage):
     def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
         return session.scalars(_INSERT_OPERATION, params).one_or_none()
 
-    def step(self, work: Callable[[Connection], T]) -> T:
-        """In one transaction."""
+    def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
+        """In one transaction, always."""
 
         def once() -> T:
             with self.engine.begin() as conn:

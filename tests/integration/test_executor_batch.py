@@ -163,8 +163,9 @@ def statements(engine: Engine) -> Iterator[list[str]]:
 def test_a_batch_costs_three_statements_whatever_its_size(
     rig: Rig, statements: list[str], commits: list[int]
 ) -> None:
-    """Claim, start and outcome writes are set-based, one statement each, on autocommit
-    connections: no statement per operation, and no BEGIN or COMMIT round trip."""
+    """Claim, start and outcome writes are set-based, one statement each: no statement per
+    operation. The claim and the start commit together (one commit); the outcomes, one
+    statement, on an autocommit connection (no BEGIN or COMMIT round trip)."""
     counts = []
     for size, prefix in ((2, "small"), (12, "large")):
         ids = [rig.enqueue(f"{prefix}-{i}", {**GOOD, "amount_minor": 100 + i}) for i in range(size)]
@@ -176,7 +177,29 @@ def test_a_batch_costs_three_statements_whatever_its_size(
         assert all(rig.attempts(i)[0].proof == "done" for i in ids)
         assert all(rig.op(i).downstream_ref for i in ids)
     # the claim; to submitted with events and attempts; the outcomes with events and attempts
-    assert counts == [(3, 0), (3, 0)], statements  # each statement commits by itself
+    assert counts == [(3, 1), (3, 1)], statements
+
+
+def test_a_claim_step_that_fails_before_its_sends_start_leaves_nothing_claimed(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim and the start of its sends commit together: a step that fails between them
+    (a lost connection, a crash) takes its claim back with it, so the operation is free at
+    once, not leased until the lease runs out; and nothing was sent."""
+    (op,) = enqueue_many(rig, 1)
+
+    def fail(*_: Any, **__: Any) -> list[Claimed]:
+        raise RuntimeError("the step fails after the claim")
+
+    monkeypatch.setattr("workers.claiming.start_attempts", fail)
+    with pytest.raises(RuntimeError):
+        rig.executor(worker="w1").execute([op])
+    row = rig.op(op)
+    assert (row.state, row.lease_owner, row.lease_version) == ("planned", None, 0)
+    assert rig.sends(op) == 0
+    monkeypatch.undo()
+    assert rig.executor(worker="w2").execute([op]) == {op: State.SUCCEEDED}
+    assert rig.sends(op) == 1
 
 
 def test_a_batch_with_a_stale_fence_writes_the_others_and_their_events(
