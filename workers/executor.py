@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -96,6 +97,7 @@ class Executor:
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
+    _making: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def storage(self) -> Storage:
@@ -144,11 +146,12 @@ class Executor:
 
     @property
     def keeper(self) -> LeaseKeeper:
-        if self._keeper is None:
-            self._keeper = LeaseKeeper(
-                self.sessions, owner=self.worker, lease_seconds=self.lease_seconds
-            )
-        return self._keeper
+        with self._making:  # one per executor, when batches run in several threads
+            if self._keeper is None:
+                self._keeper = LeaseKeeper(
+                    self.sessions, owner=self.worker, lease_seconds=self.lease_seconds
+                )
+            return self._keeper
 
     def _clock(self, claimed: Claimed, mono: float) -> DbClock:
         return DbClock(claimed.now, mono, self.monotonic)
@@ -186,11 +189,13 @@ class Executor:
     def _send(self, batch: list[tuple[Claimed, Kind, DbClock]]) -> list[Sent]:
         if len(batch) <= 1:
             return [self._send_one(*one) for one in batch]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=max(1, self.max_batch), thread_name_prefix="settled-send"
-            )
-        return list(self._pool.map(lambda one: self._send_one(*one), batch))
+        with self._making:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=max(1, self.max_batch), thread_name_prefix="settled-send"
+                )
+            pool = self._pool
+        return list(pool.map(lambda one: self._send_one(*one), batch))
 
     def send_deadline(self, claimed: Claimed, clock: DbClock) -> Deadline:
         """When this attempt must be over: the operation's deadline, or its lease's end less
