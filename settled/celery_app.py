@@ -128,8 +128,12 @@ def check_broker(settings: Settings, timeout: float = 5.0) -> None:
         conn.release()
 
 
-def create_app(settings: Settings) -> Celery:
-    """A Celery app for these settings, with the submit, sweep and reconcile tasks."""
+def create_app(settings: Settings, *, coalesce: bool = False) -> Celery:
+    """A Celery app for these settings, with the submit, sweep and reconcile tasks.
+
+    ``coalesce``: the worker runs several submit tasks at once in one process (the thread
+    pool), and their hints are worked in shared batches (``workers.coalesce``).
+    """
     app = Celery("settled", broker=settings.broker_url, set_as_current=False)
     observe.install()  # identities in log lines; traces when the environment asks for them
     app.conf.update(
@@ -174,7 +178,10 @@ def create_app(settings: Settings) -> Celery:
         ):
             log.warning("malformed hint dropped")  # the sweeper finds due operations anyway
             return
-        runtime(settings).executor.execute(ids)
+        if coalesce:
+            runtime(settings).coalescer().execute(ids)
+        else:
+            runtime(settings).executor.execute(ids)
 
     @app.task(name=SWEEP, ignore_result=True, shared=False)
     def sweep_task() -> None:

@@ -17,6 +17,7 @@ from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings
 from reconciler.reconcile import Reconciler
 from reconciler.review import ReviewQueue
+from workers.coalesce import Coalescer
 from workers.executor import Executor
 from workers.http_client import HttpGateway
 
@@ -32,8 +33,21 @@ class Runtime:
     executor: Executor
     reconciler: Reconciler
     review: ReviewQueue
+    #: made on first use (``coalescer``): only a worker on the thread pool batches hints
+    _coalescer: Coalescer | None = None
+
+    def coalescer(self) -> Coalescer:
+        """The executor behind a ``Coalescer``: concurrent tasks' hints worked in shared
+        batches (``workers.coalesce``)."""
+        if self._coalescer is None:
+            self._coalescer = Coalescer(
+                self.executor.execute, runners=2, max_batch=self.executor.max_batch
+            )
+        return self._coalescer
 
     def close(self) -> None:
+        if self._coalescer is not None:
+            self._coalescer.close()
         self.executor.close()
         self.reconciler.close()
         close = getattr(self.gateway, "close", None)

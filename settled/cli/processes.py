@@ -62,7 +62,9 @@ def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str
         _beat_folder(settings)
     if settings.metrics_port is not None:
         _serve_metrics(settings)
-    app = create_app(settings)
+    # On the thread pool one process runs several submit tasks at once: their hints are
+    # worked in shared batches.
+    app = create_app(settings, coalesce=pool == "threads")
     argv = worker_argv(
         beat=beat, pool=pool, concurrency=concurrency, loglevel=loglevel, hostname=hostname
     )

@@ -261,6 +261,22 @@ def test_two_workers_racing_give_one_effect_per_operation(
     assert [sim_control.requests("acme", k) for k in app.keys(ids)] == [1] * 40
 
 
+def test_a_thread_pool_worker_works_concurrent_hints_together_once_each(
+    app: App, stack: Stack, sim_control: SimulatorControl
+) -> None:
+    """On the thread pool the hints of concurrent tasks are worked in shared batches
+    (``workers.coalesce``, whose batching is tested in ``tests/unit/test_coalesce.py``): every
+    operation settles, with one request and one effect."""
+    ids = app.enqueue(30)
+    for op in ids:  # one hint per operation, queued before the worker starts
+        app.publish([op])
+    stack.start_worker(pool="threads", concurrency=8)
+    states = wait_settled(app, stack, ids)
+    assert set(states.values()) == {"succeeded"}
+    assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 30
+    assert [sim_control.requests("acme", k) for k in app.keys(ids)] == [1] * 30
+
+
 @pytest.mark.parametrize(
     ("step", "path"),
     [

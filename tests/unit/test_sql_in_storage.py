@@ -70,6 +70,8 @@ NOT_SQL = frozenset(
     {
         # the worker's service call (workers.executor.Executor.execute): ids in, storage inside
         ("settled.celery_app", "runtime(settings).executor.execute"),
+        # the same through workers.coalesce.Coalescer.execute (batches of concurrent hints)
+        ("settled.celery_app", "runtime(settings).coalescer().execute"),
     }
 )
 #: Modules that still break the rule, each with a TODO naming what is left to move there (an
