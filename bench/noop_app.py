@@ -27,7 +27,7 @@ import redis
 from celery import Celery
 
 from outbox.settings import Settings
-from settled.celery_app import QUEUE, create_app, worker_argv
+from settled.celery_app import DELIVERY, QUEUE, create_app, worker_argv
 
 NOOP = "bench.noop"
 STARTED = "bench.started"
@@ -60,13 +60,7 @@ def stock_app(broker_url: str) -> Celery:
     """Stock Celery and kombu's own Redis transport, with the product's delivery settings."""
     app = Celery("bench-stock", broker=broker_url, set_as_current=False)
     app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_serializer="json",
-        accept_content=["json"],
-        result_backend=None,
-        task_ignore_result=True,
+        **DELIVERY,  # the product's delivery settings, the same object
         task_default_queue=QUEUE,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -128,6 +128,19 @@ def check_broker(settings: Settings, timeout: float = 5.0) -> None:
         conn.release()
 
 
+#: How hints are delivered: acknowledged after the work (a worker lost mid-task leaves its hint
+#: to be redelivered), one prefetched per process slot, JSON, no results.
+DELIVERY: dict[str, Any] = {
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    "worker_prefetch_multiplier": 1,
+    "task_serializer": "json",
+    "accept_content": ["json"],
+    "result_backend": None,
+    "task_ignore_result": True,
+}
+
+
 def create_app(settings: Settings, *, coalesce: bool = False) -> Celery:
     """A Celery app for these settings, with the submit, sweep and reconcile tasks.
 
@@ -137,13 +150,7 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> Celery:
     app = Celery("settled", broker=settings.broker_url, set_as_current=False)
     observe.install()  # identities in log lines; traces when the environment asks for them
     app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_serializer="json",
-        accept_content=["json"],
-        result_backend=None,
-        task_ignore_result=True,
+        **DELIVERY,
         task_store_errors_even_if_ignored=False,
         broker_transport_options=broker_options(settings),
         broker_connection_retry_on_startup=True,
