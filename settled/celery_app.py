@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,19 @@ QUEUE = "settled"
 BEAT_QUEUE = "settled.beat"
 
 _runtime: tuple[int, Runtime] | None = None
+_building = threading.Lock()
+# A child forked while another thread held the lock gets it unlocked.
+os.register_at_fork(after_in_child=lambda: globals().update(_building=threading.Lock()))
 
 
 def runtime(settings: Settings) -> Runtime:
-    """This process's runtime, built on first use (after the worker forks its children)."""
+    """This process's runtime, built on first use (after the worker forks its children), once
+    even when the first tasks run in several threads (the thread pool)."""
     global _runtime
-    if _runtime is None or _runtime[0] != os.getpid():
-        _runtime = (os.getpid(), build_runtime(settings))
-    return _runtime[1]
+    with _building:
+        if _runtime is None or _runtime[0] != os.getpid():
+            _runtime = (os.getpid(), build_runtime(settings))
+        return _runtime[1]
 
 
 @worker_process_shutdown.connect

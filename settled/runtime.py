@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
@@ -35,15 +36,17 @@ class Runtime:
     review: ReviewQueue
     #: made on first use (``coalescer``): only a worker on the thread pool batches hints
     _coalescer: Coalescer | None = None
+    _making: threading.Lock = field(default_factory=threading.Lock)
 
     def coalescer(self) -> Coalescer:
         """The executor behind a ``Coalescer``: concurrent tasks' hints worked in shared
-        batches (``workers.coalesce``)."""
-        if self._coalescer is None:
-            self._coalescer = Coalescer(
-                self.executor.execute, runners=2, max_batch=self.executor.max_batch
-            )
-        return self._coalescer
+        batches (``workers.coalesce``). One per runtime, whichever task asks first."""
+        with self._making:
+            if self._coalescer is None:
+                self._coalescer = Coalescer(
+                    self.executor.execute, runners=2, max_batch=self.executor.max_batch
+                )
+            return self._coalescer
 
     def close(self) -> None:
         if self._coalescer is not None:

@@ -141,3 +141,35 @@ def test_the_submit_task_hands_hints_to_the_coalescer_only_on_the_thread_pool(
     app = celery_app.create_app(Settings(), coalesce=coalesce)
     app.tasks[celery_app.SUBMIT].run([5, 6])
     assert (rt.batched.calls, rt.executor.calls) == (([[5, 6]], []) if coalesce else ([], [[5, 6]]))
+
+
+def test_tasks_starting_at_once_in_threads_build_one_runtime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread pool's first tasks start together: one runtime (one engine, one executor,
+    one coalescer) for the process, not one each."""
+    from outbox.settings import Settings
+    from settled import celery_app
+
+    builds: list[object] = []
+    second = threading.Event()
+
+    def build(settings: Settings) -> object:
+        builds.append(settings)
+        if len(builds) > 1:
+            second.set()
+        second.wait(0.5)  # a second build would start meanwhile, were it not refused
+        return _Runtime()
+
+    monkeypatch.setattr(celery_app, "_runtime", None)
+    monkeypatch.setattr(celery_app, "build_runtime", build)
+    start = threading.Barrier(8)
+
+    def first_task() -> object:
+        start.wait(10)
+        return celery_app.runtime(Settings())
+
+    with ThreadPoolExecutor(8) as pool:
+        runtimes = list(pool.map(lambda _: first_task(), range(8)))
+    assert len(builds) == 1
+    assert all(rt is runtimes[0] for rt in runtimes)
