@@ -39,6 +39,39 @@ class Soak(SoakChaos):
         )
 
     def run(self) -> int:
+        schedule = self.write_schedule()
+        args = self.args
+        print(
+            f"soak: seed {self.seed}, {args.ops} operations, {args.duration:.0f} s of faults, "
+            f"{args.producers} producers, default lease {LEASE_SECONDS:g} s; output in {self.out}",
+            flush=True,
+        )
+        self.start_services()
+        print(f"  services up after {self.timeline.now():.1f} s", flush=True)
+
+        ctx = multiprocessing.get_context("spawn")
+        progress = ctx.Value("i", 0)
+        ready, go, shared_start = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+        producers = self.start_producers(ctx, progress, ready, go, shared_start)
+        _wait_ready(producers, ready)
+        start = shared_start.value = time.monotonic() + 0.2
+        go.set()
+        self.timeline.record("production_begins", "producers")
+        _sleep_until(start)
+        self.downstream(DOWNSTREAM)
+        self.timeline.record("faults_begin", "downstream", probabilities=DOWNSTREAM)
+        self.run_schedule(schedule, start, progress)
+        self.wait(start + args.duration, progress)
+        last_fault = self.end_faults()
+
+        settled, settled_at = self.settle(producers, last_fault, progress)
+        self._check_simulator()
+        self.stop_processes()
+        report = judge(self, last_fault=last_fault, settled=settled, settled_at=settled_at)
+        return 0 if report["passed"] else 1
+
+    def write_schedule(self) -> list[Action]:
+        """The seeded chaos schedule, also written to ``schedule.json``."""
         args = self.args
         schedule = chaos_schedule(self.seed, args.duration, stop_seconds=LEASE_SECONDS + 3.0)
         (self.out / "schedule.json").write_text(
@@ -54,17 +87,13 @@ class Soak(SoakChaos):
                 indent=1,
             )
         )
-        print(
-            f"soak: seed {self.seed}, {args.ops} operations, {args.duration:.0f} s of faults, "
-            f"{args.producers} producers, default lease {LEASE_SECONDS:g} s; output in {self.out}",
-            flush=True,
-        )
-        self.start_services()
-        print(f"  services up after {self.timeline.now():.1f} s", flush=True)
+        return schedule
 
-        ctx = multiprocessing.get_context("spawn")
-        progress = ctx.Value("i", 0)
-        ready, go, shared_start = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    def start_producers(
+        self, ctx: Any, progress: Any, ready: Any, go: Any, shared_start: Any
+    ) -> list[Any]:
+        """``--producers`` processes sharing ``--ops``, paced over 85 % of the fault window."""
+        args = self.args
         produce = args.duration * 0.85
         quotas = [args.ops // args.producers] * args.producers
         quotas[0] += args.ops - sum(quotas)
@@ -89,23 +118,12 @@ class Soak(SoakChaos):
             proc.start()
             producers.append(proc)
             self.timeline.record("start", f"producer-{i}", proc.pid, quota=quota)
+        return producers
 
-        waiting = len(producers)
-        end = time.monotonic() + 120
-        while waiting:
-            try:
-                ready.get(timeout=1.0)
-                waiting -= 1
-            except queue.Empty:
-                dead = [p.name for p in producers if not p.is_alive()]
-                if dead or time.monotonic() > end:
-                    raise RuntimeError(f"producers not ready (dead: {dead}): see logs") from None
-        start = shared_start.value = time.monotonic() + 0.2
-        go.set()
-        self.timeline.record("production_begins", "producers")
-        _sleep_until(start)
-        self.downstream(DOWNSTREAM)
-        self.timeline.record("faults_begin", "downstream", probabilities=DOWNSTREAM)
+    def run_schedule(self, schedule: list[Action], start: float, progress: Any) -> None:
+        """Each action at its time; a kind of kill skipped before it ever happened is tried
+        once more a little later."""
+        args = self.args
         todo = [(a.at, n, a) for n, a in enumerate(schedule)]
         heapq.heapify(todo)
         while todo:
@@ -125,7 +143,10 @@ class Soak(SoakChaos):
                         resume = Action(at + action.length, "resume_worker", "", again.pick)
                         heapq.heappush(todo, (resume.at, 2 * len(schedule) + n, resume))
                     self.timeline.record("retry_later", action.target, fault=action.kind, at=at)
-        self.wait(start + args.duration, progress)
+
+    def end_faults(self) -> float:
+        """No more downstream faults, held answers released, stopped workers resumed; returns
+        the moment (monotonic)."""
         assert self.control is not None
         self.control.clear_rules()  # the schedule too
         self.control.release_holds()
@@ -135,8 +156,12 @@ class Soak(SoakChaos):
         last_fault = time.monotonic()
         self.timeline.record("faults_end", "downstream")
         print(f"  faults stopped at t={self.timeline.now():.1f} s; waiting to settle", flush=True)
+        return last_fault
 
-        deadline = last_fault + args.settle_timeout
+    def settle(self, producers: list[Any], last_fault: float, progress: Any) -> tuple[bool, float]:
+        """Wait, up to ``--settle-timeout`` after the last fault, for the producers to end and
+        every operation to settle; producers still alive then are killed."""
+        deadline = last_fault + self.args.settle_timeout
         for proc in producers:
             proc.join(max(0.0, deadline - time.monotonic()))
         settled = False
@@ -151,10 +176,7 @@ class Soak(SoakChaos):
             if proc.is_alive():
                 proc.kill()
                 proc.join(10)
-        self._check_simulator()
-        self.stop_processes()
-        report = judge(self, last_fault=last_fault, settled=settled, settled_at=settled_at)
-        return 0 if report["passed"] else 1
+        return settled, settled_at
 
     def wait(self, until: float, progress: Any) -> None:
         """Wait until ``until`` (monotonic), printing progress every 5 s."""
@@ -176,3 +198,17 @@ def _sleep_until(when: float) -> None:
     wait = when - time.monotonic()
     if wait > 0:
         time.sleep(wait)  # the chaos schedule's own pacing
+
+
+def _wait_ready(producers: list[Any], ready: Any) -> None:
+    """Until every producer said it is ready (up to 120 s; at once if one died)."""
+    waiting = len(producers)
+    end = time.monotonic() + 120
+    while waiting:
+        try:
+            ready.get(timeout=1.0)
+            waiting -= 1
+        except queue.Empty:
+            dead = [p.name for p in producers if not p.is_alive()]
+            if dead or time.monotonic() > end:
+                raise RuntimeError(f"producers not ready (dead: {dead}): see logs") from None
