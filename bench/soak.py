@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``python bench/soak.py`` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from bench.soak_judge import judge, render  # noqa: E402
+from bench.soak_judge import judge  # noqa: E402
+from bench.soak_render import render  # noqa: E402
 from bench.soak_run import Soak  # noqa: E402
 
 __all__ = ["Soak", "judge", "main", "parse", "render"]

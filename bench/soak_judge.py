@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from bench.soak_plan import DOWNSTREAM_KINDS, KILLS
 from bench.soak_procs import LEASE_SECONDS, TERMINAL, libpq
+from bench.soak_render import render
 from bench.soak_services import Recovery
 
 if TYPE_CHECKING:
@@ -42,25 +44,66 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
         business = {(t, o) for t, o in conn.execute("SELECT tenant, op_id FROM soak_requests")}
         recovery_rows = _recoveries(conn, soak.recoveries)
 
-    results: list[dict[str, Any]] = []
-    for i in range(soak.args.producers):
-        path = soak.out / f"producer-{i}.json"
-        results.append(json.loads(path.read_text()) if path.exists() else {"error": "no result"})
+    results = _producer_results(soak)
     committed = {(t, o) for r in results for t, o, _ in r.get("committed", [])}
 
     keys = {(row[1], row[4]) for row in ops}
     by_op = {(row[1], row[2]): row for row in ops}
-    problems: dict[str, list[int]] = {"duplicates": [], "lost": [], "lies": [], "sends": []}
-    states: Counter[str] = Counter()
-    kinds: Counter[str] = Counter()
-    in_review = 0
-    max_rows = max_requests = 0
-    over_rows = over_requests = 0
+    tally = _tally(ops, effects, submits)
+    missing = sorted((committed | business) - set(by_op))
+    phantom = sorted(k for k in effects if k not in keys)
+    failures = _failures(soak, tally.problems, missing, phantom, settled, results)
+    report = _report(
+        soak,
+        operations=len(ops),
+        committed=len(committed),
+        tally=tally,
+        injected=injected,
+        recovery_rows=recovery_rows,
+        results=results,
+        lost=len(tally.problems["lost"]) + len(missing),
+        phantom=len(phantom),
+        settled=settled,
+        settled_at=settled_at,
+        last_fault=last_fault,
+        failures=failures,
+    )
+    _publish(soak, report, tally.problems, missing, phantom)
+    return report
+
+
+def _producer_results(soak: Soak) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for i in range(soak.args.producers):
+        path = soak.out / f"producer-{i}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else {"error": "no result"})
+    return results
+
+
+@dataclass
+class Tally:
+    """Per operation against the ledger: the offending ones by problem, states, kinds, sends."""
+
+    problems: dict[str, list[int]]
+    states: Counter[str] = field(default_factory=Counter)
+    kinds: Counter[str] = field(default_factory=Counter)
+    in_review: int = 0
+    max_rows: int = 0
+    max_requests: int = 0
+    over_rows: int = 0
+    over_requests: int = 0
+
+
+def _tally(
+    ops: list[Any], effects: Counter[tuple[str, str]], submits: dict[tuple[str, str], int]
+) -> Tally:
+    t = Tally({"duplicates": [], "lost": [], "lies": [], "sends": []})
+    problems = t.problems
     for op, tenant, _op_id, kind, key, state, reason, budget, source, review, rows in ops:
         n = effects.get((tenant, key), 0)
-        kinds[kind] += 1
-        states[f"{state}/{reason}" if reason else state] += 1
-        in_review += bool(review)
+        t.kinds[kind] += 1
+        t.states[f"{state}/{reason}" if reason else state] += 1
+        t.in_review += bool(review)
         if n > 1:
             problems["duplicates"].append(op)
         if state not in TERMINAL and not review:
@@ -70,31 +113,23 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
         ):
             problems["lies"].append(op)
         sent = submits.get((tenant, key), 0)
-        max_rows, max_requests = max(max_rows, rows), max(max_requests, sent)
-        over_rows += rows > budget
-        over_requests += sent > budget
+        t.max_rows, t.max_requests = max(t.max_rows, rows), max(t.max_requests, sent)
+        t.over_rows += rows > budget
+        t.over_requests += sent > budget
         if rows > budget or sent > budget:
             problems["sends"].append(op)
-    missing = sorted((committed | business) - set(by_op))
-    phantom = sorted(k for k in effects if k not in keys)
+    return t
 
-    kills = Counter(e["kind"] for e in soak.timeline.events if e["kind"] in KILLS)
-    restarts = Counter(e["target"] for e in soak.timeline.events if e["kind"] == "restart")
-    exits = sum(e["kind"] == "exited" for e in soak.timeline.events)
-    skipped = Counter(e["fault"] for e in soak.timeline.events if e["kind"] == "skipped")
-    whole = [r for r in recovery_rows if r["kind"] in ("kill_worker_group", "stop_worker")]
-    slowest = max(whole, key=lambda r: r["seconds"] or 0.0, default=None)
-    takeover = max(whole, key=lambda r: r["takeover_seconds"] or 0.0, default=None)
-    child = [r for r in recovery_rows if r["kind"] == "kill_worker_child"]
-    slowest_child = max(child, key=lambda r: r["seconds"] or 0.0, default=None)
-    firsts = [r["first_commit"] for r in results if r.get("first_commit")]
-    elapsed = settled_at - min(firsts) if firsts else 0.0
-    throughput = len(ops) / elapsed if elapsed > 0 else 0.0
+
+def _failures(
+    soak: Soak,
+    problems: dict[str, list[int]],
+    missing: list[tuple[str, str]],
+    phantom: list[tuple[str, str]],
+    settled: bool,
+    results: list[dict[str, Any]],
+) -> list[str]:
     producer_errors = [r["error"] for r in results if r.get("error")]
-    counts: Counter[str] = Counter()
-    for r in results:
-        counts.update(r.get("counts", {}))
-
     failures = []
     for name in ("duplicates", "lost", "lies"):
         if problems[name]:
@@ -107,34 +142,78 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
         failures.append(f"unsettled {soak.args.settle_timeout:g} s after the last fault")
     if producer_errors:
         failures.append(f"producer failed: {producer_errors[0]}")
-    report: dict[str, Any] = {
+    return failures
+
+
+def _slowest(
+    recovery_rows: list[dict[str, Any]],
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """The slowest recovery and takeover after a worker group kill or stop, and the slowest
+    recovery after a child kill."""
+    whole = [r for r in recovery_rows if r["kind"] in ("kill_worker_group", "stop_worker")]
+    slowest = max(whole, key=lambda r: r["seconds"] or 0.0, default=None)
+    takeover = max(whole, key=lambda r: r["takeover_seconds"] or 0.0, default=None)
+    child = [r for r in recovery_rows if r["kind"] == "kill_worker_child"]
+    slowest_child = max(child, key=lambda r: r["seconds"] or 0.0, default=None)
+    return slowest, takeover, slowest_child
+
+
+def _report(
+    soak: Soak,
+    *,
+    operations: int,
+    committed: int,
+    tally: Tally,
+    injected: dict[str, Any],
+    recovery_rows: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    lost: int,
+    phantom: int,
+    settled: bool,
+    settled_at: float,
+    last_fault: float,
+    failures: list[str],
+) -> dict[str, Any]:
+    events = soak.timeline.events
+    kills = Counter(e["kind"] for e in events if e["kind"] in KILLS)
+    restarts = Counter(e["target"] for e in events if e["kind"] == "restart")
+    exits = sum(e["kind"] == "exited" for e in events)
+    skipped = Counter(e["fault"] for e in events if e["kind"] == "skipped")
+    slowest, takeover, slowest_child = _slowest(recovery_rows)
+    firsts = [r["first_commit"] for r in results if r.get("first_commit")]
+    elapsed = settled_at - min(firsts) if firsts else 0.0
+    throughput = operations / elapsed if elapsed > 0 else 0.0
+    counts: Counter[str] = Counter()
+    for r in results:
+        counts.update(r.get("counts", {}))
+    return {
         "seed": soak.seed,
         "ops_requested": soak.args.ops,
         "duration": soak.args.duration,
         "lease_seconds": LEASE_SECONDS,
         "downstream_timeout": soak.args.downstream_timeout,
-        "operations": len(ops),
-        "committed_by_producers": len(committed),
-        "operations_by_kind": dict(sorted(kinds.items())),
-        "states": dict(sorted(states.items())),
-        "in_review": in_review,
+        "operations": operations,
+        "committed_by_producers": committed,
+        "operations_by_kind": dict(sorted(tally.kinds.items())),
+        "states": dict(sorted(tally.states.items())),
+        "in_review": tally.in_review,
         "transactions": dict(sorted(counts.items())),
         "downstream_faults": {k: injected.get(k, 0) for k in DOWNSTREAM_KINDS}
         | {k: v for k, v in injected.items() if k not in DOWNSTREAM_KINDS},
-        "lookup_outages": sum(e["kind"] == "lookup_outage_begin" for e in soak.timeline.events),
+        "lookup_outages": sum(e["kind"] == "lookup_outage_begin" for e in events),
         "kills": {k: kills.get(k, 0) for k in KILLS},
         "skipped": dict(skipped),
         "restarts": dict(sorted(restarts.items())),
         "unexpected_exits": exits,
-        "duplicates": len(problems["duplicates"]),
-        "lost": len(problems["lost"]) + len(missing),
-        "lies": len(problems["lies"]),
-        "phantom_effects": len(phantom),
+        "duplicates": len(tally.problems["duplicates"]),
+        "lost": lost,
+        "lies": len(tally.problems["lies"]),
+        "phantom_effects": phantom,
         "sends": {
-            "max_attempt_rows": max_rows,
-            "attempt_rows_above_max_attempts": over_rows,
-            "max_submits_seen_by_simulator": max_requests,
-            "submits_above_max_attempts": over_requests,
+            "max_attempt_rows": tally.max_rows,
+            "attempt_rows_above_max_attempts": tally.over_rows,
+            "max_submits_seen_by_simulator": tally.max_requests,
+            "submits_above_max_attempts": tally.over_requests,
         },
         "slowest_recovery": slowest,
         "slowest_child_recovery": slowest_child,
@@ -148,6 +227,16 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
         "failures": failures,
         "passed": not failures,
     }
+
+
+def _publish(
+    soak: Soak,
+    report: dict[str, Any],
+    problems: dict[str, list[int]],
+    missing: list[tuple[str, str]],
+    phantom: list[tuple[str, str]],
+) -> None:
+    """Print the table; write report.json (and problems.json if anything is wrong)."""
     table = render(report)
     report["table"] = table
     print()
@@ -158,7 +247,6 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
         (soak.out / "problems.json").write_text(json.dumps(detail, indent=1, default=str))
         print(f"details of the offending operations: {soak.out / 'problems.json'}")
     print(f"timeline: {soak.out / 'timeline.jsonl'}; report: {soak.out / 'report.json'}")
-    return report
 
 
 def _recoveries(conn: psycopg.Connection[Any], recoveries: list[Recovery]) -> list[dict[str, Any]]:
@@ -240,65 +328,3 @@ def _problem_detail(
             ).fetchall()
             detail["operations"][op] = {"row": row, "events": events, "attempts": attempts}
     return detail
-
-
-def render(r: dict[str, Any]) -> str:
-    def kv(d: dict[str, Any]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
-
-    sends = r["sends"]
-    slow = r["slowest_recovery"]
-    slow_text = (
-        f"{slow['seconds']} s ({slow['kind']} {slow['target']} at t={slow['t']} s, "
-        f"{slow['held']} ops held)"
-        if slow and slow["seconds"] is not None
-        else "n/a (no worker held a lease when killed or stopped)"
-    )
-    child = r["slowest_child_recovery"]
-    take = r["slowest_takeover"]
-    rows = [
-        ("seed", str(r["seed"])),
-        ("operations", f"{r['operations']} ({kv(r['operations_by_kind'])})"),
-        ("  transactions", kv(r["transactions"])),
-        ("  final states", f"{kv(r['states'])}; in review {r['in_review']}"),
-        ("downstream faults injected", kv(r["downstream_faults"])),
-        ("  lookup outage windows", str(r["lookup_outages"])),
-        ("kills and stops", kv(r["kills"])),
-        ("  restarts by the supervisor", kv(r["restarts"])),
-        ("duplicates (effects > 1 per key)", str(r["duplicates"])),
-        ("lost (neither terminal nor in review)", str(r["lost"])),
-        ("lies (state the ledger contradicts)", str(r["lies"])),
-        (
-            "sends per operation (attempt rows)",
-            f"max {sends['max_attempt_rows']}; above max_attempts "
-            f"{sends['attempt_rows_above_max_attempts']}",
-        ),
-        (
-            "sends per operation (simulator)",
-            f"max {sends['max_submits_seen_by_simulator']}; above max_attempts "
-            f"{sends['submits_above_max_attempts']}",
-        ),
-        ("slowest recovery (worker killed/stopped)", slow_text),
-        (
-            "  slowest first event after a kill/stop",
-            f"{take['takeover_seconds']} s ({take['kind']} {take['target']} at t={take['t']} s)"
-            if take and take["takeover_seconds"] is not None
-            else "n/a",
-        ),
-        (
-            "  slowest after a child kill",
-            f"{child['seconds']} s" if child and child["seconds"] is not None else "n/a",
-        ),
-        (
-            "last fault to all settled",
-            f"{r['seconds_from_last_fault_to_settled']} s"
-            if r["settled"]
-            else "NOT settled in time",
-        ),
-        ("throughput", f"{r['throughput_ops_per_second']} ops/s (first intake to all settled)"),
-        ("verdict", "PASS" if r["passed"] else "FAIL: " + "; ".join(r["failures"])),
-    ]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"{'figure':<{width}}  value", f"{'-' * width}  {'-' * 50}"]
-    lines += [f"{name:<{width}}  {value}" for name, value in rows]
-    return "\n".join(lines)
