@@ -29,7 +29,7 @@ from outbox.storage.attempts import OperationFacts
 from outbox.storage.reviews import resolve_review, review_item, settle_unknown
 from reconciler.decide import Situation, not_found_doubt
 from reconciler.evidence import weigh
-from reconciler.staff import Role, Staff, require_acting
+from reconciler.staff import OVERRIDING, Staff, require_acting
 
 MIN_JUSTIFICATION = 10
 MAX_JUSTIFICATION = 2000
@@ -76,8 +76,10 @@ class Resolution:
                 f"({MIN_JUSTIFICATION} to {MAX_JUSTIFICATION} characters)",
                 code="justification_required",
             )
-        if override and staff.role is not Role.SUPERVISOR:
-            raise Forbidden("only a supervisor may override the evidence rule", code="forbidden")
+        if override and staff.role not in OVERRIDING:
+            raise Forbidden(
+                "only a supervisor or an admin may override the evidence rule", code="forbidden"
+            )
         return cls(staff, item_id, to, version, reference, justification, override)
 
 

@@ -1,9 +1,11 @@
 """Who works the review queue, what each role may do, and the way out of each review reason.
 
-A member of staff is an id and a role: a ``viewer`` may list and show; ``support`` and
-``supervisor`` may also requery and resolve; only a supervisor may override the evidence rule
-(``reconciler.resolve``). ``REASONS`` is every reason an operation is put in review, and how
-staff resolve it. Pure: the queue that uses these is ``reconciler.review``.
+A member of staff is an id, a role and, optionally, the tenants they may see: a ``viewer`` may
+list and show; ``support``, ``supervisor`` and ``admin`` may also requery and resolve; only a
+supervisor or an admin may override the evidence rule (``reconciler.resolve``). A member limited
+to some tenants sees nothing of the others (``Staff.sees``). ``REASONS`` is every reason an
+operation is put in review, and how staff resolve it. Pure: the queue that uses these is
+``reconciler.review``.
 """
 
 from __future__ import annotations
@@ -45,16 +47,25 @@ REASONS: dict[str, str] = {
 class Role(enum.StrEnum):
     VIEWER = "viewer"  # may list and show
     SUPPORT = "support"  # may also requery and resolve
-    SUPERVISOR = "supervisor"
+    SUPERVISOR = "supervisor"  # may also override the evidence rule
+    ADMIN = "admin"  # a supervisor who also manages staff accounts (the console)
 
 
-ACTING = frozenset({Role.SUPPORT, Role.SUPERVISOR})
+ACTING = frozenset({Role.SUPPORT, Role.SUPERVISOR, Role.ADMIN})
+#: roles that may override the evidence rule with a written justification
+OVERRIDING = frozenset({Role.SUPERVISOR, Role.ADMIN})
 
 
 @dataclass(frozen=True)
 class Staff:
     id: str
     role: Role
+    #: the tenants this member may see; None: every tenant
+    tenants: frozenset[str] | None = None
+
+    def sees(self, tenant: str) -> bool:
+        """Whether this member may see anything of ``tenant``."""
+        return self.tenants is None or tenant in self.tenants
 
     @classmethod
     def parse(cls, staff_id: object, role: object) -> Staff:

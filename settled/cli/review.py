@@ -19,7 +19,7 @@ staff_options = [
         "--role",
         envvar="SETTLED_STAFF_ROLE",
         required=True,
-        type=click.Choice(["viewer", "support", "supervisor"]),
+        type=click.Choice(["viewer", "support", "supervisor", "admin"]),
     ),
     click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
 ]
