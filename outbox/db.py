@@ -6,10 +6,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Float, bindparam, create_engine, event
+from sqlalchemy import Engine, Float, Select, bindparam, create_engine, event
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.expression import BindParameter, FunctionElement
+from sqlalchemy.sql.expression import BindParameter, ColumnElement, FunctionElement
+from sqlalchemy.sql.visitors import InternalTraversal
+from sqlalchemy.types import NullType
 
 from outbox.errors import SettledError
 from outbox.models import UTCDateTime
@@ -71,6 +73,62 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     offset = compiler.process(element.clauses, **kw)
     return f"strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', {offset}))"
+
+
+class db_statement_now(db_now):
+    """The database's clock when the statement started, plus ``offset`` seconds: for the
+    comparisons of a WHERE clause (due, lease expired).
+
+    ``db_now`` reads the clock at each call (PostgreSQL's ``clock_timestamp()``, volatile), so
+    the planner cannot use it against an index: a claim's ``next_attempt_at <= db_now()`` sorts
+    every due row to find the oldest few. ``statement_timestamp()`` is stable, so the same
+    comparison is an index condition. It is at most the statement's own duration earlier than
+    ``db_now()``: an operation due or a lease expiring within that instant is taken by the next
+    claim instead, never early. SQLite's ``'now'`` is already the statement's time.
+    """
+
+    inherit_cache = True
+
+
+class in_once(ColumnElement[Any]):
+    """``column IN (candidates)``, with the sub-select run exactly once.
+
+    For a claim (``UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)``).
+    PostgreSQL may plan a plain ``IN`` as a nested-loop semi-join that runs the sub-select, its
+    LIMIT and its row locks, again for every row of the outer scan, and then updates far more
+    than ``n`` rows (seen: LIMIT 8 claimed all 300 due rows once the table had statistics).
+    There it is ``column = ANY(ARRAY(...))``: the array is an init-plan, run once, and the
+    UPDATE finds its rows by primary key. SQLite runs an uncorrelated ``IN`` once.
+    """
+
+    type = NullType()  # a condition, but not a boolean column: no "= 1" on SQLite
+    inherit_cache = True
+    _traverse_internals = [  # noqa: RUF012 (SQLAlchemy declares it an instance attribute)
+        ("column", InternalTraversal.dp_clauseelement),
+        ("candidates", InternalTraversal.dp_clauseelement),
+    ]
+
+    def __init__(self, column: ColumnElement[Any], candidates: Select[Any]) -> None:
+        self.column = column
+        self.candidates = candidates.scalar_subquery()
+
+
+@compiles(in_once)
+def _in_once(element: in_once, compiler: SQLCompiler, **kw: Any) -> str:
+    column = compiler.process(element.column, **kw)
+    return f"{column} IN {compiler.process(element.candidates, **kw)}"
+
+
+@compiles(in_once, "postgresql")
+def _pg_in_once(element: in_once, compiler: SQLCompiler, **kw: Any) -> str:
+    column = compiler.process(element.column, **kw)
+    return f"{column} = ANY(ARRAY{compiler.process(element.candidates, **kw)})"
+
+
+@compiles(db_statement_now, "postgresql")
+def _pg_statement_now(element: db_statement_now, compiler: SQLCompiler, **kw: Any) -> str:
+    offset = compiler.process(element.clauses, **kw)
+    return f"(statement_timestamp() + make_interval(secs => {offset}))"
 
 
 def alembic_config(url: str) -> Any:

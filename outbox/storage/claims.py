@@ -10,7 +10,7 @@ and SQLAlchemy leaves it out there).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Float, Table, and_, bindparam, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from outbox.db import db_now
+from outbox.db import db_now, db_statement_now, in_once
 from outbox.models import Operation
 from outbox.states import State
 from outbox.storage.connection import Bind, connection_of
@@ -68,19 +68,33 @@ _COLUMNS = [
     ops.c.lease_until,
 ]
 
-_LEASE_FREE = or_(ops.c.lease_until.is_(None), ops.c.lease_until < db_now())
-_DUE = and_(ops.c.state == State.PLANNED.value, ops.c.next_attempt_at <= db_now())
-_ABANDONED = and_(ops.c.state == State.SUBMITTED.value, ops.c.lease_until < db_now())
+Clock = Callable[[], Any]
 
 
-def _claim_statement(where: Any, order: Any) -> Any:
+def _lease_free(now: Clock) -> Any:
+    return or_(ops.c.lease_until.is_(None), ops.c.lease_until < now())
+
+
+def _due(now: Clock) -> Any:
+    return and_(ops.c.state == State.PLANNED.value, ops.c.next_attempt_at <= now())
+
+
+def _abandoned(now: Clock) -> Any:
+    return and_(ops.c.state == State.SUBMITTED.value, ops.c.lease_until < now())
+
+
+def _claim_statement(where: Callable[[Clock], Any], order: Any) -> Any:
     """The claim UPDATE of the operations matching ``where``, oldest by ``order`` first.
 
     Parameters: ``worker``, ``lease_seconds``, ``limit`` (and whatever ``where`` names).
+    The candidates are found with ``where`` at the statement's time, which their indexes can
+    use (``db_statement_now``); the UPDATE repeats it on each row at the database's clock
+    (``db_now``: a little later, so it holds for every candidate), which no index can use, so
+    the UPDATE finds its rows by primary key instead of scanning every due row again.
     """
     candidates = (
         select(ops.c.id)
-        .where(where)
+        .where(where(db_statement_now))
         .order_by(order)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
@@ -88,8 +102,8 @@ def _claim_statement(where: Any, order: Any) -> Any:
     return (
         update(ops)
         # The WHERE clause is repeated on the row itself: this, not the sub-select, is what
-        # makes the claim exclusive.
-        .where(ops.c.id.in_(candidates.scalar_subquery()), where)
+        # makes the claim exclusive. ``in_once``: the sub-select (its LIMIT) runs once.
+        .where(in_once(ops.c.id, candidates), where(db_now))
         .values(
             lease_owner=bindparam("worker"),
             lease_until=db_now(bindparam("lease_seconds", type_=Float())),
@@ -101,20 +115,24 @@ def _claim_statement(where: Any, order: Any) -> Any:
 
 #: Hinted operations (``ids``): planned and due, or submitted with an expired lease.
 CLAIM_HINTED = _claim_statement(
-    and_(
+    lambda now: and_(
         ops.c.id.in_(bindparam("ids", expanding=True)),
-        or_(_DUE, ops.c.state == State.SUBMITTED.value),
-        _LEASE_FREE,
+        or_(_due(now), ops.c.state == State.SUBMITTED.value),
+        _lease_free(now),
     ),
     ops.c.id,
 )
 #: Any planned and due operations.
-CLAIM_DUE = _claim_statement(and_(_DUE, _LEASE_FREE), ops.c.next_attempt_at)
+CLAIM_DUE = _claim_statement(lambda now: and_(_due(now), _lease_free(now)), ops.c.next_attempt_at)
 #: Unknown operations due for a look, and submitted ones whose lease expired.
 CLAIM_UNRESOLVED = _claim_statement(
-    or_(
-        and_(ops.c.state == State.UNKNOWN.value, ops.c.next_attempt_at <= db_now(), _LEASE_FREE),
-        _ABANDONED,
+    lambda now: or_(
+        and_(
+            ops.c.state == State.UNKNOWN.value,
+            ops.c.next_attempt_at <= now(),
+            _lease_free(now),
+        ),
+        _abandoned(now),
     ),
     ops.c.next_attempt_at,
 )
@@ -129,8 +147,12 @@ RENEW_LEASES = (
     .values(lease_until=db_now(bindparam("lease_seconds", type_=Float())))
     .returning(ops.c.id)
 )
-DUE_PLANNED = select(ops.c.id).where(_DUE, _LEASE_FREE).limit(bindparam("limit"))
-DUE_ABANDONED = select(ops.c.id).where(_ABANDONED).limit(bindparam("limit"))
+DUE_PLANNED = (
+    select(ops.c.id)
+    .where(_due(db_statement_now), _lease_free(db_statement_now))
+    .limit(bindparam("limit"))
+)
+DUE_ABANDONED = select(ops.c.id).where(_abandoned(db_statement_now)).limit(bindparam("limit"))
 
 
 def _claim(

@@ -134,7 +134,7 @@ def test_viewer_may_not_resolve_or_requery(rig: Rig) -> None:
     assert rig.op(op).state == "unknown"
 
 
-@pytest.mark.parametrize(("staff", "role"), [("", "support"), ("alice", "admin"), (None, None)])
+@pytest.mark.parametrize(("staff", "role"), [("", "support"), ("alice", "root"), (None, None)])
 def test_staff_identity_and_role_are_required(staff: Any, role: Any) -> None:
     with pytest.raises(InvalidInput):
         Staff.parse(staff, role)
