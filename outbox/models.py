@@ -1,4 +1,5 @@
-"""Tables: operations, attempts, operation events (append-only), runs, review items, API keys."""
+"""Tables: operations, attempts, operation events (append-only), runs, review items, API keys,
+and the support console's staff accounts, their sessions and failed sign-ins."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ NAMING = {
 }
 
 STATES = "'planned','submitted','succeeded','rejected','unknown','cancelled'"
+STAFF_ROLES = "'viewer','support','supervisor','admin'"
 REASONS = "'business_rejected','invalid_params','permission_denied','not_executed'"
 
 
@@ -214,3 +216,47 @@ class ApiKey(Base):
     secret_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
     revoked_at: Mapped[datetime | None]
+
+
+class StaffAccount(Base):
+    """A member of staff who signs in to the console; only an argon2id hash of the password."""
+
+    __tablename__ = "staff_accounts"
+    __table_args__ = (CheckConstraint(f"role IN ({STAFF_ROLES})", name="role"),)
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    #: the staff id (``reconciler.staff.STAFF_ID``), as the audit trail names them
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    #: the tenants this member may see; NULL: every tenant
+    tenants: Mapped[list[str] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+    disabled_at: Mapped[datetime | None]
+
+
+class StaffSession(Base):
+    """A console sign-in; only a SHA-256 hash of its token (the cookie) is stored."""
+
+    __tablename__ = "staff_sessions"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("staff_accounts.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+    #: the absolute end (created_at plus the longest a session may last)
+    expires_at: Mapped[datetime]
+    #: signed out, or the account disabled or its password changed
+    ended_at: Mapped[datetime | None]
+
+
+class StaffLoginFailure(Base):
+    """One failed sign-in, counted against a name and an address (each kept only as a hash)."""
+
+    __tablename__ = "staff_login_failures"
+    __table_args__ = (Index("ix_staff_login_failures_key_at", "key_hash", "at"),)
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime]

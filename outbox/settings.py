@@ -142,6 +142,19 @@ class Settings(BaseSettings):
     #: (``ContractSettings``); kinds not named keep their declared contract.
     downstream_contracts: dict[str, ContractSettings] = Field(default_factory=dict)
 
+    #: The support console's sign-in (``settled.console.auth``, ``reconciler.signin``): a
+    #: session ends after this long without a request, and this long after sign-in whatever.
+    console_session_idle_minutes: float = Field(default=30.0, gt=0)
+    console_session_max_hours: float = Field(default=12.0, gt=0)
+    #: Mark the session cookie ``Secure`` even on a request that arrived as plain http (a TLS
+    #: proxy in front that uvicorn is not told to trust with ``--proxy-headers``).
+    console_secure_cookies: bool = False
+    #: Sign-in throttling: after this many failures for one name, or from one client address,
+    #: within the window, further attempts are refused until the oldest of them leaves it.
+    console_login_max_failures: int = Field(default=5, ge=1, le=1000)
+    console_login_max_failures_per_address: int = Field(default=20, ge=1, le=10000)
+    console_login_window_minutes: float = Field(default=15.0, gt=0)
+
     @field_validator("fingerprint_keys")
     @classmethod
     def _long_enough_keys(cls, keys: dict[str, SecretStr]) -> dict[str, SecretStr]:

@@ -16,6 +16,7 @@ module             what it holds
 ``events``         reads of the audit trail (event rows)
 ``metrics``        what a metrics scrape reads (live gauges, event counters by id range)
 ``apikeys``        the status API's keys: adding one, the live key of an id, revoking
+``staff_accounts`` the console's staff accounts, sessions and failed sign-ins (hashes only)
 ``traces``         an operation's trace context (``operations.trace_context``)
 ``schema``         the migrations (Alembic revisions) a database is at
 ``connection``     where a statement runs, the health check's ping, running a step again

@@ -5,6 +5,7 @@
     db           db upgrade
     review       review list, show, requery, resolve (support staff)
     apikey       apikey create, revoke
+    staff        staff create, disable, password, list (the console's accounts)
     reconcile    reconcile [--once]
     simulator    simulator
     demo         demo
@@ -26,6 +27,7 @@ from settled.cli.processes import beat, run_stack, web, worker
 from settled.cli.reconcile import reconcile
 from settled.cli.review import review
 from settled.cli.simulator import simulator
+from settled.cli.staff import staff
 
 __all__ = ["main"]
 
@@ -49,6 +51,7 @@ main.add_command(run_stack)
 main.add_command(db)
 main.add_command(review)
 main.add_command(apikey)
+main.add_command(staff)
 main.add_command(reconcile)
 main.add_command(simulator)
 main.add_command(demo)
