@@ -140,24 +140,34 @@ def review_queue(
     tenant: str | None = None,
     reason: str | None = None,
     kind: str | None = None,
-    older_than: Annotated[int | None, Query(ge=0, le=10**6)] = None,
+    older_than: Annotated[str | None, Query(max_length=9)] = None,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> Response:
-    """Open review items, oldest first, filtered and paged."""
+    """Open review items, oldest first, filtered and paged (an empty filter is none)."""
+    minutes = _minutes(older_than)
     filters = {"tenant": _blank(tenant), "reason": _blank(reason), "kind": _blank(kind)}
     page = _services(request).review.page(
         user.staff,
         tenant=filters["tenant"],
         reason=filters["reason"],
         kind=filters["kind"],
-        older_than=timedelta(minutes=older_than) if older_than else None,
+        older_than=timedelta(minutes=minutes) if minutes else None,
         offset=offset,
         limit=PAGE_SIZE,
     )
     return render(
-        request, user, "review.html", page=page, filters=filters, older_than=older_than,
+        request, user, "review.html", page=page, filters=filters, older_than=minutes,
         reasons=sorted(REASONS), page_size=PAGE_SIZE,
     )  # fmt: skip
+
+
+def _minutes(value: str | None) -> int | None:
+    """The "older than" filter in whole minutes; None when empty."""
+    if value is None or not value.strip():
+        return None
+    if not value.strip().isdigit():
+        raise InvalidInput("older than: a whole number of minutes", code="invalid_age")
+    return int(value)
 
 
 def _item_page(
