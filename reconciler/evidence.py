@@ -130,3 +130,36 @@ def _contradiction(lookup: LookupOutcome, to: State) -> ReviewConflict:
         code="contradicts_downstream",
         lookup=lookup_name(lookup),
     )
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way a resolution may be offered to staff: the outcome, and whether it is only
+    possible as a supervisor's override (their statement, with a justification)."""
+
+    outcome: str  # "succeeded" or "rejected"
+    override: bool = False
+
+
+def allowed_choices(
+    lookup: str | None, record_status: str | None = None, *, may_override: bool
+) -> tuple[Choice, ...]:
+    """The resolutions the downstream's last answer allows, as ``weigh`` would judge them.
+
+    ``lookup`` is the last lookup's name (``lookup_name``: "none" where the downstream has no
+    lookup API, None where none was asked yet), ``record_status`` the status of the record it
+    found. The resolve still weighs a fresh lookup: this only keeps the page from offering
+    what would be refused. A "not found" offers "rejected" (refused if it is not yet quiet)
+    and, to a supervisor, either outcome as an override.
+    """
+    plain = (Choice("succeeded"), Choice("rejected"))
+    overrides = (Choice("succeeded", True), Choice("rejected", True)) if may_override else ()
+    if lookup == "none":
+        return plain  # no lookup API: the staff's evidence is all there is
+    if lookup in ("found", "mismatch") and record_status is not None:
+        return (Choice("succeeded"),) if record_status == "succeeded" else (Choice("rejected"),)
+    if lookup == "mismatch":
+        return (*plain, *overrides)  # as its record says, if it can be stored
+    if lookup == "not_found":
+        return (Choice("rejected"), *overrides)
+    return overrides  # unavailable, or not asked yet

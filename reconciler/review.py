@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -19,15 +19,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import DbClock
 from outbox.downstream import Found, Gateway, LookupOutcome, lookup_name, settlement
-from outbox.errors import NotFound, ReviewConflict, SettledError
+from outbox.errors import InvalidInput, NotFound, ReviewConflict, SettledError
 from outbox.kinds import KindRegistry
 from outbox.models import Operation, ReviewItem
 from outbox.states import Event, State
 from outbox.storage import Storage, storage_for
-from outbox.storage.attempts import attempts_of, operation_facts
-from outbox.storage.events import events_of
+from outbox.storage.attempts import operation_facts
 from outbox.storage.operations import db_time, operation
-from outbox.storage.reviews import list_review_items, note_staff_action, review_item, settle_unknown
+from outbox.storage.reviews import note_staff_action, review_item, settle_unknown
+from outbox.storage.search import review_page
+from reconciler.evidence import allowed_choices
+from reconciler.operation_view import operation_view
 from reconciler.resolve import (
     Resolution,
     already_resolved,
@@ -36,10 +38,22 @@ from reconciler.resolve import (
     record_of,
     write_resolution,
 )
-from reconciler.staff import Staff, require_acting
+from reconciler.staff import ACTING, OVERRIDING, Staff, require_acting
 
 audit = logging.getLogger("settled.audit")
 log = logging.getLogger(__name__)
+
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list, and how many items match in all."""
+
+    items: list[dict[str, Any]]
+    total: int
+    offset: int
+    limit: int
 
 
 @dataclass
@@ -64,67 +78,57 @@ class ReviewQueue:
         include_resolved: bool = False,
         limit: int = 100,
     ) -> list[dict[str, Any]]:
-        """Review items, oldest first."""
+        """Review items, oldest first (the first ``limit`` of ``page``)."""
+        return self.page(
+            staff, tenant=tenant, reason=reason, older_than=older_than,
+            include_resolved=include_resolved, limit=limit,
+        ).items  # fmt: skip
+
+    def page(
+        self,
+        staff: Staff,
+        *,
+        tenant: str | None = None,
+        reason: str | None = None,
+        kind: str | None = None,
+        older_than: timedelta | None = None,
+        include_resolved: bool = False,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> Page:
+        """One page of review items, oldest first, and how many match: only those of the
+        tenants ``staff`` may see; each filter given narrows the list."""
         audit.info("review list", extra={"staff": staff.id, "role": staff.role.value})
+        if offset < 0 or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput(f"a page is 1 to {MAX_PAGE} items from offset 0", code="bad_page")
         with self.sessions() as session:
             cutoff = db_time(session) - older_than if older_than is not None else None
-            items = list_review_items(
-                session,
-                tenant=tenant,
-                reason=reason,
-                created_before=cutoff,
-                include_resolved=include_resolved,
+            rows, total = review_page(
+                session, tenants=staff.tenants, tenant=tenant, reason=reason, kind=kind,
+                created_before=cutoff, include_resolved=include_resolved, offset=offset,
                 limit=limit,
-            )
-            return [
-                {**_item(item), "op_id": op_id, "kind": kind, "state": state}
-                for item, op_id, kind, state in items
+            )  # fmt: skip
+            items = [
+                {**_item(item), "op_id": op_id, "kind": kind, "state": state, **_amount(params)}
+                for item, op_id, kind, state, params in rows
             ]
+            return Page(items, total, offset, limit)
 
     def show(self, staff: Staff, item_id: int) -> dict[str, Any]:
-        """The item, its operation, the attempt timeline, lookups and events."""
+        """The item, its operation, the attempt timeline, lookups, events and run, and the
+        resolutions the last lookup allows this member of staff."""
         audit.info("review show", extra={"staff": staff.id, "item": item_id})
         with self.sessions() as session:
-            item, op = self._load(session, item_id)
-            attempts = attempts_of(session, op.id)
-            events = events_of(session, op.id)
+            item, op = self._load(session, staff, item_id)
+            shown = operation_view(session, op)
+            kind = self.registry.get(op.kind)
+            last = "none" if not kind.contract.queryable else shown["last_lookup"]
+            choices = allowed_choices(last, may_override=staff.role in OVERRIDING)
+            acting = staff.role in ACTING and item.resolved_at is None
             return {
                 "item": _item(item),
-                "operation": {
-                    "tenant": op.tenant,
-                    "op_id": op.op_id,
-                    "kind": op.kind,
-                    "params": op.params,
-                    "state": op.state,
-                    "reason": op.reason,
-                    "attempts": op.attempts,
-                    "max_attempts": op.max_attempts,
-                    "lookups": op.lookups,
-                    "deadline": op.deadline.isoformat(),
-                    "unknown_since": op.unknown_since.isoformat() if op.unknown_since else None,
-                    "downstream_ref": op.downstream_ref,
-                },
-                "attempts": [
-                    {
-                        "number": a.number,
-                        "started_at": a.started_at.isoformat(),
-                        "proof": a.proof,
-                        "status_code": a.status_code,
-                        "detail": a.detail,
-                    }
-                    for a in attempts
-                ],
-                "events": [
-                    {
-                        "at": e.at.isoformat(),
-                        "from": e.from_state,
-                        "to": e.to_state,
-                        "actor": e.actor,
-                        "reason": e.reason,
-                        "evidence": e.evidence,
-                    }
-                    for e in events
-                ],
+                **shown,
+                "choices": [asdict(c) for c in choices] if acting else [],
             }
 
     def requery(self, staff: Staff, item_id: int) -> dict[str, Any]:
@@ -138,7 +142,7 @@ class ReviewQueue:
     def _requery(self, staff: Staff, item_id: int) -> dict[str, Any]:
         require_acting(staff)
         with self.sessions() as session:
-            _, op = self._load(session, item_id, open_only=True)
+            _, op = self._load(session, staff, item_id, open_only=True)
             snapshot = _snapshot(op)
             clock = self._clock(session)
         lookup = self._lookup(snapshot, clock)
@@ -200,7 +204,7 @@ class ReviewQueue:
     def _resolve(self, resolution: Resolution) -> dict[str, Any]:
         item_id = resolution.item_id
         with self.sessions() as session:
-            item, op = self._load(session, item_id)
+            item, op = self._load(session, resolution.staff, item_id)
             check_current(item, resolution.version)
             snapshot = _snapshot(op)
             facts = operation_facts(session, op.id)
@@ -229,8 +233,8 @@ class ReviewQueue:
         try:
             with self.sessions.begin() as session:
                 item = review_item(session, item_id)
-                if item is None:
-                    return  # no such item: nothing to attach the attempt to
+                if item is None or not staff.sees(item.tenant):
+                    return  # no such item (for this member): nothing to attach it to
                 note_staff_action(
                     self.storage,
                     session,
@@ -247,10 +251,12 @@ class ReviewQueue:
         return DbClock(db_time(session), mono)
 
     def _load(
-        self, session: Session, item_id: int, *, open_only: bool = False
+        self, session: Session, staff: Staff, item_id: int, *, open_only: bool = False
     ) -> tuple[ReviewItem, Operation]:
+        """The item and its operation; NotFound also for an item of a tenant ``staff`` may
+        not see (the same answer as a missing one: no oracle)."""
         item = review_item(session, item_id)
-        if item is None:
+        if item is None or not staff.sees(item.tenant):
             raise NotFound("no such review item", code="review_item_not_found")
         if open_only and item.resolved_at is not None:
             raise already_resolved(item)
@@ -270,6 +276,11 @@ class ReviewQueue:
             deadline=clock.after(self.lookup_timeout),
         )
         return result
+
+
+def _amount(params: dict[str, Any]) -> dict[str, Any]:
+    """The amount of an operation's params, where its kind has one."""
+    return {"amount_minor": params.get("amount_minor"), "currency": params.get("currency")}
 
 
 def _snapshot(op: Operation) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The status API (``settled web``): run reports by handle, cancel, one operation.
+"""The status API (``settled web``): run reports by handle, cancel, one operation; and the
+support console under ``/console`` (``settled.console``).
 
 Every request needs a tenant's API key (``Authorization: Bearer stk_...``): none or a bad one
 answers 401. A handle or op_id of another tenant answers 404 with exactly the body of one that
@@ -14,12 +15,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from sqlalchemy import Engine
@@ -30,9 +33,12 @@ from outbox import logs, runs
 from outbox.apikeys import Principal, authenticate
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
+from outbox.kinds import default_registry
 from outbox.settings import Settings
 from outbox.storage.connection import ping
+from reconciler.review import ReviewQueue
 from settled import metrics
+from settled.console import auth, pages
 
 access_log = logging.getLogger("settled.access")
 
@@ -190,6 +196,17 @@ ERROR_HANDLERS: dict[type[Exception], Callable[..., JSONResponse]] = {
 }
 
 
+def _answer(json_answer: Callable[..., JSONResponse]) -> Callable[..., Response]:
+    """``json_answer`` for the API; a page for the console's refused requests."""
+
+    def answer(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/console/") and isinstance(exc, SettledError):
+            return pages.error_page(request, exc)
+        return json_answer(request, exc)
+
+    return answer
+
+
 # -- the access log ---------------------------------------------------------------------------
 
 
@@ -218,9 +235,13 @@ async def log_access(request: Request, call_next: Any) -> Any:
 # -- the app ----------------------------------------------------------------------------------
 
 
-def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
-    """The status API over ``source``: settings (an engine is made here and disposed on
-    shutdown), a sessionmaker, or anything with a ``sessions`` attribute (a Runtime)."""
+def create_web_app(
+    source: Settings | sessionmaker[Session] | Any, *, review: ReviewQueue | None = None
+) -> FastAPI:
+    """The status API and the support console over ``source``: settings (an engine is made
+    here and disposed on shutdown), a sessionmaker, or anything with ``sessions`` and
+    ``review`` attributes (a Runtime). The console's review queue is ``review``, else the
+    Runtime's, else one built on first use from the settings (``review_queue``)."""
     sessions, owned = _sessions_of(source)
 
     @asynccontextmanager
@@ -239,10 +260,44 @@ def create_web_app(source: Settings | sessionmaker[Session] | Any) -> FastAPI:
     app.state.metrics_registry = metrics.registry(sessions)
     app.middleware("http")(log_access)
     for error, handler in ERROR_HANDLERS.items():
-        app.exception_handler(error)(handler)
+        app.exception_handler(error)(_answer(handler))
     app.include_router(status_api)
     app.include_router(operator_routes)
+    _mount_console(app, source, sessions, review)
     return app
+
+
+def _mount_console(
+    app: FastAPI,
+    source: Settings | sessionmaker[Session] | Any,
+    sessions: sessionmaker[Session],
+    review: ReviewQueue | None,
+) -> None:
+    """The console's pages, its sign-in and its static files, under ``/console``."""
+    if review is None:
+        review = getattr(source, "review", None)
+    settings = source if isinstance(source, Settings) else None
+
+    def make_review() -> ReviewQueue:
+        return review if review is not None else review_queue(sessions, settings or Settings())
+
+    app.state.console = pages.ConsoleServices(sessions, make_review)
+    app.include_router(auth.router)
+    app.include_router(pages.router)
+    static = Path(pages.__file__).parent / "static"
+    app.mount("/console/static", StaticFiles(directory=static), name="console-static")
+
+
+def review_queue(sessions: sessionmaker[Session], settings: Settings) -> ReviewQueue:
+    """A review queue over ``sessions`` with a gateway to the downstream, built the way
+    ``settled.runtime.build_runtime`` builds one."""
+    from workers.http_client import HttpGateway
+
+    registry = settings.apply_contracts(default_registry())
+    gateway = HttpGateway(
+        settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
+    )
+    return ReviewQueue(sessions, gateway, registry, lookup_timeout=settings.downstream_timeout)
 
 
 def _sessions_of(

@@ -1,0 +1,129 @@
+"""What the support console searches: a page of review items, and operations by the keys
+a customer or a colleague quotes (order id, idempotency key, run handle).
+
+Every read takes the tenants the member of staff may see (None: all), so a limited member's
+lists never hold another tenant's rows: the rule is applied in the query, not after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy.orm import Session
+
+from outbox.models import Operation, ReviewItem, Run
+
+#: Review items with their operation's op_id, kind, state and params, oldest first.
+REVIEW_PAGE = (
+    select(ReviewItem, Operation.op_id, Operation.kind, Operation.state, Operation.params)
+    .join(Operation, Operation.id == ReviewItem.operation_id)
+    .order_by(ReviewItem.created_at, ReviewItem.id)
+    .offset(bindparam("offset"))
+    .limit(bindparam("limit"))
+)
+REVIEW_COUNT = (
+    select(func.count())
+    .select_from(ReviewItem)
+    .join(Operation, Operation.id == ReviewItem.operation_id)
+)
+MAX_FOUND = 50
+#: Operations by the order id in their params (the refund and ticket kinds have one).
+BY_ORDER_ID = (
+    select(Operation)
+    .where(Operation.params["order_id"].as_string() == bindparam("order_id"))
+    .order_by(Operation.id)
+    .limit(MAX_FOUND)
+)
+BY_IDEMPOTENCY_KEY = (
+    select(Operation)
+    .where(Operation.idempotency_key == bindparam("key"))
+    .order_by(Operation.id)
+    .limit(MAX_FOUND)
+)
+_RUN_IDS = select(Run.id).where(Run.handle == bindparam("handle")).scalar_subquery()
+BY_RUN_HANDLE = (
+    select(Operation).where(Operation.run_id.in_(_RUN_IDS)).order_by(Operation.id).limit(MAX_FOUND)
+)
+BY_OP_ID = (
+    select(Operation)
+    .where(Operation.tenant == bindparam("tenant"), Operation.op_id == bindparam("op_id"))
+    .limit(1)
+)
+
+
+def _review_filters(
+    stmt: Select[Any],
+    params: dict[str, Any],
+    *,
+    tenants: Collection[str] | None,
+    tenant: str | None,
+    reason: str | None,
+    kind: str | None,
+    created_before: datetime | None,
+    include_resolved: bool,
+) -> Select[Any]:
+    if not include_resolved:
+        stmt = stmt.where(ReviewItem.resolved_at.is_(None))
+    if tenants is not None:
+        stmt = stmt.where(ReviewItem.tenant.in_(bindparam("tenants", expanding=True)))
+        params["tenants"] = sorted(tenants)
+    narrowing = {"tenant": (ReviewItem.tenant, tenant), "reason": (ReviewItem.reason, reason),
+                 "kind": (Operation.kind, kind)}  # fmt: skip
+    for name, (column, value) in narrowing.items():
+        if value is not None:
+            stmt = stmt.where(column == bindparam(name))
+            params[name] = value
+    if created_before is not None:
+        stmt = stmt.where(ReviewItem.created_at <= bindparam("created_before"))
+        params["created_before"] = created_before
+    return stmt
+
+
+def review_page(
+    session: Session,
+    *,
+    tenants: Collection[str] | None,
+    tenant: str | None = None,
+    reason: str | None = None,
+    kind: str | None = None,
+    created_before: datetime | None = None,
+    include_resolved: bool = False,
+    offset: int = 0,
+    limit: int = 50,
+) -> tuple[list[tuple[ReviewItem, str, str, str, dict[str, Any]]], int]:
+    """One page of review items (open ones unless ``include_resolved``), oldest first, with
+    their operation's op_id, kind, state and params; and how many match in all."""
+    filters: dict[str, Any] = {"tenants": tenants, "tenant": tenant, "reason": reason, "kind": kind,
+               "created_before": created_before, "include_resolved": include_resolved}  # fmt: skip
+    params: dict[str, Any] = {"offset": offset, "limit": limit}
+    rows = session.execute(_review_filters(REVIEW_PAGE, params, **filters), params)
+    counted: dict[str, Any] = {}
+    total = session.scalar(_review_filters(REVIEW_COUNT, counted, **filters), counted) or 0
+    return [(row[0], row[1], row[2], row[3], row[4]) for row in rows], total
+
+
+def operations_by(
+    session: Session,
+    key: str,
+    value: str,
+    *,
+    tenants: Collection[str] | None,
+    tenant: str | None = None,
+) -> list[Operation]:
+    """Operations of ``tenants`` (None: all) whose ``key`` (``op_id`` with ``tenant``,
+    ``order_id``, ``idempotency_key`` or ``run``) is ``value``, oldest first, at most
+    ``MAX_FOUND``."""
+    choices: dict[str, tuple[Select[Any], dict[str, Any]]] = {
+        "op_id": (BY_OP_ID, {"tenant": tenant, "op_id": value}),
+        "order_id": (BY_ORDER_ID, {"order_id": value}),
+        "idempotency_key": (BY_IDEMPOTENCY_KEY, {"key": value}),
+        "run": (BY_RUN_HANDLE, {"handle": value}),
+    }
+    stmt, params = choices[key]
+    if tenants is not None:
+        stmt = stmt.where(Operation.tenant.in_(bindparam("tenants", expanding=True)))
+        params = {**params, "tenants": sorted(tenants)}
+    return list(session.scalars(stmt, params))

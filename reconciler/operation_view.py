@@ -1,0 +1,120 @@
+"""One operation as staff read it: the row, every attempt, every lookup with its answer, the
+events, the run it belongs to, and its line in the run report's words (done / not done /
+uncertain, en and zh). Read-only; shared by the review item and the operation page, so
+the console and the CLI show the same facts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from outbox import runs
+from outbox.models import Operation, OperationEvent
+from outbox.report import render_line
+from outbox.report_lines import Compensation, CompensationNote, Group, Line
+from outbox.report_text import LANGS, check_lang
+from outbox.states import State
+from outbox.storage.attempts import attempts_of
+from outbox.storage.events import events_of
+from outbox.storage.runs import run
+
+
+def operation_view(session: Session, op: Operation) -> dict[str, Any]:
+    """The operation, its attempts, lookups, events and run (JSON-safe)."""
+    events = events_of(session, op.id)
+    lookups = [_lookup(e) for e in events if _lookup_name(e) is not None]
+    owner = run(session, op.run_id) if op.run_id is not None else None
+    return {
+        "operation": _operation(op),
+        "attempts": [
+            {
+                "number": a.number,
+                "started_at": a.started_at.isoformat(),
+                "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+                "proof": a.proof,
+                "status_code": a.status_code,
+                "detail": a.detail,
+            }
+            for a in attempts_of(session, op.id)
+        ],
+        "lookups": lookups,
+        "last_lookup": lookups[-1]["answer"] if lookups else None,
+        "events": [
+            {
+                "at": e.at.isoformat(),
+                "from": e.from_state,
+                "to": e.to_state,
+                "actor": e.actor,
+                "reason": e.reason,
+                "evidence": e.evidence,
+            }
+            for e in events
+        ],
+        "run": None if owner is None else {"handle": owner.handle, "title": owner.title},
+    }
+
+
+def report_words(session: Session, op: Operation) -> dict[str, Any]:
+    """The operation's line of the run report: its group and its sentence in each language."""
+    status = runs.operation_status(session, op.tenant, op.op_id)
+    line = _line(status)  # its message key already says whether the run was stopped
+    return {
+        "group": line.group.value,
+        "text": {lang: render_line(line, False, check_lang(lang)) for lang in LANGS},
+    }
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    return {
+        "tenant": op.tenant,
+        "op_id": op.op_id,
+        "kind": op.kind,
+        "params": op.params,
+        "state": op.state,
+        "reason": op.reason,
+        "attempts": op.attempts,
+        "max_attempts": op.max_attempts,
+        "lookups": op.lookups,
+        "deadline": op.deadline.isoformat(),
+        "unknown_since": op.unknown_since.isoformat() if op.unknown_since else None,
+        "downstream_ref": op.downstream_ref,
+        "idempotency_key": op.idempotency_key,
+        "created_at": op.created_at.isoformat(),
+    }
+
+
+def _lookup_name(event: OperationEvent) -> str | None:
+    """The lookup an event records the answer of (None: it records none)."""
+    if event.reason == "lookup_mismatch":
+        return "mismatch"
+    answer = (event.evidence or {}).get("lookup")
+    return answer if isinstance(answer, str) else None
+
+
+def _lookup(event: OperationEvent) -> dict[str, Any]:
+    evidence = event.evidence or {}
+    return {
+        "at": event.at.isoformat(),
+        "by": event.actor,
+        "answer": _lookup_name(event),
+        "detail": evidence.get("detail") or evidence.get("code"),
+    }
+
+
+def _line(status: dict[str, Any]) -> Line:
+    """The report line ``runs.operation_status`` describes, to render in any language."""
+    note = status.get("compensation")
+    return Line(
+        op_id=status["op_id"],
+        kind=status["kind"],
+        state=State(status["state"]),
+        group=Group(status["group"]),
+        message=status["message"],
+        evidence=status["evidence"],
+        compensates=status.get("compensates"),
+        compensation=None
+        if note is None
+        else CompensationNote(note["op_id"], Compensation(note["status"]), note["reference"]),
+    )

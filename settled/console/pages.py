@@ -1,0 +1,270 @@
+"""The console's pages: the review queue, an item (requery, resolve), find, one operation,
+the overview. Server-rendered with Jinja2 (autoescaped); every page needs a signed-in member
+of staff (``auth.current_user``) and every form POST its CSRF token (``auth.require_csrf``).
+
+The rules live in the services (``reconciler.review``, ``reconciler.find``,
+``reconciler.overview``), the same ones the CLI uses: a page only shows what they return and
+the choices they allow, and a refused action is the service's refusal. A lost race or a
+contradiction is a message on the item's page; a viewer's action is a 403 page; another
+tenant's item or operation is a 404 page, like a missing one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, FileSystemLoader
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, SettledError
+from reconciler.find import KEYS, Finder
+from reconciler.overview import Overview
+from reconciler.review import ReviewQueue
+from reconciler.staff import ACTING, REASONS
+from settled.console import formats
+from settled.console.auth import ConsoleUser, current_user, require_csrf
+from settled.console.chart import chart
+from settled.console.text import LANGS, lang_of, translate
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 25
+
+
+@dataclass
+class ConsoleServices:
+    """What the pages use, made once per app: the review queue is built on first use (it
+    needs a gateway to the downstream)."""
+
+    sessions: sessionmaker[Session]
+    make_review: Callable[[], ReviewQueue]
+    _review: ReviewQueue | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def review(self) -> ReviewQueue:
+        with self._lock:
+            if self._review is None:
+                self._review = self.make_review()
+            return self._review
+
+    @property
+    def finder(self) -> Finder:
+        return Finder(self.sessions)
+
+    @property
+    def overview(self) -> Overview:
+        return Overview(self.sessions)
+
+
+templates = Jinja2Templates(
+    env=Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
+)
+templates.env.globals.update(amount=formats.amount, who=formats.who, langs=LANGS)
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+User = Annotated[ConsoleUser, Depends(current_user)]
+Csrf = [Depends(require_csrf)]
+
+
+def _services(request: Request) -> ConsoleServices:
+    services: ConsoleServices = request.app.state.console
+    return services
+
+
+def _lang(request: Request) -> str:
+    return lang_of(request.query_params.get("lang"), request.cookies.get("lang"))
+
+
+def render(
+    request: Request, user: ConsoleUser | None, name: str, *, status: int = 200, **context: Any
+) -> Response:
+    """Page ``name`` in the request's language; a ``lang`` query parameter is kept in a
+    cookie, so the switch in the header holds for the next pages."""
+    lang = _lang(request)
+    now = datetime.now(UTC)
+    response = templates.TemplateResponse(
+        request,
+        name,
+        {
+            "user": user,
+            "lang": lang,
+            "t": partial(translate, lang),
+            "age": lambda since: formats.age(since, now),
+            "acting": user is not None and user.staff.role in ACTING,
+            **context,
+        },
+        status_code=status,
+    )
+    if request.query_params.get("lang") in LANGS:
+        response.set_cookie("lang", lang, httponly=True, samesite="lax", path="/console")
+    return response
+
+
+def error_page(request: Request, exc: SettledError) -> Response:
+    """A refused request under /console as a page: 404 (missing, or another tenant's), 403
+    (the role may not), 422 (bad input); anything else 409."""
+    status, key = 409, "msg.refused"
+    if isinstance(exc, NotFound):
+        status, key = 404, "error.404"
+    elif isinstance(exc, Forbidden):
+        status, key = 403, "error.403"
+    elif isinstance(exc, InvalidInput):
+        status, key = 422, "error.422"
+    text = translate(_lang(request), key, message=exc.message)
+    return render(request, None, "error.html", status=status, message=text)
+
+
+@router.get("/")
+def home() -> Response:
+    """The console opens on the review queue."""
+    return RedirectResponse("/console/review", status_code=303)
+
+
+def _blank(value: str | None) -> str | None:
+    return value.strip() or None if value is not None else None
+
+
+@router.get("/review")
+def review_queue(
+    request: Request,
+    user: User,
+    tenant: str | None = None,
+    reason: str | None = None,
+    kind: str | None = None,
+    older_than: Annotated[str | None, Query(max_length=9)] = None,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> Response:
+    """Open review items, oldest first, filtered and paged (an empty filter is none)."""
+    minutes = _minutes(older_than)
+    filters = {"tenant": _blank(tenant), "reason": _blank(reason), "kind": _blank(kind)}
+    page = _services(request).review.page(
+        user.staff,
+        tenant=filters["tenant"],
+        reason=filters["reason"],
+        kind=filters["kind"],
+        older_than=timedelta(minutes=minutes) if minutes else None,
+        offset=offset,
+        limit=PAGE_SIZE,
+    )
+    return render(
+        request, user, "review.html", page=page, filters=filters, older_than=minutes,
+        reasons=sorted(REASONS), page_size=PAGE_SIZE,
+    )  # fmt: skip
+
+
+def _minutes(value: str | None) -> int | None:
+    """The "older than" filter in whole minutes; None when empty."""
+    if value is None or not value.strip():
+        return None
+    if not value.strip().isdigit():
+        raise InvalidInput("older than: a whole number of minutes", code="invalid_age")
+    return int(value)
+
+
+def _item_page(
+    request: Request, user: ConsoleUser, item_id: int, message: str | None = None
+) -> Response:
+    shown = _services(request).review.show(user.staff, item_id)
+    reason = shown["item"]["reason"]
+    return render(
+        request, user, "item.html", shown=shown, message=message, how=REASONS.get(reason, ""),
+    )  # fmt: skip
+
+
+@router.get("/review/{item_id}")
+def review_item(request: Request, user: User, item_id: int) -> Response:
+    """One item: the operation, attempts, lookups, events, run, evidence, and the actions."""
+    return _item_page(request, user, item_id)
+
+
+@router.post("/review/{item_id}/requery", dependencies=Csrf)
+def requery(request: Request, user: User, item_id: int) -> Response:
+    """Ask the downstream again now (the CLI's ``review requery``)."""
+    lang = _lang(request)
+    try:
+        result = _services(request).review.requery(user.staff, item_id)
+    except (ReviewConflict, InvalidInput) as exc:
+        return _item_page(request, user, item_id, _refusal(request, user, item_id, exc))
+    if result["lookup"] == "found":
+        message = translate(lang, "msg.requery.found", state=result["state"])
+    else:
+        message = translate(lang, "msg.requery.other", lookup=result["lookup"])
+    return _item_page(request, user, item_id, message)
+
+
+@router.post("/review/{item_id}/resolve", dependencies=Csrf)
+def resolve(
+    request: Request,
+    user: User,
+    item_id: int,
+    outcome: Annotated[str, Form(max_length=20)],
+    version: Annotated[int, Form(ge=1, le=2**31 - 1)],
+    reference: Annotated[str | None, Form(max_length=200)] = None,
+    justification: Annotated[str | None, Form(max_length=4000)] = None,
+    override: Annotated[bool, Form()] = False,
+) -> Response:
+    """Settle the item's operation as the form says; the service weighs it again."""
+    try:
+        result = _services(request).review.resolve(
+            user.staff, item_id, outcome=outcome, version=version,
+            reference=_blank(reference), justification=_blank(justification), override=override,
+        )  # fmt: skip
+    except (ReviewConflict, InvalidInput) as exc:
+        return _item_page(request, user, item_id, _refusal(request, user, item_id, exc))
+    message = translate(_lang(request), "msg.resolved", state=result["state"])
+    return _item_page(request, user, item_id, message)
+
+
+def _refusal(request: Request, user: ConsoleUser, item_id: int, exc: SettledError) -> str:
+    """What a refused action tells staff: who resolved it first and when, or why."""
+    lang = _lang(request)
+    if exc.code in ("lost_race", "already_resolved"):
+        item = _services(request).review.show(user.staff, item_id)["item"]
+        return translate(
+            lang, "msg.already_resolved", by=formats.who(item["resolved_by"]),
+            at=item["resolved_at"],
+        )  # fmt: skip
+    return translate(lang, "msg.refused", message=exc.message)
+
+
+@router.get("/find")
+def find(
+    request: Request,
+    user: User,
+    key: str = "op_id",
+    value: str | None = None,
+    tenant: str | None = None,
+) -> Response:
+    """Find operations by tenant and op id, order id, idempotency key or run handle."""
+    found = None
+    if value is not None and value.strip():
+        found = _services(request).finder.find(user.staff, key, value, tenant=_blank(tenant))
+    return render(
+        request, user, "find.html", keys=KEYS, key=key, value=value or "", tenant=tenant or "",
+        found=found,
+    )  # fmt: skip
+
+
+@router.get("/operations/{tenant}/{op_id}")
+def operation_page(request: Request, user: User, tenant: str, op_id: str) -> Response:
+    """One operation: done / not done / uncertain in the run report's words, its timeline."""
+    shown = _services(request).finder.operation(user.staff, tenant, op_id)
+    return render(request, user, "operation.html", shown=shown)
+
+
+@router.get("/overview")
+def overview(request: Request, user: User) -> Response:
+    """Counts by state, the oldest unknown, the review depth, reconcile passes, the chart."""
+    figures = _services(request).overview.read(user.staff)
+    minutes = figures["minutes"]
+    drawn = chart([m.settled for m in minutes], [m.median_seconds for m in minutes])
+    return render(request, user, "overview.html", figures=figures, chart=drawn)

@@ -1,0 +1,363 @@
+"""The support console's pages over a real PostgreSQL database and the simulator: every page
+and action by role, tenant limits, filters and pages, allowed choices, lost races, find,
+overview, Chinese, escaping and the CSRF token. Sign-in is ``settled.console.auth``'s (tested
+there); here ``current_user`` and ``require_csrf`` are overridden: a fixture signs in as a
+given member of staff, and the CSRF check compares the form's token with the fixed one, so
+the templates are proven to send it."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fastapi import HTTPException, Request
+from sqlalchemy import Engine, select
+from starlette.exceptions import StarletteDeprecationWarning
+
+from outbox import runs
+from outbox.kinds import default_registry
+from outbox.models import Operation, OperationEvent, ReviewItem
+from reconciler.review import ReviewQueue
+from reconciler.staff import Staff
+from settled.console.auth import ConsoleUser, current_user, require_csrf
+from settled.web import create_web_app
+from tests.integration.test_review import in_review
+from tests.support.rig import GOOD, Rig
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
+
+CSRF = "fixed-csrf-token-for-tests"
+ANN = Staff.parse("ann", "support")
+BOB = Staff.parse("bob", "supervisor")
+VERA = Staff.parse("vera", "viewer")
+ADA = Staff.parse("ada", "admin")
+GLOBEX_ONLY = Staff("gil", ANN.role, frozenset({"globex"}))
+
+
+@pytest.fixture
+def engine(pg: Engine) -> Engine:
+    """PostgreSQL only: the pages' SQL is the services', tested on SQLite in their modules."""
+    return pg
+
+
+@dataclass
+class Console:
+    client: TestClient
+    rig: Rig
+    staff: Staff = ANN
+
+    def as_(self, staff: Staff) -> Console:
+        self.staff = staff
+        return self
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.client.get(path, params=params or None)
+
+    def post(self, path: str, data: dict[str, Any] | None = None, *, csrf: bool = True) -> Any:
+        form = dict(data or {})
+        if csrf:
+            form["csrf_token"] = CSRF
+        return self.client.post(path, data=form)
+
+
+@pytest.fixture
+def console(rig: Rig) -> Iterator[Console]:
+    queue = ReviewQueue(rig.sessions, rig.gateway(), default_registry(), lookup_timeout=2.0)
+    app = create_web_app(rig.sessions, review=queue)
+    holder: list[Console] = []
+
+    def signed_in() -> ConsoleUser:
+        return ConsoleUser(holder[0].staff, CSRF)
+
+    async def csrf(request: Request) -> None:
+        form = await request.form()
+        if form.get("csrf_token") != CSRF:
+            raise HTTPException(403, "missing or wrong CSRF token")
+
+    app.dependency_overrides[current_user] = signed_in
+    app.dependency_overrides[require_csrf] = csrf
+    with TestClient(app) as client:
+        holder.append(Console(client, rig))
+        yield holder[0]
+
+
+def parked(
+    rig: Rig, op_id: str, *, tenant: str = "acme", reason: str = "lookup_unavailable",
+    age: timedelta = timedelta(0), params: dict[str, Any] | None = None,
+) -> int:  # fmt: skip
+    """An operation put in review by hand (nothing sent): fast, for lists and tenant limits."""
+    rig.judged_by_ledger = False
+    with rig.sessions.begin() as s:
+        op = rig.outbox.enqueue(
+            s, tenant=tenant, op_id=op_id, kind="refund", params=params or GOOD
+        ).operation
+        op.state = "unknown"
+        op.unknown_since = datetime.now(UTC) - age
+        item = ReviewItem(
+            operation_id=op.id, tenant=tenant, reason=reason, evidence={"lookup": "unavailable"},
+            created_at=datetime.now(UTC) - age,
+        )  # fmt: skip
+        s.add(item)
+        s.flush()
+        return item.id
+
+
+def items_listed(page: str) -> list[int]:
+    return [int(i) for i in re.findall(r'href="/console/review/(\d+)"', page)]
+
+
+# -- the queue: filters, pages, tenants ---------------------------------------------------
+
+
+def test_queue_lists_open_items_oldest_first_with_amount(console: Console) -> None:
+    newer = parked(console.rig, "op-new", age=timedelta(minutes=5))
+    older = parked(console.rig, "op-old", age=timedelta(hours=2))
+    r = console.as_(VERA).get("/console/review")
+    assert r.status_code == 200
+    assert items_listed(r.text) == [older, newer]
+    assert "100.00 CNY" in r.text and "2 h 0 min" in r.text
+    assert console.get("/console/").url.path == "/console/review"  # the home redirects
+
+
+def test_queue_filters_by_tenant_reason_kind_and_age(console: Console) -> None:
+    a = parked(console.rig, "op-a", age=timedelta(hours=2))
+    b = parked(console.rig, "op-b", reason="past_key_retention")
+    g = parked(console.rig, "op-g", tenant="globex")
+    c = console.as_(VERA)
+    assert items_listed(c.get("/console/review", tenant="globex").text) == [g]
+    assert items_listed(c.get("/console/review", reason="past_key_retention").text) == [b]
+    assert items_listed(c.get("/console/review", older_than=60).text) == [a]
+    assert items_listed(c.get("/console/review", kind="ticket").text) == []
+    assert items_listed(c.get("/console/review", kind="refund", tenant="acme").text) == [a, b]
+
+
+def test_queue_pages_through_every_item_once(console: Console) -> None:
+    ids = [parked(console.rig, f"op-{n:02}", age=timedelta(minutes=60 - n)) for n in range(30)]
+    first = console.get("/console/review")
+    assert items_listed(first.text) == ids[:25]
+    assert "30 open item(s); showing 1 to 25" in first.text
+    nxt = re.search(r'rel="next" href="([^"]+)"', first.text)
+    assert nxt is not None
+    second = console.client.get(nxt.group(1).replace("&amp;", "&"))
+    assert items_listed(second.text) == ids[25:]
+    assert 'rel="next"' not in second.text
+
+
+def test_a_limited_member_sees_nothing_of_other_tenants(console: Console) -> None:
+    acme = parked(console.rig, "op-acme")
+    globex = parked(console.rig, "op-glob", tenant="globex")
+    c = console.as_(GLOBEX_ONLY)
+    assert items_listed(c.get("/console/review").text) == [globex]
+    assert items_listed(c.get("/console/review", tenant="acme").text) == []
+    assert c.get(f"/console/review/{acme}").status_code == 404
+    missing = c.get("/console/review/999999")
+    assert missing.status_code == 404
+    assert c.get(f"/console/review/{acme}").text == missing.text  # no oracle
+    assert c.post(f"/console/review/{acme}/requery").status_code == 404
+    resolved = c.post(f"/console/review/{acme}/resolve", {"outcome": "succeeded", "version": 1,
+                                                          "reference": "re_x"})  # fmt: skip
+    assert resolved.status_code == 404
+    assert c.get("/console/operations/acme/op-acme").status_code == 404
+    assert "op-acme" not in c.get("/console/find", key="order_id", value="A1042").text
+    assert "op-glob" in c.get("/console/find", key="order_id", value="A1042").text
+    assert c.get("/console/operations/globex/op-glob").status_code == 200
+    with console.rig.sessions() as s:  # nothing recorded against the other tenant's item
+        actors = s.scalars(select(OperationEvent.actor)).all()
+    assert "staff:gil" not in actors
+
+
+# -- an item: what it shows, and its actions by role ----------------------------------------
+
+
+def test_item_page_shows_attempts_lookups_events_and_evidence(console: Console) -> None:
+    _op, item = in_review(console.rig)
+    r = console.as_(VERA).get(f"/console/review/{item}")
+    assert r.status_code == 200
+    assert "lookup_unavailable" in r.text
+    attempts = r.text.split('id="attempts"')[1].split("</table>")[0]
+    assert attempts.count("<tr>") == 2 and "unknown" in attempts  # heading + one attempt
+    lookups = r.text.split('id="lookups"')[1].split("</table>")[0]
+    assert "<td>reconciler:r1</td><td>unavailable</td><td>lookup answered HTTP 503" in lookups
+    assert 'id="events"' in r.text and "planned" in r.text
+    # a viewer sees no action at all
+    assert 'id="actions"' not in r.text and "/requery" not in r.text and "/resolve" not in r.text
+
+
+def test_a_viewer_is_refused_every_action(console: Console) -> None:
+    op, item = in_review(console.rig)
+    c = console.as_(VERA)
+    assert c.post(f"/console/review/{item}/requery").status_code == 403
+    r = c.post(f"/console/review/{item}/resolve", {"outcome": "succeeded", "version": 1,
+                                                   "reference": "re_x"})  # fmt: skip
+    assert r.status_code == 403
+    assert "You may not do this." in r.text
+    assert console.rig.op(op).state == "unknown"
+
+
+def test_support_sees_only_a_requery_when_the_lookup_was_down(console: Console) -> None:
+    _op, item = in_review(console.rig)
+    r = console.as_(ANN).get(f"/console/review/{item}")
+    assert "/requery" in r.text and 'id="no-choices"' in r.text
+    assert 'class="resolve"' not in r.text  # "unavailable": only a supervisor's override
+    for boss in (BOB, ADA):
+        page = console.as_(boss).get(f"/console/review/{item}").text
+        forms = re.findall(r'data-outcome="(\w+)" data-override="(\w+)"', page)
+        assert forms == [("succeeded", "true"), ("rejected", "true")]
+
+
+def test_requery_settles_the_item_and_is_audited(console: Console) -> None:
+    op, item = in_review(console.rig)
+    r = console.as_(ANN).post(f"/console/review/{item}/requery")
+    assert r.status_code == 200
+    assert "The lookup found it: the operation is now succeeded." in r.text
+    assert "Resolved by ann at" in r.text and 'id="actions"' not in r.text
+    assert console.rig.op(op).state == "succeeded"
+    assert console.rig.reviews(op)[0].resolved_by == "staff:ann"
+
+
+def test_resolve_then_a_second_resolve_is_told_who_won(console: Console) -> None:
+    op, item = in_review(console.rig)
+    ref = console.rig.downstream_reference(op)
+    form = {"outcome": "succeeded", "version": 1, "reference": ref, "override": "true",
+            "justification": "checked with the provider's dashboard"}  # fmt: skip
+    won = console.as_(BOB).post(f"/console/review/{item}/resolve", form)
+    assert "Resolved: the operation is now succeeded." in won.text
+    lost = console.as_(ADA).post(f"/console/review/{item}/resolve", form)
+    assert lost.status_code == 200  # a message on the page, not an error page
+    assert re.search(r"Already resolved by bob at \d{4}-", lost.text)
+    assert console.rig.op(op).state == "succeeded"
+    with console.rig.sessions() as s:
+        refused = s.scalars(
+            select(OperationEvent.actor).where(OperationEvent.reason == "staff_refused")
+        ).all()
+    assert refused == ["staff:ada"]
+
+
+def test_a_contradiction_is_a_message_and_writes_nothing(console: Console) -> None:
+    op, item = in_review(console.rig)
+    form = {"outcome": "rejected", "version": 1, "override": "true",
+            "justification": "customer says it never arrived"}  # fmt: skip
+    r = console.as_(BOB).post(f"/console/review/{item}/resolve", form)
+    assert r.status_code == 200
+    assert "Refused: the downstream&#39;s lookup (found) contradicts" in r.text
+    assert console.rig.op(op).state == "unknown"
+
+
+def test_a_form_without_the_csrf_token_is_refused(console: Console) -> None:
+    op, item = in_review(console.rig)
+    assert console.as_(ANN).post(f"/console/review/{item}/requery", csrf=False).status_code == 403
+    form = {"outcome": "succeeded", "version": 1, "reference": "re_x"}
+    r = console.post(f"/console/review/{item}/resolve", form, csrf=False)
+    assert r.status_code == 403
+    assert console.rig.op(op).state == "unknown"
+    assert console.rig.reviews(op)[0].resolved_at is None
+    page = console.get(f"/console/review/{item}").text  # every form of the page sends it
+    assert page.count("<form") == page.count(f'name="csrf_token" value="{CSRF}"')
+
+
+# -- find, operation, overview --------------------------------------------------------------
+
+
+def test_find_by_each_key_and_the_operation_page(console: Console) -> None:
+    console.rig.judged_by_ledger = False
+    with console.rig.sessions.begin() as s:
+        run = runs.open_run(s, tenant="acme", title="refund order A77")
+        op = console.rig.outbox.enqueue(
+            s, tenant="acme", op_id="op-77", kind="refund", params={**GOOD, "order_id": "A77"},
+            run=run,
+        ).operation  # fmt: skip
+        handle, key = run.handle, op.idempotency_key
+    c = console.as_(VERA)
+    for params in ({"key": "op_id", "tenant": "acme", "value": "op-77"},
+                   {"key": "order_id", "value": "A77"},
+                   {"key": "idempotency_key", "value": key},
+                   {"key": "run", "value": handle}):  # fmt: skip
+        r = c.get("/console/find", **params)
+        assert r.status_code == 200
+        assert 'href="/console/operations/acme/op-77"' in r.text, params
+    assert 'id="nothing"' in c.get("/console/find", key="order_id", value="A78").text
+    assert c.get("/console/find", key="op_id", value="op-77").status_code == 422  # no tenant
+    page = c.get("/console/operations/acme/op-77")
+    assert "Not done" in page.text and "has not been sent yet." in page.text
+    assert handle in page.text and "refund order A77" in page.text
+    zh = c.get("/console/operations/acme/op-77", lang="zh")
+    assert "未完成" in zh.text and "尚未发送" in zh.text
+    assert c.get("/console/operations/acme/op-78").status_code == 404
+
+
+def test_an_uncertain_operation_is_reported_in_the_run_reports_words(console: Console) -> None:
+    op, item = in_review(console.rig)
+    r = console.as_(VERA).get("/console/operations/acme/op-1")
+    assert "Uncertain" in r.text
+    assert "still pending confirmation; support staff are checking it." in r.text
+    assert f'href="/console/review/{item}"' in r.text
+    assert console.rig.op(op).state == "unknown"
+
+
+def test_overview_counts_what_was_created(console: Console) -> None:
+    parked(console.rig, "op-u1", age=timedelta(minutes=30))
+    parked(console.rig, "op-u2", tenant="globex")
+    with console.rig.sessions.begin() as s:
+        console.rig.outbox.enqueue(s, tenant="acme", op_id="op-p", kind="refund", params=GOOD)
+    r = console.as_(VERA).get("/console/overview")
+    assert r.status_code == 200
+    assert 'data-state="unknown">2<' in r.text and 'data-state="planned">1<' in r.text
+    assert "Open review items: 2" in r.text
+    assert re.search(r"Oldest unknown: (1[89]\d\d) s", r.text)  # about 30 minutes
+    assert "<svg" in r.text
+    limited = console.as_(GLOBEX_ONLY).get("/console/overview").text
+    assert 'data-state="unknown">1<' in limited and "planned" not in limited
+
+
+def test_overview_charts_what_settled(console: Console) -> None:
+    op, item = in_review(console.rig)
+    console.as_(ANN).post(f"/console/review/{item}/requery")
+    r = console.get("/console/overview")
+    assert "Settled per minute (last hour): 1 in all" in r.text
+    assert len(re.findall(r'<rect class="bar"', r.text)) == 60
+    assert 'height="120.0"' in r.text  # the one minute with a settlement is the tallest
+    assert "reconciler:" in r.text.split('id="passes"')[1]
+    assert console.rig.op(op).state == "succeeded"
+
+
+# -- language and escaping -----------------------------------------------------------------
+
+
+def test_chinese_is_chosen_by_query_and_kept_in_a_cookie(console: Console) -> None:
+    parked(console.rig, "op-zh")
+    r = console.as_(VERA).get("/console/review", lang="zh")
+    assert "待处理队列" in r.text and 'lang="zh"' in r.text
+    assert console.client.cookies.get("lang") == "zh"
+    assert "待处理队列" in console.get("/console/overview").text
+    assert "Review queue" in console.get("/console/review", lang="en").text
+
+
+def test_user_controlled_text_is_escaped(console: Console) -> None:
+    script = "<script>alert(1)</script>"
+    item = parked(console.rig, "op-x")
+    with console.rig.sessions.begin() as s:
+        row = s.get(ReviewItem, item)
+        assert row is not None
+        row.evidence = {"detail": script}
+        op = s.get(Operation, row.operation_id)
+        assert op is not None
+        op.correlation_id = script
+        run = runs.open_run(s, tenant="acme", title=script)
+        op.run_id = run.id
+    c = console.as_(VERA)
+    pages = [
+        c.get(f"/console/review/{item}").text,
+        c.get("/console/review", tenant=script).text,
+        c.get("/console/find", key="order_id", value=script).text,
+        c.get("/console/operations/acme/op-x").text,
+    ]
+    for page in pages:
+        assert script not in page
+    assert "&lt;script&gt;" in pages[1] and "&lt;script&gt;" in pages[3]
