@@ -276,12 +276,16 @@ def _mount_console(
     """The console's pages, its sign-in and its static files, under ``/console``."""
     if review is None:
         review = getattr(source, "review", None)
-    settings = source if isinstance(source, Settings) else None
+    settings = source if isinstance(source, Settings) else getattr(source, "settings", None)
+    if not isinstance(settings, Settings):
+        settings = Settings()
+    chosen = settings
 
     def make_review() -> ReviewQueue:
-        return review if review is not None else review_queue(sessions, settings or Settings())
+        return review if review is not None else review_queue(sessions, chosen)
 
     app.state.console = pages.ConsoleServices(sessions, make_review)
+    auth.configure(app, settings)  # sessions' lifetimes, sign-in throttling, cookie flags
     app.include_router(auth.router)
     app.include_router(pages.router)
     static = Path(pages.__file__).parent / "static"
