@@ -221,8 +221,10 @@ def test_a_viewer_sees_no_action_and_a_forged_post_is_refused(
         f"{console}/console/review/{item}/requery", form={"csrf_token": csrf}
     )
     assert forged.status == 403
-    resolve = {"csrf_token": csrf, "outcome": "rejected", "version": "1", "override": "true",
-               "justification": "never reached the provider"}  # fmt: skip
+    resolve: dict[str, str | float | bool] = {
+        "csrf_token": csrf, "outcome": "rejected", "version": "1", "override": "true",
+        "justification": "never reached the provider",
+    }  # fmt: skip
     assert page.request.post(f"{console}/console/review/{item}/resolve", form=resolve).status == 403
     assert rig.op(op).state == "unknown"
     assert rig.reviews(op)[0].resolved_at is None
