@@ -20,7 +20,10 @@ from tests.support import services
 
 pytest_plugins = ["tests.support.sim", "tests.support.rig"]
 
-TABLES = "review_items, operation_events, attempts, operations, runs, api_keys"
+TABLES = (
+    "review_items, operation_events, attempts, operations, runs, api_keys,"
+    " staff_login_failures, staff_sessions, staff_accounts"
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -43,6 +44,7 @@ from reconciler.signin import (
     tokens_match,
 )
 from reconciler.staff import Staff
+from settled.console.text import translate
 
 COOKIE = "settled_console"
 LOGIN_COOKIE = "settled_console_login"
@@ -179,6 +181,9 @@ def _login_form(
     """The sign-in page with a fresh form token, in its cookie and in the form."""
     form_token = secrets.token_urlsafe(32)
     context = {
+        "user": None,  # base.html: signed out, so no nav and no sign-out form
+        "lang": "en",
+        "t": partial(translate, "en"),
         "csrf_token": form_token,
         "next": safe_next(next_),
         "error": error,

@@ -1,6 +1,6 @@
-"""``settled run`` against PostgreSQL and Redis: its web child serves ``/healthz`` and the status
-API (with a key made by ``settled apikey create``), its beat and worker children settle an
-operation, it stays up, and it stops cleanly on SIGTERM."""
+"""``settled run`` against PostgreSQL and Redis: its web child serves ``/healthz``, the status
+API (with a key made by ``settled apikey create``) and the console's sign-in page, its beat and
+worker children settle an operation, it stays up, and it stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -76,6 +76,9 @@ def test_settled_run_serves_healthz_settles_operations_and_stays_up(
         wait_until(lambda: status(f"{base}/healthz") == 200 or run.poll() is not None, 90, "web")
         assert run.poll() is None, stack.log_of(run)[-4000:]  # was: exit 1, "No such command 'web'"
         assert status(f"{base}/healthz") == 200
+        login = httpx.get(f"{base}/console/login", timeout=5)  # the console is served too
+        assert login.status_code == 200
+        assert 'action="/console/login"' in login.text and 'name="csrf_token"' in login.text
 
         made = subprocess.run(
             [sys.executable, "-m", "settled.cli", "apikey", "create", "--tenant", "acme"],

@@ -1,0 +1,230 @@
+"""The support console in a real browser: Playwright (sync API) driving Debian's chromium
+against a real ``settled web`` process, the test's PostgreSQL database and the simulator.
+
+Review items are made the way ``tests/integration/test_review.py`` makes them (a send that
+commits and then times out, the lookup down), in this process, before the browser opens the
+queue. Every wait is Playwright's auto-waiting ``expect``. Each main page is photographed into
+``test-artifacts/console/`` (``scripts/console_screenshots.sh`` copies them into the README's
+``docs/console/``).
+
+Without ``/usr/bin/chromium`` the module is skipped, unless ``SETTLED_REQUIRE_BROWSER`` is set
+(as in ``.ci/run``): then a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from reconciler.accounts import create_account
+from tests.support.rig import HOLD, Rig
+from tests.support.services import free_port
+from tests.support.simtools import wait_until
+from tests.support.stack import Stack
+
+CHROMIUM = Path("/usr/bin/chromium")
+REQUIRED = bool(os.environ.get("SETTLED_REQUIRE_BROWSER"))
+if not CHROMIUM.exists() and not REQUIRED:
+    pytest.skip(
+        "no /usr/bin/chromium (apt-get install chromium; SETTLED_REQUIRE_BROWSER=1 makes this "
+        "a failure)",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
+PASSWORD = "a long enough password"
+VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail("SETTLED_REQUIRE_BROWSER is set and /usr/bin/chromium is missing")
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def engine(pg: Engine) -> Engine:
+    """PostgreSQL: the ``settled web`` process and this test share the database."""
+    return pg
+
+
+@pytest.fixture
+def console(rig: Rig, pg_url: str, tmp_path: Path) -> Iterator[str]:
+    """A ``settled web`` process over the rig's database and simulator: its base URL."""
+    stack = Stack(
+        database_url=pg_url,
+        broker_url="redis://127.0.0.1:1/0",  # web publishes nothing in these tests
+        downstream_url=rig.url,
+        api_keys={rig.tenant.name: rig.tenant.api_key.get_secret_value()},
+        workdir=tmp_path,
+    )
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    web = stack.start("web", "--host=127.0.0.1", f"--port={port}")
+    try:
+        wait_until(lambda: _up(base) or web.poll() is not None, 60, "settled web")
+        assert web.poll() is None, stack.log_of(web)[-4000:]
+        yield base
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop_all()
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def stuck(rig: Rig, op_id: str) -> tuple[int, int]:
+    """An operation whose send committed and then timed out, with the lookup down: in review."""
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    op = rig.enqueue(op_id)
+    rig.executor().execute([op])
+    assert rig.op(op).state == "unknown"
+    rig.control.add_rule("lookup_unavailable", times=1)
+    rig.set(op, unknown_since=datetime.now(UTC) - timedelta(hours=1))
+    rig.reconciler().run_once()
+    (item,) = rig.reviews(op)
+    return op, item.id
+
+
+def add_staff(rig: Rig, name: str, role: str) -> None:
+    with rig.sessions.begin() as s:
+        create_account(s, name=name, password=PASSWORD, role=role)
+
+
+def signed_in(browser: Browser, base: str, name: str, *, shoot: bool = False) -> Page:
+    """A fresh browser context signed in as ``name`` through the sign-in form."""
+    page = browser.new_context(viewport=VIEWPORT).new_page()
+    page.goto(f"{base}/console/review")
+    expect(page).to_have_url(re.compile(r"/console/login\?next=/console/review$"))
+    page.get_by_label("Staff name").fill(name)
+    page.get_by_label("Password").fill(PASSWORD)
+    if shoot:
+        shot(page, "login")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(f"{base}/console/review")
+    expect(page.locator(".who")).to_contain_text(f"Signed in as {name}")
+    return page
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_support_finds_requeries_and_sees_it_settled_and_audited(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    op, item = stuck(rig, "op-1")
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, console, "ann", shoot=True)
+
+    listed = page.locator(f'a[href="/console/review/{item}"]')
+    expect(listed).to_be_visible()
+    expect(page.locator("main")).to_contain_text("lookup_unavailable")
+    shot(page, "queue")
+    listed.click()
+    expect(page.get_by_role("heading", name=f"Review item #{item}")).to_be_visible()
+    expect(page.locator("#no-choices")).to_be_visible()  # the lookup was down: no resolving
+    shot(page, "item")
+
+    # the lookup is back (its fault was used once): ask again now
+    page.get_by_role("button", name="Look it up again now").click()
+    expect(page.get_by_role("status")).to_have_text(
+        "The lookup found it: the operation is now succeeded."
+    )
+    expect(page.locator("#resolved")).to_contain_text("Resolved by ann at")
+    expect(page.locator("#actions")).to_have_count(0)
+
+    page.get_by_role("link", name="Find an operation").click()
+    page.get_by_label("Search by").select_option("op_id")
+    page.get_by_label("Tenant", exact=True).fill("acme")
+    page.get_by_label("Value", exact=True).fill("op-1")
+    page.get_by_role("button", name="Find").click()
+    found = page.locator("#found")
+    expect(found).to_contain_text("succeeded")
+    shot(page, "find")
+    found.get_by_role("link", name="op-1").click()
+    expect(page.locator("#status")).to_contain_text("Done")
+    audit = page.locator("#events tr", has_text="staff:ann")
+    expect(audit).to_contain_text("succeeded")
+    shot(page, "operation")
+
+    page.get_by_role("link", name="Overview").click()
+    expect(page.get_by_role("heading", level=1)).to_be_visible()
+    expect(page.locator("svg").first).to_be_visible()
+    shot(page, "overview")
+    assert rig.op(op).state == "succeeded"
+
+
+def test_two_supervisors_resolve_at_once_the_second_is_told_who_won(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    op, item = stuck(rig, "op-2")
+    reference = rig.downstream_reference(op)
+    add_staff(rig, "bob", "supervisor")
+    add_staff(rig, "ada", "admin")
+    pages = [signed_in(browser, console, name) for name in ("bob", "ada")]
+    for page in pages:  # both open the item and fill the form before either sends it
+        page.goto(f"{console}/console/review/{item}")
+        form = page.locator('form.resolve[data-outcome="succeeded"]')
+        form.get_by_label("Downstream reference").fill(reference)
+        form.get_by_label("Justification").fill("checked with the provider's dashboard")
+    bob, ada = pages
+    bob.locator('form.resolve[data-outcome="succeeded"]').get_by_role("button").click()
+    expect(bob.get_by_role("status")).to_have_text("Resolved: the operation is now succeeded.")
+    ada.locator('form.resolve[data-outcome="succeeded"]').get_by_role("button").click()
+    expect(ada.get_by_role("status")).to_contain_text("Already resolved by bob at")
+    expect(ada.locator("#resolved")).to_contain_text("Resolved by bob")
+
+    bob.goto(f"{console}/console/operations/acme/op-2")
+    expect(bob.locator("#status")).to_contain_text("Done")
+    expect(bob.locator("#events tr", has_text="staff:bob")).to_contain_text("succeeded")
+    assert rig.op(op).state == "succeeded"
+
+
+def test_a_viewer_sees_no_action_and_a_forged_post_is_refused(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    op, item = stuck(rig, "op-3")
+    add_staff(rig, "vera", "viewer")
+    page = signed_in(browser, console, "vera")
+    page.goto(f"{console}/console/review/{item}")
+    expect(page.get_by_role("heading", name=f"Review item #{item}")).to_be_visible()
+    expect(page.get_by_role("button", name="Look it up again now")).to_have_count(0)
+    expect(page.locator("form.resolve")).to_have_count(0)
+    token = page.locator('form[action="/console/logout"] input[name="csrf_token"]')
+    csrf = token.get_attribute("value")
+    assert csrf
+    forged = page.request.post(
+        f"{console}/console/review/{item}/requery", form={"csrf_token": csrf}
+    )
+    assert forged.status == 403
+    resolve: dict[str, str | float | bool] = {
+        "csrf_token": csrf, "outcome": "rejected", "version": "1", "override": "true",
+        "justification": "never reached the provider",
+    }  # fmt: skip
+    assert page.request.post(f"{console}/console/review/{item}/resolve", form=resolve).status == 403
+    assert rig.op(op).state == "unknown"
+    assert rig.reviews(op)[0].resolved_at is None
