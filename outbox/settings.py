@@ -120,8 +120,11 @@ class Settings(BaseSettings):
     key_retention_margin_seconds: float = Field(default=3600.0, ge=0)
     #: Period of the sweeper, which re-hints every due operation (beat).
     sweep_seconds: float = Field(default=1.0, gt=0)
-    #: Due operations a worker claims beside the hinted ones, sent concurrently.
-    claim_batch: int = Field(default=0, ge=0)
+    #: Due operations a worker claims beside the hinted ones, sent concurrently (only when
+    #: its hint found work: a hint whose operations were taken claims nothing more). With one
+    #: operation per hint, a backlog is then worked in batches, and most hints cost a single
+    #: statement (README, "Performance").
+    claim_batch: int = Field(default=8, ge=0)
     #: Operation ids per hint message (the sweeper's; the app passes its own to the relay).
     hint_batch: int = Field(default=20, ge=1, le=500)
     #: Where beat keeps its schedule state.

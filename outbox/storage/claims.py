@@ -177,7 +177,9 @@ def claim_for_send(
 
     Hinted operations are taken when planned and due, or submitted with an expired lease
     (a worker died mid-send: the caller must query, never re-send). A duplicate hint, or a
-    hint for an operation another worker holds, claims nothing.
+    hint for an operation another worker holds, claims nothing, and then no other either: its
+    operations were taken (most often as another claim's extras), so that claim's worker is
+    already on the backlog, and this one's hint costs a single statement.
     """
     claimed: list[Claimed] = []
     if ids:
@@ -189,7 +191,7 @@ def claim_for_send(
             limit=len(ids),
             ids=list(ids),
         )
-    if extra > 0:
+    if extra > 0 and (claimed or not ids):
         claimed += _claim(bind, CLAIM_DUE, worker=worker, lease_seconds=lease_seconds, limit=extra)
     return claimed
 

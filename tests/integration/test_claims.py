@@ -101,10 +101,28 @@ def test_a_claimed_operation_is_not_due_for_another_claim(
     with Session(engine) as s, s.begin():
         first = claim_for_send(s, worker="w1", lease_seconds=30, extra=8)
     with Session(engine) as s, s.begin():
-        second = claim_for_send(
-            s, worker="w2", lease_seconds=30, ids=[c.id for c in first], extra=8
-        )
+        second = claim_for_send(s, worker="w2", lease_seconds=30, extra=8)
         due = due_ids(s, limit=100)
     assert {c.id for c in second}.isdisjoint(c.id for c in first)
     assert len(second) == 8
     assert set(due) == set(ids) - {c.id for c in first} - {c.id for c in second}
+
+
+def test_a_hint_whose_operations_were_taken_claims_no_others(
+    engine: Engine, outbox: Outbox, stats: bool
+) -> None:
+    """Its operations went as another claim's extras: that worker is on the backlog already,
+    and this hint costs one statement."""
+    ids = fill(engine, outbox, 20, stats)
+    with Session(engine) as s, s.begin():
+        first = claim_for_send(s, worker="w1", lease_seconds=30, ids=ids[:1], extra=8)
+    assert len(first) == 9
+    with Session(engine) as s, s.begin():
+        taken = claim_for_send(s, worker="w2", lease_seconds=30, ids=[first[-1].id], extra=8)
+        mixed = claim_for_send(
+            s, worker="w2", lease_seconds=30, ids=[first[-1].id, ids[-1]], extra=2
+        )
+    assert taken == []
+    assert [c.id for c in mixed][:1] == [ids[-1]]
+    assert len(mixed) == 3
+    assert leased(engine) == 12
