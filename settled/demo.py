@@ -327,14 +327,18 @@ def run_demo(*, lang: str = "en", keep: str | None = None, echo: Echo = print) -
         sweep_seconds=0.3,
         reconcile_seconds=0.5,
         review_after_seconds=3.0,
+        # No due operations claimed beside a hinted one (the default claims 8): with the one
+        # operation per hint below, the worker takes a run's refunds one at a time, so the stop
+        # button (case 5) finds the later ones still planned.
+        claim_batch=0,
     )
     echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")
     try:
         upgrade(db_url)
         rt = build_runtime(settings)
         celery = create_app(settings)
-        # One operation per hint: the solo worker then takes a run's refunds one at a time, so
-        # the stop button (case 5) finds the later ones still planned.
+        # One operation per hint (and claim_batch=0 above): the solo worker then takes a run's
+        # refunds one at a time, so the stop button (case 5) finds the later ones still planned.
         relay.install(rt.sessions, hint_publisher(celery), per_message=1)
         control = SimulatorControl(sim.url)
         try:
