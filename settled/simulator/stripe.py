@@ -86,21 +86,30 @@ def create_refund(sim: Simulator, request: Request, connection: Connection) -> R
 
 
 def list_refunds(sim: Simulator, request: Request, connection: Connection) -> Response:
-    """``GET /v1/refunds?payment_intent=...``: the intent's refunds, newest first. Refunds are
-    listed for as long as the ledger holds them (the key retention does not apply); the
-    ``lookup_unavailable`` fault and the visibility delay do, as for a lookup."""
+    """``GET /v1/refunds?payment_intent=...``: the intent's refunds, newest first.
+
+    The list is a lookup of every key it could show (each saved refund on the intent, the
+    intent itself where there is none): each is counted as a lookup request, and the first
+    ``lookup_unavailable`` fault drawn for any of them answers 503. Refunds are listed for as
+    long as the ledger holds them (the key retention does not apply; the visibility delay does).
+    """
     tenant = authenticate(sim, request)
     query = dict(parse_qsl(request.query))
     intent = query.get("payment_intent") or query.get("charge") or ""
-    number = sim.count_request("lookup", tenant, intent, None)
-    rule = sim.faults.pick("lookup", tenant, _REFUND.name, intent, number)
-    Injection(sim, rule, connection).on_lookup()
+    saved = [
+        (created, outcome)
+        for created, outcome in sim.ledger.outcomes(tenant)
+        if outcome.get("object") == "refund" and outcome.get("params", {}).get("order_id") == intent
+    ]
+    keys = [str(outcome.get("idempotency_key", "")) for _, outcome in saved] or [intent]
+    for key in keys:
+        number = sim.count_request("lookup", tenant, key, None)
+        rule = sim.faults.pick("lookup", tenant, _REFUND.name, key, number)
+        Injection(sim, rule, connection).on_lookup()
     refunds = [
         refund_object(outcome)
-        for created, outcome in sim.ledger.outcomes(tenant)
-        if outcome.get("object") == "refund"
-        and outcome.get("status") == "succeeded"
-        and outcome.get("params", {}).get("order_id") == intent
+        for created, outcome in saved
+        if outcome.get("status") == "succeeded"
         and sim.now() - created >= sim.switches.lookup_visibility_delay
     ]
     body = {"object": "list", "url": "/v1/refunds", "has_more": False, "data": refunds}

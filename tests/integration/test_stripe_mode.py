@@ -28,6 +28,7 @@ GUARANTEES: list[Callable[[Rig], None]] = [
     executor_tests.test_wrong_api_key_is_permission_denied_and_never_retried,
     executor_tests.test_mismatched_receipt_is_unknown_with_a_review_item,
     executor_tests.test_past_key_retention_nothing_is_sent,
+    executor_tests.test_abandoned_send_is_queried_never_resent,
     reconciler_tests.test_commit_then_timeout_is_reconciled_to_succeeded_with_one_effect,
     reconciler_tests.test_lookup_unavailable_past_the_threshold_goes_to_review_and_stays_unknown,
     reconciler_tests.test_not_found_after_quiescence_is_sent_again_with_the_same_key,

@@ -144,3 +144,13 @@ def test_the_list_shows_the_intents_refunds_with_metadata(
     sim_control.add_rule("lookup_unavailable", times=1)
     down = stripe_api.get("/v1/refunds", params={"payment_intent": "pi_1"})
     assert down.status_code == 503 and _error(down)["type"] == "api_error"
+
+
+def test_a_list_is_a_lookup_of_each_key_it_could_show(
+    stripe_api: httpx.Client, sim_control: SimulatorControl
+) -> None:
+    _refund(stripe_api)
+    sim_control.add_rule("lookup_unavailable", "k-1")
+    down = stripe_api.get("/v1/refunds", params={"payment_intent": "pi_1"})
+    assert down.status_code == 503
+    assert sim_control.requests("acme", "k-1", phase="lookup") == 1
