@@ -104,6 +104,13 @@ class Settings(BaseSettings):
     downstream_api_keys: dict[str, SecretStr] = Field(default_factory=dict)
     #: Longest a single HTTP attempt may take, before the operation's deadline bounds it further.
     downstream_timeout: float = Field(default=10.0, gt=0)
+    #: Per kind, which downstream serves it: ``http`` (the wire protocol at
+    #: ``downstream_url``, the default) or ``stripe`` (refunds only), e.g. ``{"refund": "stripe"}``.
+    downstream_providers: dict[str, Literal["http", "stripe"]] = Field(default_factory=dict)
+    #: Stripe secret key per tenant, e.g. ``{"acme": "sk_test_..."}`` (never logged).
+    stripe_api_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    #: Stripe's API base URL (the simulator's Stripe mode: its URL + ``/stripe``).
+    stripe_api_base: str = "https://api.stripe.com"
 
     #: Budget given to a new operation.
     max_attempts: int = Field(default=5, ge=1)

@@ -307,8 +307,11 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
 
 
-def run_demo(*, lang: str = "en", keep: str | None = None, echo: Echo = print) -> int:
-    """Play every case; return 0 when the reports match the simulator's ledger."""
+def run_demo(
+    *, lang: str = "en", keep: str | None = None, echo: Echo = print, stripe: bool = False
+) -> int:
+    """Play every case; return 0 when the reports match the simulator's ledger. ``stripe``:
+    refunds go through the Stripe gateway to the simulator's Stripe mode."""
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="settled-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     sim = start_in_thread(
@@ -331,6 +334,9 @@ def run_demo(*, lang: str = "en", keep: str | None = None, echo: Echo = print) -
         # operation per hint below, the worker takes a run's refunds one at a time, so the stop
         # button (case 5) finds the later ones still planned.
         claim_batch=0,
+        downstream_providers={"refund": "stripe"} if stripe else {},
+        stripe_api_keys={TENANT: SecretStr(API_KEY)},
+        stripe_api_base=sim.url + "/stripe",
     )
     echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")
     try:

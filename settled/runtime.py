@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.db import make_engine
 from outbox.downstream import Gateway
+from outbox.errors import InvalidInput
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings
@@ -21,6 +22,8 @@ from reconciler.review import ReviewQueue
 from workers.coalesce import Coalescer
 from workers.executor import Executor
 from workers.http_client import HttpGateway
+from workers.routing import GatewayByKind
+from workers.stripe_gateway import StripeGateway
 
 
 @dataclass
@@ -63,6 +66,44 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+#: The kinds each provider other than ``http`` can serve.
+PROVIDER_KINDS = {"stripe": frozenset({"refund"})}
+
+
+def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
+    """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
+    protocol's ``HttpGateway`` unless a kind names ``stripe``.
+
+    Raises InvalidInput (code ``invalid_setting``) for a kind not registered or one its
+    provider cannot serve.
+    """
+    http = HttpGateway(
+        settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
+    )
+    wrong = sorted(
+        name
+        for name, provider in settings.downstream_providers.items()
+        if name not in registry.names()
+        or (provider != "http" and name not in PROVIDER_KINDS[provider])
+    )
+    if wrong:
+        http.close()
+        raise InvalidInput(
+            f"SETTLED_DOWNSTREAM_PROVIDERS names kinds its providers cannot serve: {wrong}",
+            code="invalid_setting",
+            setting="SETTLED_DOWNSTREAM_PROVIDERS",
+        )
+    stripe_kinds = [k for k, p in settings.downstream_providers.items() if p == "stripe"]
+    if not stripe_kinds:
+        return http
+    stripe = StripeGateway(
+        settings.stripe_api_keys,
+        api_base=settings.stripe_api_base,
+        timeout=settings.downstream_timeout,
+    )
+    return GatewayByKind(http, dict.fromkeys(stripe_kinds, stripe))
+
+
 def build_runtime(
     settings: Settings,
     *,
@@ -80,11 +121,7 @@ def build_runtime(
     sessions = sessionmaker(engine, expire_on_commit=False)
     outbox = Outbox.from_settings(settings, registry)
     if gateway is None:
-        gateway = HttpGateway(
-            settings.downstream_url,
-            settings.downstream_api_keys,
-            timeout=settings.downstream_timeout,
-        )
+        gateway = build_gateway(settings, registry)
     executor = Executor(
         sessions=sessions,
         gateway=gateway,

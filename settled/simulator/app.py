@@ -1,7 +1,8 @@
 """The simulator as the HTTP layer sees it: a request in, an answer out.
 
 Routes: ``/_control/...`` to the control API (test mode only; else 404), ``POST`` on a kind's
-endpoint to a submit, ``GET /v1/lookup/{key}`` to a lookup; anything else answers 404.
+endpoint to a submit, ``GET /v1/lookup/{key}`` to a lookup, ``/stripe/...`` to the Stripe mode
+(``stripe``); anything else answers 404.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from urllib.parse import unquote
 
 from outbox import wire
 from outbox.kinds import Kind, default_registry
-from settled.simulator import control_api
+from settled.simulator import control_api, stripe
 from settled.simulator.lookup import lookup
 from settled.simulator.messages import NO_SUCH_ROUTE, Answer, Connection, Request, Response
 from settled.simulator.state import Simulator
@@ -39,6 +40,8 @@ class Application:
                 if not sim.test_mode:
                     return NO_SUCH_ROUTE
                 return control_api.respond(sim, method, path[len(CONTROL_PREFIX) :], request.body)
+            if path.startswith(stripe.PREFIX + "/"):
+                return stripe.respond(sim, request, connection)
             if method == "POST" and path in self.kinds:
                 return submit(sim, self.kinds[path], request, connection)
             if method == "GET" and path.startswith(LOOKUP_PREFIX):

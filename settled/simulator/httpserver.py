@@ -167,7 +167,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._refuse(501, "unsupported_method", "unsupported method")
                 return
             body = self._read_body()
-            request = Request(self.command, self.path.split("?", 1)[0], self.fields, body)
+            path, _, query = self.path.partition("?")
+            request = Request(self.command, path, self.fields, body, query)
             self._send(self.server.app.respond(request, self))
         except TimeoutError:
             self.close_connection = True  # idle past the idle timeout, or a stalled transfer

@@ -25,6 +25,7 @@ class Request:
     #: header fields by lower-case name (the first of repeated fields)
     fields: Mapping[str, str]
     body: bytes
+    query: str = ""  # the query string, without the "?"
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def submit(sim: Simulator, kind: Kind, request: Request, connection: Connection)
     faults.before_idempotency()
     params = _intent(kind, request.body)
     fp = fingerprint(request.path, params)
-    replay = _claim_key(sim, tenant, key, fp)
+    replay = claim_key(sim, tenant, key, fp)
     if replay is not None:
         return faults.on_answer(replay)
     faults.before_commit()
@@ -97,7 +97,7 @@ def _intent(kind: Kind, body: bytes) -> Any:
     return params
 
 
-def _claim_key(sim: Simulator, tenant: str, key: str, fp: str) -> Response | None:
+def claim_key(sim: Simulator, tenant: str, key: str, fp: str) -> Response | None:
     """The idempotency layer: the saved answer to replay, or None to execute (the key is then
     marked in flight). Answers 400 for a key used with other params, 409 for one in flight.
 

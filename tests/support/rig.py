@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.downstream import Receipt
+from outbox.downstream import Gateway, Receipt
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry
 from outbox.models import Attempt, Operation, ReviewItem
@@ -22,10 +22,12 @@ from outbox.storage.attempts import start_attempt
 from outbox.storage.claims import Claimed, claim_for_send
 from reconciler.reconcile import Reconciler
 from settled.simulator import SimulatorControl, SimulatorHandle
+from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
 from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
 from workers.executor import Executor
 from workers.http_client import HttpGateway
+from workers.stripe_gateway import StripeGateway
 
 #: Client timeout of the rig's gateways: long enough for a loaded machine; faults that hold a
 #: response hold it for longer (HOLD).
@@ -44,10 +46,12 @@ class Rig:
     url: str
     sessions: sessionmaker[Session]
     #: every gateway handed out, closed at teardown (their pools hold keep-alive sockets)
-    gateways: list[HttpGateway] = field(default_factory=list)
+    gateways: list[HttpGateway | StripeGateway] = field(default_factory=list)
     #: whether the test ends on ``check_truthful`` (off only for tests that write outcomes
     #: into storage by hand, with nothing sent)
     judged_by_ledger: bool = True
+    #: the gateways handed out speak Stripe to the simulator's Stripe mode (``stripe_rig``)
+    stripe: bool = False
 
     @property
     def storage(self) -> Storage:
@@ -83,10 +87,16 @@ class Rig:
         url: str | None = None,
         api_keys: Mapping[str, SecretStr] | None = None,
         timeout: float = RIG_CLIENT_TIMEOUT,
-    ) -> HttpGateway:
-        """A gateway to the rig's simulator (or ``url``), closed when the test ends."""
+    ) -> Gateway:
+        """A gateway to the rig's simulator (or ``url``), closed when the test ends: the
+        wire protocol's, or in Stripe mode the Stripe gateway."""
         keys = {self.tenant.name: self.tenant.api_key} if api_keys is None else api_keys
-        gateway = HttpGateway(url or self.url, keys, timeout=timeout)
+        gateway: HttpGateway | StripeGateway
+        if self.stripe:
+            base = (url or self.url) + STRIPE_PREFIX
+            gateway = StripeGateway(keys, api_base=base, timeout=timeout)
+        else:
+            gateway = HttpGateway(url or self.url, keys, timeout=timeout)
         self.gateways.append(gateway)
         return gateway
 
@@ -170,6 +180,13 @@ class Rig:
                 .where(Operation.id == op_id)
                 .values(next_attempt_at=datetime.now(UTC) - timedelta(seconds=1))
             )
+
+
+@pytest.fixture
+def stripe_rig(rig: Rig) -> Rig:
+    """The rig whose gateways are Stripe gateways to the simulator's Stripe mode."""
+    rig.stripe = True
+    return rig
 
 
 @pytest.fixture

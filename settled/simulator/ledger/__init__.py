@@ -22,6 +22,7 @@ whole transaction).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,6 +125,21 @@ class Ledger:
                 ccy=currency,
                 st=status,
             )
+
+    def order_currency(self, tenant: str, order_id: str) -> str | None:
+        """The currency ``order_id`` was charged in (None: no such order)."""
+        db = self._db
+        with db.transaction() as cur:
+            row = run(cur, db.sql.order, tenant=tenant, order_id=order_id).fetchone()
+        return None if row is None else str(row[1])
+
+    def outcomes(self, tenant: str) -> list[tuple[float, dict[str, Any]]]:
+        """Every saved outcome of ``tenant`` (what lookups answer), newest first, with its
+        creation time: the Stripe mode's list of refunds is made from them."""
+        db = self._db
+        with db.transaction() as cur:
+            rows = run(cur, db.sql.record_outcomes, tenant=tenant).fetchall()
+        return [(float(created), json.loads(outcome)) for created, outcome in rows]
 
     # -- idempotency records ------------------------------------------------------------
 

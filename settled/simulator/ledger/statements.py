@@ -125,6 +125,11 @@ class Statements:
             records.insert().values(tenant=b("tenant"), idempotency_key=b("key"), **result)
         )
         self.record_delete = sql(records.delete().where(*at_key))
+        self.record_outcomes = sql(
+            sa.select(records.c.created, records.c.outcome)
+            .where(records.c.tenant == b("tenant"), records.c.outcome.is_not(None))
+            .order_by(records.c.created.desc())
+        )
         self.records_in_flight = sql(
             sa.select(records.c.tenant, records.c.idempotency_key).where(
                 records.c.state == "in_flight"

@@ -1,0 +1,270 @@
+"""What each Stripe answer proves, read through the official SDK: a table of Stripe's
+documented error objects (status and ``{"error": {...}}`` body) served by an in-memory
+transport, each sent through ``StripeGateway`` and classified; connection errors by phase;
+and the SDK's retries really off (one HTTP request per send, whatever the answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from outbox.downstream import (
+    Accepted,
+    Found,
+    LookupMisuse,
+    Misuse,
+    NotExecuted,
+    NotFound,
+    NotSent,
+    Refused,
+    Unavailable,
+    Unknown,
+)
+from outbox.kinds import default_registry
+from outbox.states import RejectReason
+from workers.stripe_gateway import API_VERSION, StripeGateway
+
+REFUND = default_registry().get("refund")
+INTENT = {"order_id": "pi_3Nx", "amount_minor": 1500, "currency": "EUR", "payee": "P-7"}
+KEY = "stl_key_1"
+
+
+def _error(type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": type_, "message": "documented example"}
+    if code is not None:
+        error["code"] = code
+    if param is not None:
+        error["param"] = param
+    return {"error": error}
+
+
+def _refund(**changes: Any) -> dict[str, Any]:
+    refund = {
+        "id": "re_3Nx1",
+        "object": "refund",
+        "amount": 1500,
+        "currency": "eur",
+        "payment_intent": "pi_3Nx",
+        "status": "succeeded",
+        "metadata": {"settled_tenant": "acme", "settled_idempotency_key": KEY, "payee": "P-7"},
+    }
+    return {**refund, **changes}
+
+
+class Served:
+    """An in-memory Stripe: answers every request with one status and body, counting them."""
+
+    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None):
+        self.status, self.body, self.headers = status, body, headers or {}
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return httpx.Response(self.status, json=self.body, headers=self.headers)
+
+
+def _gateway(handler: Callable[[httpx.Request], httpx.Response]) -> StripeGateway:
+    return StripeGateway(
+        {"acme": SecretStr("sk_test_abc")},
+        api_base="http://stripe.test",
+        transport=httpx.MockTransport(handler),
+    )
+
+
+def _submit(gateway: StripeGateway) -> Any:
+    deadline = datetime.now(UTC) + timedelta(seconds=5)
+    return gateway.submit(
+        tenant="acme", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+    )
+
+
+def _lookup(gateway: StripeGateway) -> Any:
+    deadline = datetime.now(UTC) + timedelta(seconds=5)
+    return gateway.lookup(
+        tenant="acme", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+    )
+
+
+# (status, body, headers) -> the outcome's type, and its reason and code where it refuses
+TABLE: list[tuple[str, int, dict[str, Any], dict[str, str], type, Any, Any]] = [
+    ("already_refunded", 400, _error("invalid_request_error", "charge_already_refunded"), {},
+     Refused, RejectReason.BUSINESS_REJECTED, "charge_already_refunded"),
+    ("amount_too_large", 400, _error("invalid_request_error", "amount_too_large", "amount"), {},
+     Refused, RejectReason.BUSINESS_REJECTED, "amount_too_large"),
+    ("bad_parameter", 400, _error("invalid_request_error", "parameter_invalid_integer", "amount"),
+     {}, Refused, RejectReason.INVALID_PARAMS, "parameter_invalid_integer"),
+    ("no_such_intent", 404, _error("invalid_request_error", "resource_missing", "payment_intent"),
+     {}, Refused, RejectReason.INVALID_PARAMS, "resource_missing"),
+    ("card_error", 402, _error("card_error", "card_declined"), {},
+     Refused, RejectReason.BUSINESS_REJECTED, "card_declined"),
+    ("authentication", 401, _error("invalid_request_error", "api_key_invalid"), {},
+     Refused, RejectReason.PERMISSION_DENIED, "api_key_invalid"),
+    ("permission", 403, _error("invalid_request_error", "secret_key_required"), {},
+     Refused, RejectReason.PERMISSION_DENIED, "secret_key_required"),
+    ("rate_limit", 429, _error("invalid_request_error", "rate_limit"), {"Retry-After": "7"},
+     NotExecuted, None, None),
+    ("lock_timeout", 429, _error("invalid_request_error", "lock_timeout"), {},
+     NotExecuted, None, None),
+    ("old_rate_limit", 400, _error("invalid_request_error", "rate_limit"), {},
+     NotExecuted, None, None),
+    ("idempotency_reused", 400, _error("idempotency_error"), {}, Misuse, None, None),
+    ("idempotency_in_flight", 409, _error("idempotency_error"), {}, Unknown, None, None),
+    ("api_error", 500, _error("api_error"), {}, Unknown, None, None),
+    ("unavailable", 503, _error("api_error"), {"Stripe-Should-Retry": "true"},
+     Unknown, None, None),
+    ("redirect", 302, {}, {}, Misuse, None, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "outcome", "reason", "code"),
+    [row[1:] for row in TABLE],
+    ids=[row[0] for row in TABLE],
+)
+def test_each_stripe_error_is_classified_by_what_it_proves(
+    status: int,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    outcome: type,
+    reason: RejectReason | None,
+    code: str | None,
+) -> None:
+    served = Served(status, body, headers)
+    gateway = _gateway(served)
+    got = _submit(gateway)
+    gateway.close()
+    assert type(got) is outcome, got
+    if isinstance(got, Refused):
+        assert (got.reason, got.code, got.status) == (reason, code, status)
+    if isinstance(got, NotExecuted) and "Retry-After" in headers:
+        assert got.retry_after == 7.0
+    assert len(served.requests) == 1  # the SDK's retries are off, whatever the answer
+
+
+def test_a_refund_that_fits_the_intent_is_accepted_and_the_request_says_so() -> None:
+    served = Served(200, _refund())
+    gateway = _gateway(served)
+    got = _submit(gateway)
+    gateway.close()
+    assert isinstance(got, Accepted) and got.receipt.reference == "re_3Nx1"
+    (request,) = served.requests
+    assert request.url.path == "/v1/refunds" and request.method == "POST"
+    assert request.headers["Idempotency-Key"] == KEY
+    assert request.headers["Stripe-Version"] == API_VERSION
+    assert request.headers["Authorization"] == "Bearer sk_test_abc"
+    form = dict(httpx.QueryParams(request.content.decode()))
+    assert form == {
+        "payment_intent": "pi_3Nx",
+        "amount": "1500",
+        "metadata[settled_tenant]": "acme",
+        "metadata[settled_idempotency_key]": KEY,
+        "metadata[payee]": "P-7",
+    }
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"amount": 1499}, {"currency": "usd"}, {"payment_intent": "pi_other"}],
+    ids=["amount", "currency", "payment_intent"],
+)
+def test_a_refund_that_does_not_fit_the_intent_is_a_receipt_mismatch(
+    changes: dict[str, Any],
+) -> None:
+    gateway = _gateway(Served(200, _refund(**changes)))
+    got = _submit(gateway)
+    assert isinstance(got, Misuse) and got.code == "receipt_mismatch"
+    found = _gateway(
+        Served(200, {"object": "list", "has_more": False, "data": [_refund(**changes)]})
+    )
+    looked = _lookup(found)
+    assert isinstance(looked, LookupMisuse) and looked.code == "receipt_mismatch"
+    assert looked.record is not None and looked.record.reference == "re_3Nx1"
+    gateway.close()
+    found.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (httpx.ConnectError("refused"), NotSent),
+        (httpx.ConnectTimeout("slow connect"), NotSent),
+        (httpx.PoolTimeout("no connection"), NotSent),
+        (httpx.ReadTimeout("no answer"), Unknown),
+        (httpx.WriteError("broken pipe"), Unknown),
+        (httpx.RemoteProtocolError("reset"), Unknown),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else value.__name__,
+)
+def test_connection_errors_are_split_by_phase_and_sent_once(
+    error: httpx.TransportError, outcome: type
+) -> None:
+    calls: list[httpx.Request] = []
+
+    def fail(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise error
+
+    gateway = _gateway(fail)
+    got = _submit(gateway)
+    gateway.close()
+    assert type(got) is outcome, got
+    assert len(calls) == 1  # no retry by the SDK, even for errors it would call retryable
+
+
+def test_lookup_finds_the_refund_by_the_key_in_its_metadata_without_sending_again() -> None:
+    other = _refund(id="re_other", metadata={"settled_idempotency_key": "stl_someone_else"})
+    served = Served(200, {"object": "list", "has_more": False, "data": [other, _refund()]})
+    gateway = _gateway(served)
+    got = _lookup(gateway)
+    gateway.close()
+    assert isinstance(got, Found) and got.receipt.reference == "re_3Nx1"
+    (request,) = served.requests
+    assert request.method == "GET" and request.url.path == "/v1/refunds"
+    assert request.url.params["payment_intent"] == "pi_3Nx"
+
+
+@pytest.mark.parametrize(
+    ("listed", "outcome"),
+    [
+        ({"object": "list", "has_more": False, "data": []}, NotFound),
+        ({"object": "list", "has_more": True, "data": []}, Unavailable),
+        ({"object": "list", "has_more": False, "data": [_refund(status="failed")]}, Found),
+    ],
+    ids=["none", "not_on_the_first_page", "failed_refund"],
+)
+def test_lookup_says_only_what_the_list_proves(listed: dict[str, Any], outcome: type) -> None:
+    gateway = _gateway(Served(200, listed))
+    got = _lookup(gateway)
+    gateway.close()
+    assert type(got) is outcome, got
+    if isinstance(got, Found):
+        assert got.reason is RejectReason.BUSINESS_REJECTED and got.code == "refund_failed"
+
+
+def test_a_failing_list_is_unavailable_not_not_found() -> None:
+    gateway = _gateway(Served(500, _error("api_error")))
+    assert isinstance(_lookup(gateway), Unavailable)
+    gateway.close()
+
+
+def test_a_tenant_without_a_key_is_refused_locally_and_nothing_is_sent() -> None:
+    served = Served(200, _refund())
+    gateway = _gateway(served)
+    deadline = datetime.now(UTC) + timedelta(seconds=5)
+    got = gateway.submit(
+        tenant="other", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+    )
+    gateway.close()
+    assert isinstance(got, Refused) and got.reason is RejectReason.PERMISSION_DENIED
+    assert served.requests == []
+
+
+def test_the_secret_key_is_in_no_repr_of_the_gateway() -> None:
+    gateway = _gateway(Served(200, _refund()))
+    assert "sk_test_abc" not in repr(gateway) and "sk_test_abc" not in repr(vars(gateway))
+    gateway.close()

@@ -1,0 +1,147 @@
+"""What a Stripe answer proves: Stripe's errors and refund objects as the gateway's outcome
+values (DESIGN.md, "What an outcome proves"; README.md, "Pointing Settled at Stripe").
+
+Pure: no I/O, no clock (``now`` is passed in). An error is read by its HTTP status and its
+documented error object (``{"error": {"type", "code", "message", "param"}}``), as the SDK
+raised it; a connection error by the phase its cause failed in (``workers.http_client``'s
+split for httpx, whose errors the Stripe gateway's HTTP client chains as the cause).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import httpx
+import stripe
+
+from outbox.downstream import (
+    Accepted,
+    Misuse,
+    NotExecuted,
+    NotSent,
+    Receipt,
+    Refused,
+    SubmitOutcome,
+    Unknown,
+    receipt_matches,
+    valid_reference,
+)
+from outbox.retry import parse_retry_after
+from outbox.states import RejectReason
+
+#: Metadata names the gateway writes on every refund (and finds its refunds by).
+TENANT_FIELD = "settled_tenant"
+KEY_FIELD = "settled_idempotency_key"
+PAYEE_FIELD = "payee"
+
+#: invalid-request codes that are the business refusing the refund (the intent is well formed;
+#: the payment cannot be refunded so): rejected as ``business_rejected``. Every other
+#: invalid-request code is the caller's to fix: ``invalid_params``.
+BUSINESS_CODES = frozenset(
+    {
+        "charge_already_refunded",
+        "amount_too_large",
+        "charge_disputed",
+        "charge_expired_for_refund",
+        "refund_disputed_payment",
+        "insufficient_funds",
+        "balance_insufficient",
+        "payment_intent_unexpected_state",
+    }
+)
+#: Nothing left the client: the request provably never reached Stripe.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: Refund statuses that are a refund Stripe has taken on (``pending`` settles later).
+ACCEPTED_STATUSES = frozenset({"succeeded", "pending", "requires_action"})
+
+
+def classify_error(error: stripe.StripeError, *, now: datetime) -> SubmitOutcome:
+    """What a Stripe error raised by a refund's create proves."""
+    if isinstance(error, stripe.APIConnectionError):
+        cause = error.__cause__
+        if isinstance(cause, _NOT_SENT):
+            return NotSent(type(cause).__name__)
+        return Unknown(type(cause).__name__ if cause is not None else "connection error")
+    status = error.http_status or 0
+    kind, code = error_of(error)
+    if status == 429 or (status == 400 and code == "rate_limit"):
+        retry_after = parse_retry_after((error.headers or {}).get("Retry-After"), now)
+        return NotExecuted(429, retry_after)
+    if status in (401, 403):
+        return Refused(RejectReason.PERMISSION_DENIED, code or f"http_{status}", status)
+    if kind == "idempotency_error":
+        if status == 409:  # another request with this key is still being processed
+            return Unknown("an earlier request with this key is still in flight", status)
+        return Misuse("idempotency_error", code or "idempotency error", status)
+    if status == 409:  # a lock timeout or conflict: Stripe may have processed it
+        return Unknown(f"conflict {code or ''}".strip(), status)
+    if status == 402 or kind == "card_error":
+        return Refused(RejectReason.BUSINESS_REJECTED, code or "card_error", status)
+    if status in (400, 404) and kind == "invalid_request_error":
+        if code in BUSINESS_CODES:
+            return Refused(RejectReason.BUSINESS_REJECTED, code, status)
+        return Refused(RejectReason.INVALID_PARAMS, code or "invalid_request", status)
+    if status >= 500:
+        return Unknown(f"server error {code or status}", status)
+    return Misuse("unexpected_response", f"unexpected HTTP {status}", status)
+
+
+def error_of(error: stripe.StripeError) -> tuple[str | None, str | None]:
+    """The error object's type and code (None where absent)."""
+    body = error.json_body if isinstance(error.json_body, dict) else {}
+    obj = body.get("error")
+    if not isinstance(obj, dict):
+        return None, error.code if isinstance(error.code, str) else None
+    kind, code = obj.get("type"), obj.get("code")
+    return (kind if isinstance(kind, str) else None, code if isinstance(code, str) else None)
+
+
+def receipt_of(refund: Mapping[str, Any]) -> Receipt | None:
+    """A refund object as a receipt: its fields in the refund intent's names (None when it is
+    not a readable refund)."""
+    reference, status = refund.get("id"), refund.get("status")
+    amount, currency = refund.get("amount"), refund.get("currency")
+    metadata = refund.get("metadata")
+    if not isinstance(reference, str) or not isinstance(status, str):
+        return None
+    if not isinstance(amount, int) or not isinstance(currency, str):
+        return None
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    params = {
+        "order_id": refund.get("payment_intent") or refund.get("charge"),
+        "amount_minor": amount,
+        "currency": currency.upper(),
+        "payee": metadata.get(PAYEE_FIELD),
+    }
+    verdict = "succeeded" if status in ACCEPTED_STATUSES else "rejected"
+    return Receipt(reference=reference, status=verdict, params=params, raw=dict(refund))
+
+
+def misfit(receipt: Receipt, params: Mapping[str, Any], key: str) -> str | None:
+    """Why ``receipt`` cannot settle the operation with ``key`` and intent ``params``."""
+    if not valid_reference(receipt.reference):
+        return "receipt_unreadable"
+    metadata = receipt.raw.get("metadata")
+    echoed = metadata.get(KEY_FIELD) if isinstance(metadata, Mapping) else None
+    if echoed is not None and echoed != key:
+        return "receipt_key_mismatch"
+    if not receipt_matches(params, receipt):
+        return "receipt_mismatch"
+    return None
+
+
+def classify_refund(
+    refund: Mapping[str, Any], params: Mapping[str, Any], key: str
+) -> SubmitOutcome:
+    """What a refund object answered to a create proves."""
+    receipt = receipt_of(refund)
+    if receipt is None:
+        return Unknown("2xx without a readable refund", 200)
+    wrong = misfit(receipt, params, key)
+    if wrong is not None:
+        return Misuse(wrong, f"the refund does not fit the intent ({wrong})", 200)
+    if receipt.status != "succeeded":
+        return Refused(RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}", 200)
+    return Accepted(receipt)

@@ -1,0 +1,231 @@
+"""Refunds through Stripe's official SDK: the ``Gateway`` port under the same guarantees as the
+HTTP gateway (README.md, "Pointing Settled at Stripe").
+
+One ``StripeClient`` per tenant key, the API version pinned, the SDK's own retries off
+(``max_network_retries=0``: the executor is the one retry owner; the SDK's defaults would
+multiply attempts). The HTTP client under the SDK is Settled's own (``DeadlineHttpClient``):
+each request's timeout is what is left of the operation's deadline, it makes exactly one
+request per call, and the httpx error of a failed request stays chained as the SDK error's
+cause, so a connection error is split by phase (nothing sent vs maybe sent).
+
+A refund is created with the stored idempotency key as Stripe's ``Idempotency-Key`` and the
+tenant, the key and the payee in ``metadata``; the refund intent's ``order_id`` is the Stripe
+PaymentIntent. A lookup never sends again: it lists the payment intent's refunds and finds
+the one whose metadata names the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import stripe
+from pydantic import SecretStr
+
+from outbox.clock import Deadline
+from outbox.downstream import (
+    Found,
+    LookupMisuse,
+    LookupOutcome,
+    NotFound,
+    NotSent,
+    Refused,
+    SubmitOutcome,
+    Unavailable,
+)
+from outbox.kinds import Kind
+from outbox.states import RejectReason
+from workers.stripe_classify import (
+    KEY_FIELD,
+    PAYEE_FIELD,
+    TENANT_FIELD,
+    classify_error,
+    classify_refund,
+    misfit,
+    receipt_of,
+)
+
+log = logging.getLogger(__name__)
+
+#: The Stripe API version every request names (the one the pinned SDK is generated for).
+API_VERSION = "2026-10-28.endive"
+#: Stripe's API (its test mode too: a ``sk_test_`` key selects it).
+DEFAULT_API_BASE = "https://api.stripe.com"
+#: The most refunds one lookup reads for a payment intent (one page).
+LIST_LIMIT = 100
+
+
+class DeadlineHttpClient(stripe.HTTPClient):
+    """The SDK's HTTP client: one httpx request per call, timed out when the caller's
+    deadline passes, its transport errors chained as the cause of the SDK's error."""
+
+    name = "settled-httpx"
+
+    def __init__(self, transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__()
+        self._http = httpx.Client(transport=transport, trust_env=False, follow_redirects=False)
+        self._deadline = threading.local()
+
+    def within(self, deadline: Deadline) -> None:
+        """Bound this thread's next requests by ``deadline``."""
+        self._deadline.value = deadline
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None,
+        post_data: Any = None,
+        *,
+        _usage: list[str] | None = None,
+    ) -> tuple[Any, int, Mapping[str, str]]:
+        deadline: Deadline | None = getattr(self._deadline, "value", None)
+        timeout = max(deadline.left(), 0.001) if deadline is not None else 10.0
+        try:
+            response = self._http.request(
+                method, url, headers=dict(headers or {}), content=post_data, timeout=timeout
+            )
+        except httpx.TransportError as exc:
+            message = f"connection error ({type(exc).__name__})"
+            error = stripe.APIConnectionError(message, should_retry=False)  # type: ignore[no-untyped-call]
+            raise error from exc
+        return response.content, response.status_code, response.headers
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class StripeGateway:
+    """The ``Gateway`` port for refunds over Stripe (kind ``refund``)."""
+
+    def __init__(
+        self,
+        api_keys: Mapping[str, SecretStr],
+        *,
+        api_base: str = DEFAULT_API_BASE,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self._timeout = timeout
+        self._http = DeadlineHttpClient(transport)
+        self._clients = {
+            tenant: stripe.StripeClient(
+                key.get_secret_value(),
+                stripe_version=API_VERSION,
+                base_addresses={"api": api_base.rstrip("/")},
+                max_network_retries=0,
+                http_client=self._http,
+            )
+            for tenant, key in api_keys.items()
+        }
+
+    def close(self) -> None:
+        self._http.close()
+
+    def submit(
+        self,
+        *,
+        tenant: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: Deadline | datetime,
+    ) -> SubmitOutcome:
+        """Create the refund once; never retries; never spends past ``deadline``."""
+        fields = {"tenant": tenant, "kind": kind.name, "key": idempotency_key}
+        client = self._clients.get(tenant)
+        if client is None:
+            log.warning("submit refused locally: no Stripe key for the tenant", extra=fields)
+            return Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0)
+        until = self._within(deadline)
+        if until.left() <= 0:
+            return NotSent("deadline passed before sending")
+        form = {
+            "payment_intent": params["order_id"],
+            "amount": params["amount_minor"],
+            "metadata": {
+                TENANT_FIELD: tenant,
+                KEY_FIELD: idempotency_key,
+                PAYEE_FIELD: params["payee"],
+            },
+        }
+        options: stripe.RequestOptions = {
+            "idempotency_key": idempotency_key,
+            "max_network_retries": 0,
+        }
+        try:
+            refund = client.v1.refunds.create(form, options)  # type: ignore[arg-type]
+        except stripe.StripeError as exc:
+            outcome = classify_error(exc, now=datetime.now(UTC))
+        else:
+            outcome = classify_refund(refund.to_dict(), params, idempotency_key)
+        log.info("stripe submit answered", extra={**fields, "proof": outcome.proof.value})
+        return outcome
+
+    def lookup(
+        self,
+        *,
+        tenant: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: Deadline | datetime,
+    ) -> LookupOutcome:
+        """Find the refund among the payment intent's refunds by the key in its metadata."""
+        client = self._clients.get(tenant)
+        if client is None:
+            return Unavailable("no Stripe key configured for the tenant")
+        until = self._within(deadline)
+        if until.left() <= 0:
+            return Unavailable("deadline passed before sending")
+        query = {"payment_intent": params["order_id"], "limit": LIST_LIMIT}
+        try:
+            page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
+        except stripe.StripeError as exc:
+            log.info(
+                "stripe lookup unavailable",
+                extra={"tenant": tenant, "key": idempotency_key, "error": type(exc).__name__},
+            )
+            return Unavailable(f"listing refunds failed ({type(exc).__name__})")
+        listed = page.to_dict()
+        return _find(listed, params, idempotency_key)
+
+    def _within(self, deadline: Deadline | datetime) -> Deadline:
+        if isinstance(deadline, datetime):  # on this process's wall clock
+            deadline = Deadline.from_wall(deadline, datetime.now(UTC))
+        until = deadline.capped(self._timeout)
+        self._http.within(until)
+        return until
+
+
+def _find(listed: Mapping[str, Any], params: Mapping[str, Any], key: str) -> LookupOutcome:
+    """The lookup's answer from one page of a payment intent's refunds."""
+    refunds = listed.get("data")
+    if not isinstance(refunds, list):
+        return Unavailable("the refunds list is not readable")
+    for refund in refunds:
+        metadata = refund.get("metadata") if isinstance(refund, dict) else None
+        if not isinstance(metadata, dict) or metadata.get(KEY_FIELD) != key:
+            continue
+        receipt = receipt_of(refund)
+        if receipt is None:
+            return Unavailable("the refund is not readable")
+        wrong = misfit(receipt, params, key)
+        if wrong is not None:
+            ours = wrong == "receipt_mismatch"
+            return LookupMisuse(
+                wrong, "the refund does not match the intent", receipt if ours else None
+            )
+        if receipt.status == "succeeded":
+            return Found(receipt)
+        return Found(receipt, RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}")
+    if listed.get("has_more"):
+        # Not on the first page is not "not found": the answer is unknown.
+        return Unavailable("more refunds than one page; the key was not on the first")
+    return NotFound()
