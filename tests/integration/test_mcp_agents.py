@@ -7,6 +7,10 @@ exactly (and the rig's ``check_truthful`` at teardown).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -339,3 +343,45 @@ def test_tool_annotations_are_truthful(rig: Rig) -> None:
 
     converse(server(rig), model)
     rig.judged_by_ledger = False
+
+
+def test_staff_list_approve_and_decline_on_the_command_line(rig: Rig) -> None:
+    handles: list[str] = []
+
+    async def ask(client: Client) -> None:
+        for amount in (1000, 2000):
+            got = await call(client, "request_refund", **{**REFUND, "amount_minor": amount})
+            handles.append(got["error"]["handle"])
+
+    converse(server(rig), ask)  # no elicitation, no policy: both wait for staff
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+    env.update(
+        SETTLED_DATABASE_URL=rig.engine.url.render_as_string(hide_password=False),
+        SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "test-fingerprint-key-0001"}),
+        SETTLED_IDEMPOTENCY_SECRET="test-idempotency-secret",
+        SETTLED_STAFF_ID="mei",
+    )
+
+    def settled(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "settled.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    listed = settled("proposals", "list", "--tenant", "acme")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["handle"] for line in listed.stdout.splitlines()] == handles
+    approved = settled("proposals", "approve", "--tenant", "acme", handles[0])
+    assert approved.returncode == 0, approved.stderr
+    assert json.loads(approved.stdout)["decided_by"] == "staff:mei"
+    declined = settled("proposals", "decline", "--tenant", "acme", handles[1])
+    assert declined.returncode == 0, declined.stderr
+    late = settled("proposals", "approve", "--tenant", "acme", handles[1])
+    assert late.returncode == 1 and "Traceback" not in late.stderr
+    assert late.stderr.startswith("Error: [proposal_decided]")
+    execute_all(rig)
+    assert rig.control.refunded("acme", "A1042") == 1000
