@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         InvalidInput,
         InvalidParams,
         NotFound,
+        ProposalConflict,
         ReviewConflict,
         SettledError,
         StaleLease,
@@ -82,6 +83,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
             "NotFound",
             "Forbidden",
             "ReviewConflict",
+            "ProposalConflict",
         )
     },
 }
@@ -97,6 +99,7 @@ __all__ = [
     "InvalidParams",
     "NotFound",
     "Outbox",
+    "ProposalConflict",
     "ReviewConflict",
     "Settings",
     "SettledError",

@@ -13,8 +13,9 @@ misuse, bad input and broken invariants::
     ├── StaleLease              a write whose fencing version is no longer current
     ├── NotFound                no such operation / run / review item for this tenant
     ├── Forbidden               the staff role may not take this action
-    └── ReviewConflict          a review item was resolved by somebody else first, or the
-                                resolution contradicts the downstream's evidence
+    ├── ReviewConflict          a review item was resolved by somebody else first, or the
+    │                           resolution contradicts the downstream's evidence
+    └── ProposalConflict        an agent's proposal was decided by somebody else first
 
 Every class carries a stable ``code``; the class docstring is the default message. Messages
 never contain intent parameters, payees or secrets.
@@ -100,3 +101,9 @@ class ReviewConflict(SettledError):
     """The review item cannot be resolved that way."""
 
     code = "review_conflict"
+
+
+class ProposalConflict(SettledError):
+    """The proposal was already decided; nothing was written."""
+
+    code = "proposal_decided"

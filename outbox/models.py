@@ -1,5 +1,6 @@
 """Tables: operations, attempts, operation events (append-only), runs, review items, API keys,
-and the support console's staff accounts, their sessions and failed sign-ins."""
+the support console's staff accounts, their sessions and failed sign-ins, and the proposals
+an AI agent makes (``outbox.proposals``)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ NAMING = {
 
 STATES = "'planned','submitted','succeeded','rejected','unknown','cancelled'"
 STAFF_ROLES = "'viewer','support','supervisor','admin'"
+PROPOSAL_STATUSES = "'proposed','approved','declined','expired'"
 REASONS = "'business_rejected','invalid_params','permission_denied','not_executed'"
 
 
@@ -260,3 +262,35 @@ class StaffLoginFailure(Base):
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     key_hash: Mapped[str] = mapped_column(String(64))
     at: Mapped[datetime]
+
+
+class Proposal(Base):
+    """An operation an AI agent asked for, waiting for (or past) a human's or a policy's
+    decision; only an approved one becomes an operation intent, under an op_id the app mints."""
+
+    __tablename__ = "proposals"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({PROPOSAL_STATUSES})", name="status"),
+        CheckConstraint("(status = 'approved') = (op_id IS NOT NULL)", name="op_id_iff_approved"),
+        Index("ix_proposals_tenant_kind_order_ref", "tenant", "kind", "order_ref"),
+    )
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(63))
+    #: what the agent and its user hold: opaque, unguessable (``prp_...``)
+    handle: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    #: the intent's order, where repeats are looked for
+    order_ref: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]]
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    fingerprint_key_version: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str] = mapped_column(String(500))
+    #: the model's tool-call id: correlation only, never an op_id
+    correlation_id: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="proposed")
+    decided_by: Mapped[str | None] = mapped_column(String(100))
+    op_id: Mapped[str | None] = mapped_column(String(80))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
+    decided_at: Mapped[datetime | None]

@@ -165,6 +165,14 @@ class Settings(BaseSettings):
     console_login_max_failures_per_address: int = Field(default=20, ge=1, le=10000)
     console_login_window_minutes: float = Field(default=15.0, gt=0)
 
+    #: The MCP server for AI agents (``settled mcp``): the one tenant a stdio server speaks
+    #: for (the HTTP transport takes a tenant's API key instead); per tenant, the largest
+    #: refund its policy approves without a person, in minor units, e.g. ``{"acme": 5000}``
+    #: (a tenant not named: none); how long a repeated request answers with the earlier one.
+    agent_tenant: str | None = None
+    agent_auto_approve_minor: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    agent_repeat_window_seconds: float = Field(default=86400.0, gt=0)
+
     @field_validator("fingerprint_keys")
     @classmethod
     def _long_enough_keys(cls, keys: dict[str, SecretStr]) -> dict[str, SecretStr]:

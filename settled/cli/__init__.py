@@ -6,6 +6,7 @@
     review       review list, show, requery, resolve (support staff)
     apikey       apikey create, revoke
     staff        staff create, disable, password, list (the console's accounts)
+    agents       mcp (the MCP server for AI agents); proposals list, approve, decline
     reconcile    reconcile [--once]
     simulator    simulator
     demo         demo
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import click
 
+from settled.cli.agents import mcp, proposals
 from settled.cli.apikey import apikey
 from settled.cli.common import OneLineErrors
 from settled.cli.db import db
@@ -55,3 +57,5 @@ main.add_command(staff)
 main.add_command(reconcile)
 main.add_command(simulator)
 main.add_command(demo)
+main.add_command(mcp)
+main.add_command(proposals)

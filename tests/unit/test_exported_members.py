@@ -43,6 +43,7 @@ CURATED = [
     "NotFound",
     "Forbidden",
     "ReviewConflict",
+    "ProposalConflict",
     # for the app's own tests
     "FakeGateway",
 ]

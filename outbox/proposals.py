@@ -1,0 +1,222 @@
+"""Proposals: what an AI agent asks for becomes an operation only once it is approved.
+
+A model supplies business parameters and a reason; that makes a *proposal*, never an
+operation. Approval (the human in the agent's client, a tenant's policy, or staff) turns it
+into an operation intent through ``Outbox.enqueue`` under an op_id the app mints, in the same
+transaction that marks it approved. The model's tool-call id is kept as correlation only: a
+retried turn gets a new call id, so it can never name an operation.
+
+Approval binds the exact parameters (the proposal's keyed fingerprint): a changed amount or
+payee is another proposal. A request that repeats a live one (proposed or approved) for the
+same order within the repeat window is not made again: the answer is the existing proposal.
+A different request for the same order (a second partial refund) is a new proposal, and its
+approval shows the earlier ones. Like intake, nothing here commits.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from outbox.errors import InvalidInput, InvalidParams, NotFound, ProposalConflict
+from outbox.fingerprint import canonical_params
+from outbox.ids import new_op_id, validate_correlation_id, validate_label, validate_tenant
+from outbox.intake import Outbox
+from outbox.models import Proposal
+from outbox.report import Report
+from outbox.runs import open_run, run_report
+from outbox.storage import proposals as store
+from outbox.storage.runs import run as run_by_id
+
+HANDLE_PREFIX = "prp_"
+HANDLE_RE = re.compile(r"prp_[A-Za-z0-9_-]{32}")
+MAX_REASON = 500
+MAX_ACTOR = 100
+PROPOSED, APPROVED, DECLINED, EXPIRED = "proposed", "approved", "declined", "expired"
+#: the statuses a repeat is answered from: a declined or expired request may be asked again
+LIVE = frozenset({PROPOSED, APPROVED})
+
+
+def new_handle() -> str:
+    """An opaque, unguessable proposal handle (192 random bits)."""
+    return HANDLE_PREFIX + secrets.token_urlsafe(24)
+
+
+# -- the rules (pure) ----------------------------------------------------------------------
+
+
+def repeat_of(
+    earlier: Sequence[Proposal], same_params: Callable[[Proposal], bool]
+) -> Proposal | None:
+    """The earliest live proposal among ``earlier`` with the same parameters (None: none)."""
+    for proposal in earlier:
+        if proposal.status in LIVE and same_params(proposal):
+            return proposal
+    return None
+
+
+def auto_approvable(limit: int | None, amount: int | None, earlier: Sequence[Proposal]) -> bool:
+    """Whether a tenant's policy approves a new proposal by itself: an amount at most the
+    tenant's limit, and no other live proposal for the same order (a second refund on one
+    order always needs a person's explicit approval, which shows the first)."""
+    if limit is None or amount is None or amount > limit:
+        return False
+    return not any(p.status in LIVE for p in earlier)
+
+
+# -- the service ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proposed:
+    """What a request did: the proposal (new, or the one it repeats) and the other live
+    proposals for the same order, which an approval must show."""
+
+    proposal: Proposal
+    created: bool
+    earlier: tuple[Proposal, ...]
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """Making, finding and deciding proposals; built once at the composition root."""
+
+    outbox: Outbox
+    window: timedelta = timedelta(hours=24)
+
+    def propose(
+        self,
+        session: Session,
+        *,
+        tenant: str,
+        kind: str,
+        params: Mapping[str, Any],
+        reason: str,
+        correlation_id: str | None = None,
+    ) -> Proposed:
+        """A new proposal in ``session`` (flushed, never committed), or the live one it
+        repeats. Bad input raises an InvalidInput subclass before anything is written."""
+        tenant = validate_tenant(tenant)
+        spec = self.outbox.registry.get(kind)
+        intent = spec.parse(params)
+        reason = validate_label(reason, field="reason", max_length=MAX_REASON)
+        if correlation_id is not None:
+            correlation_id = validate_correlation_id(correlation_id)
+        order_ref = getattr(intent, "order_id", None)
+        if not isinstance(order_ref, str):
+            raise InvalidParams("an agent may propose only operations on an order", field="kind")
+        fp = self.outbox.fingerprinter
+        earlier = store.recent_for_order(
+            session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=self.window
+        )
+        repeated = repeat_of(
+            earlier,
+            lambda p: fp.matches(spec.name, intent, p.fingerprint_key_version, p.fingerprint),
+        )
+        live = tuple(p for p in earlier if p.status in LIVE and p is not repeated)
+        if repeated is not None:
+            return Proposed(repeated, created=False, earlier=live)
+        row = store.add_proposal(
+            session,
+            {
+                "tenant": tenant,
+                "handle": new_handle(),
+                "kind": spec.name,
+                "order_ref": order_ref,
+                "params": canonical_params(intent),
+                "fingerprint": fp.fingerprint(spec.name, intent),
+                "fingerprint_key_version": fp.current,
+                "reason": reason,
+                "correlation_id": correlation_id,
+            },
+        )
+        return Proposed(row, created=True, earlier=live)
+
+    def find(self, session: Session, tenant: str, handle: str) -> Proposal:
+        """Proposal ``handle`` of ``tenant``; NotFound (the same error) for any other."""
+        tenant = validate_tenant(tenant)
+        found = None
+        if isinstance(handle, str) and HANDLE_RE.fullmatch(handle) is not None:
+            found = store.find_proposal(session, tenant, handle)
+        if found is None:
+            raise NotFound("no such proposal", code="proposal_not_found")
+        return found
+
+    def approve(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
+        """Approve a proposal: enqueue its exact parameters under a new app-minted op_id, in a
+        run of its own, and mark it approved, all in ``session`` (never committed).
+
+        Approving an approved proposal returns it unchanged; a declined or expired one raises
+        ProposalConflict. The caller rolls back on any error: nothing is then written.
+        """
+        by = validate_label(by, field="actor", max_length=MAX_ACTOR)
+        proposal = self.find(session, tenant, handle)
+        if proposal.status == APPROVED:
+            return proposal
+        if proposal.status != PROPOSED:
+            raise ProposalConflict(code="proposal_decided", status=proposal.status)
+        self._check_bound(proposal)
+        run = open_run(session, tenant=proposal.tenant, title=f"agent proposal {handle}")
+        op_id = new_op_id()
+        self.outbox.enqueue(
+            session,
+            tenant=proposal.tenant,
+            op_id=op_id,
+            kind=proposal.kind,
+            params=proposal.params,
+            run=run,
+            correlation_id=proposal.correlation_id,
+        )
+        if not store.decide(
+            session, proposal.id, status=APPROVED, by=by, op_id=op_id, run_id=run.id
+        ):
+            raise ProposalConflict("the proposal was decided by somebody else first")
+        session.expire(proposal)
+        return proposal
+
+    def decline(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
+        """Decline a proposal still waiting (never committed); declining a declined one is
+        harmless; an approved or expired one raises ProposalConflict."""
+        by = validate_label(by, field="actor", max_length=MAX_ACTOR)
+        proposal = self.find(session, tenant, handle)
+        if proposal.status == DECLINED:
+            return proposal
+        if proposal.status != PROPOSED or not store.decide(
+            session, proposal.id, status=DECLINED, by=by
+        ):
+            raise ProposalConflict(code="proposal_decided", status=proposal.status)
+        session.expire(proposal)
+        return proposal
+
+    def waiting(self, session: Session, tenant: str | None = None) -> list[Proposal]:
+        """The proposals waiting for a decision (of one tenant, or all), oldest first."""
+        return store.waiting(session, validate_tenant(tenant) if tenant is not None else None)
+
+    def _check_bound(self, proposal: Proposal) -> None:
+        """The stored parameters still match the fingerprint they were proposed with."""
+        spec = self.outbox.registry.get(proposal.kind)
+        intent = spec.parse(proposal.params)
+        fp = self.outbox.fingerprinter
+        if not fp.matches(
+            spec.name, intent, proposal.fingerprint_key_version, proposal.fingerprint
+        ):
+            raise InvalidInput(
+                "the proposal's parameters no longer match what was proposed",
+                code="proposal_tampered",
+            )
+
+
+def proposal_report(session: Session, proposal: Proposal) -> Report | None:
+    """The run report of an approved proposal's operation (None before approval)."""
+    if proposal.run_id is None:
+        return None
+    run = run_by_id(session, proposal.run_id)
+    if run is None:  # pragma: no cover - a foreign key holds it
+        return None
+    return run_report(session, proposal.tenant, run.handle)

@@ -1,0 +1,124 @@
+"""``settled mcp`` (the MCP server for AI agents) and ``settled proposals`` (staff deciding
+what agents proposed: list, approve, decline)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from settled.cli.common import TEXT, Text
+
+PORT = click.IntRange(1, 65535)
+HANDLE = Text(max_length=64)
+
+
+@click.command("mcp")
+@click.option(
+    "--transport",
+    type=click.Choice(["stdio", "http"]),
+    default="stdio",
+    show_default=True,
+    help="stdio: one tenant (SETTLED_AGENT_TENANT); http: a tenant's API key as bearer token",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, type=TEXT)
+@click.option("--port", default=8800, show_default=True, type=PORT)
+def mcp(transport: str, host: str, port: int) -> None:
+    """Serve the tools for AI agents over the Model Context Protocol."""
+    from sqlalchemy.orm import sessionmaker
+
+    from outbox.db import make_engine
+    from outbox.errors import InvalidInput
+    from outbox.ids import validate_tenant
+    from outbox.settings import Settings
+    from settled.mcp_server import AgentDesk, build_server
+
+    settings = Settings()
+    engine = make_engine(settings.database_url)
+    try:
+        desk = AgentDesk.from_settings(settings, sessionmaker(engine, expire_on_commit=False))
+        if transport == "stdio":
+            if settings.agent_tenant is None:
+                raise InvalidInput(
+                    "a stdio server speaks for one tenant: set SETTLED_AGENT_TENANT",
+                    code="invalid_setting",
+                )
+            validate_tenant(settings.agent_tenant)
+            build_server(desk).run("stdio")
+            return
+        url = f"http://{host}:{port}"
+        desk = AgentDesk(desk.sessions, desk.proposals, desk.auto_approve_minor, tenant=None)
+        click.echo(f"MCP server on {url}/mcp", err=True)
+        build_server(desk, http_url=url).run("streamable-http", host=host, port=port)
+    finally:
+        engine.dispose()
+
+
+@click.group()
+def proposals() -> None:
+    """What AI agents proposed and nobody has decided yet (staff approve or decline)."""
+
+
+def _in_transaction(action: Any) -> Any:
+    """Run ``action(proposals_service, session)`` in one transaction on the configured
+    database."""
+    from sqlalchemy.orm import Session
+
+    from outbox.db import make_engine
+    from outbox.intake import Outbox
+    from outbox.proposals import Proposals
+    from outbox.settings import Settings
+
+    settings = Settings()
+    engine = make_engine(settings.database_url)
+    service = Proposals(Outbox.from_settings(settings))
+    try:
+        with Session(engine, expire_on_commit=False) as session, session.begin():
+            return action(service, session)
+    finally:
+        engine.dispose()
+
+
+def _row(p: Any) -> dict[str, Any]:
+    return {
+        "handle": p.handle,
+        "tenant": p.tenant,
+        "kind": p.kind,
+        "params": p.params,
+        "reason": p.reason,
+        "status": p.status,
+        "decided_by": p.decided_by,
+        "op_id": p.op_id,
+        "created_at": p.created_at.isoformat(),
+    }
+
+
+@proposals.command("list")
+@click.option("--tenant", type=TEXT, default=None, help="one tenant's only")
+def proposals_list(tenant: str | None) -> None:
+    """The proposals waiting for a decision, oldest first, as JSON lines."""
+    rows = _in_transaction(lambda svc, s: [_row(p) for p in svc.waiting(s, tenant)])
+    for row in rows:
+        click.echo(json.dumps(row, ensure_ascii=False))
+    click.echo(f"{len(rows)} waiting", err=True)
+
+
+@proposals.command("approve")
+@click.option("--tenant", required=True, type=TEXT)
+@click.option("--staff", envvar="SETTLED_STAFF_ID", required=True, type=TEXT, help="your id")
+@click.argument("handle", type=HANDLE)
+def proposals_approve(tenant: str, staff: str, handle: str) -> None:
+    """Approve HANDLE: its exact parameters become an operation under a new op_id."""
+    row = _in_transaction(lambda svc, s: _row(svc.approve(s, tenant, handle, by=f"staff:{staff}")))
+    click.echo(json.dumps(row, ensure_ascii=False))
+
+
+@proposals.command("decline")
+@click.option("--tenant", required=True, type=TEXT)
+@click.option("--staff", envvar="SETTLED_STAFF_ID", required=True, type=TEXT, help="your id")
+@click.argument("handle", type=HANDLE)
+def proposals_decline(tenant: str, staff: str, handle: str) -> None:
+    """Decline HANDLE: nothing is sent."""
+    row = _in_transaction(lambda svc, s: _row(svc.decline(s, tenant, handle, by=f"staff:{staff}")))
+    click.echo(json.dumps(row, ensure_ascii=False))

@@ -1,0 +1,80 @@
+"""What the MCP tools answer: a proposal's status in the run report's words, and errors as
+tool results with a ``kind`` the model can act on (``settled.mcp_server``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from mcp_types import CallToolResult, TextContent
+from sqlalchemy.orm import Session
+
+from outbox.models import Proposal
+from outbox.proposals import APPROVED, PROPOSED, proposal_report
+from outbox.report import render_line
+from outbox.report_text import Lang
+
+ErrorKind = Literal["fixable", "permission", "business_rejected", "pending", "conflict"]
+
+#: A proposal's status before it is an operation, per language (after: the run report's words).
+WORDS: dict[str, dict[str, str]] = {
+    "en": {
+        "waiting_for_approval": "Refund request {handle} is waiting for approval; nothing has "
+        "been sent.",
+        "declined": "Refund request {handle} was declined; nothing was sent.",
+        "expired": "Refund request {handle} expired without a decision; nothing was sent.",
+    },
+    "zh": {
+        "waiting_for_approval": "退款申请 {handle} 正在等待批准，尚未发送任何请求。",
+        "declined": "退款申请 {handle} 已被拒绝，未发送任何请求。",
+        "expired": "退款申请 {handle} 未获处理已过期，未发送任何请求。",
+    },
+}
+
+
+def describe(session: Session, proposal: Proposal, lang: Lang) -> dict[str, Any]:
+    """A proposal as the status tool shows it: its terms, and either where its approval
+    stands or (once approved) its operation's line of the run report, with evidence."""
+    params = proposal.params
+    data: dict[str, Any] = {
+        "handle": proposal.handle,
+        "order_id": params.get("order_id"),
+        "amount_minor": params.get("amount_minor"),
+        "currency": params.get("currency"),
+        "payee": params.get("payee"),
+        "decided_by": proposal.decided_by,
+    }
+    report = proposal_report(session, proposal) if proposal.status == APPROVED else None
+    if report is None or proposal.op_id is None:
+        status = "waiting_for_approval" if proposal.status == PROPOSED else proposal.status
+        text = WORDS[lang][status].format(handle=proposal.handle)
+        return {**data, "status": status, "text": text}
+    line = report.line(proposal.op_id)
+    return {
+        **data,
+        "status": "approved",
+        "op_id": proposal.op_id,
+        "outcome": line.group.value,
+        "state": line.state.value,
+        "evidence": dict(line.evidence),
+        "stopped": report.cancelled,
+        "text": render_line(line, report.cancelled, lang),
+    }
+
+
+def answer(data: dict[str, Any]) -> CallToolResult:
+    """A tool's successful answer: structured, and the same as JSON text."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
+        structuredContent=data,
+    )
+
+
+def refusal(kind: ErrorKind, message: str, **data: Any) -> CallToolResult:
+    """A tool's error the model can act on: ``{"error": {"kind", "message", ...}}``."""
+    error = {"kind": kind, "message": message, **data}
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps({"error": error}, ensure_ascii=False))],
+        structuredContent={"error": error},
+        isError=True,
+    )

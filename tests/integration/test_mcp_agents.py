@@ -1,0 +1,387 @@
+"""The MCP server for AI agents, driven through the SDK's own client in-process by a scripted
+model that misbehaves, against a real database (PostgreSQL and SQLite) and the simulator.
+
+Judged by the simulator's ledger: what was refunded on the order equals what was approved,
+exactly (and the rig's ``check_truthful`` at teardown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import anyio
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp_types import ElicitResult
+from sqlalchemy import select
+
+from outbox.models import Operation, Proposal
+from outbox.proposals import Proposals
+from settled.mcp_server import AgentDesk, build_server
+from tests.support.rig import HOLD, Rig
+
+REFUND = {
+    "order_id": "A1042",
+    "amount_minor": 10000,
+    "currency": "CNY",
+    "payee": "P-7",
+    "reason": "parcel lost",
+}
+
+
+class Human:
+    """The person in the client: answers approval prompts from a script, keeps the prompts."""
+
+    def __init__(self, *answers: tuple[str, bool | None]) -> None:
+        self.answers = list(answers)
+        self.prompts: list[str] = []
+
+    async def __call__(self, context: Any, params: Any) -> ElicitResult:
+        self.prompts.append(params.message)
+        action, approve = self.answers.pop(0)
+        content = {"approve": approve} if action == "accept" else None
+        return ElicitResult(action=action, content=content)
+
+
+def server(rig: Rig, limits: dict[str, int] | None = None, tenant: str = "acme") -> MCPServer:
+    proposals = Proposals(rig.outbox, timedelta(hours=1))
+    return build_server(AgentDesk(rig.sessions, proposals, limits or {}, tenant=tenant))
+
+
+Model = Callable[[Client], Awaitable[None]]
+
+
+def converse(srv: MCPServer, model: Model, human: Human | None = None) -> None:
+    """Run the scripted ``model`` against ``srv`` through the SDK's client, in-process."""
+
+    async def main() -> None:
+        async with Client(srv, mode="legacy", elicitation_callback=human) as client:
+            await model(client)
+
+    anyio.run(main)
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool call's structured answer; errors as ``{"error": {...}}`` with is_error set."""
+    result = await client.call_tool(tool, arguments)
+    data = result.structured_content
+    assert isinstance(data, dict)
+    assert result.is_error == ("error" in data)
+    return data
+
+
+def operations(rig: Rig) -> list[Operation]:
+    with rig.sessions() as s:
+        return list(s.scalars(select(Operation).order_by(Operation.id)))
+
+
+def proposals(rig: Rig) -> list[Proposal]:
+    with rig.sessions() as s:
+        return list(s.scalars(select(Proposal).order_by(Proposal.id)))
+
+
+def execute_all(rig: Rig) -> None:
+    rig.executor().execute([op.id for op in operations(rig)])
+
+
+def test_a_regenerated_request_after_a_timeout_is_answered_with_the_first(rig: Rig) -> None:
+    human = Human(("accept", True))
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        seen.append(await call(client, "request_refund", **REFUND, call_id="call_1"))
+        # the model's client timed out; it asks again with a new call id, then again
+        seen.append(await call(client, "request_refund", **REFUND, call_id="call_2"))
+        seen.append(await call(client, "request_refund", **REFUND))
+
+    converse(server(rig), model, human)
+    first, second, third = seen
+    assert first["status"] == "approved" and first["outcome"] == "not_done"
+    assert second["handle"] == third["handle"] == first["handle"]
+    assert second["repeat"] is True and third["repeat"] is True
+    assert len(human.prompts) == 1  # asked once, not three times
+    (op,) = operations(rig)
+    assert op.op_id == first["op_id"] and op.op_id.startswith("op_")
+    assert op.correlation_id == "call_1"  # the call id is correlation only
+    execute_all(rig)
+    assert rig.control.refunded("acme", "A1042") == 10000
+
+
+def test_the_prompt_shows_amount_currency_payee_and_order(rig: Rig) -> None:
+    human = Human(("accept", True))
+
+    async def model(client: Client) -> None:
+        await call(client, "request_refund", **REFUND)
+
+    converse(server(rig), model, human)
+    (prompt,) = human.prompts
+    for shown in ("100.00 CNY", "P-7", "A1042", "parcel lost"):
+        assert shown in prompt
+
+
+def test_a_call_id_passed_as_op_id_is_refused_and_nothing_is_written(rig: Rig) -> None:
+    async def model(client: Client) -> None:
+        got = await call(client, "request_refund", **REFUND, call_id="call_9", op_id="call_9")
+        assert got["error"]["kind"] == "fixable" and got["error"]["field"] == "op_id"
+
+    converse(server(rig), model, Human())
+    assert proposals(rig) == [] and operations(rig) == []
+
+
+def test_a_changed_amount_on_retry_is_a_new_proposal_whose_prompt_shows_the_first(
+    rig: Rig,
+) -> None:
+    human = Human(("accept", True), ("decline", None))
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        seen.append(await call(client, "request_refund", **REFUND, call_id="c1"))
+        seen.append(
+            await call(client, "request_refund", **{**REFUND, "amount_minor": 12000}, call_id="c2")
+        )
+
+    converse(server(rig), model, human)
+    assert seen[0]["status"] == "approved"
+    assert seen[1]["error"]["kind"] == "business_rejected"
+    assert "Earlier on this order: 100.00 CNY to P-7 (approved)" in human.prompts[1]
+    assert [p.status for p in proposals(rig)] == ["approved", "declined"]
+    execute_all(rig)
+    assert rig.control.refunded("acme", "A1042") == 10000
+
+
+def test_a_second_partial_refund_is_its_own_approved_operation(rig: Rig) -> None:
+    human = Human(("accept", True), ("accept", True))
+
+    async def model(client: Client) -> None:
+        await call(client, "request_refund", **{**REFUND, "amount_minor": 3000})
+        await call(client, "request_refund", **{**REFUND, "amount_minor": 2000})
+
+    # the policy would approve either amount alone; the second on the same order needs a person
+    converse(server(rig, limits={"acme": 5000}), model, human)
+    assert len(human.prompts) == 1 and "30.00 CNY" in human.prompts[0]
+    assert [p.decided_by for p in proposals(rig)] == ["policy:auto_approve", "user:elicitation"]
+    assert len({op.op_id for op in operations(rig)}) == 2
+    execute_all(rig)
+    assert rig.control.refunded("acme", "A1042") == 5000
+
+
+def test_declined_and_cancelled_elicitations_send_nothing(rig: Rig) -> None:
+    human = Human(("decline", None), ("cancel", None), ("accept", False))
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        for amount in (1000, 2000, 3000):
+            seen.append(await call(client, "request_refund", **{**REFUND, "amount_minor": amount}))
+
+    converse(server(rig), model, human)
+    kinds = [s["error"]["kind"] for s in seen]
+    assert kinds == ["business_rejected", "pending", "business_rejected"]
+    assert [p.status for p in proposals(rig)] == ["declined", "proposed", "declined"]
+    assert operations(rig) == []
+
+
+def test_the_policy_limit_approves_up_to_it_and_no_further(rig: Rig) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        seen.append(await call(client, "request_refund", **{**REFUND, "amount_minor": 5000}))
+        seen.append(
+            await call(
+                client, "request_refund", **{**REFUND, "order_id": "B7", "amount_minor": 5001}
+            )
+        )
+
+    rig.control.create_order("acme", "B7", 100000)
+    converse(server(rig, limits={"acme": 5000}), model)  # a client without elicitation
+    assert seen[0]["status"] == "approved" and seen[0]["decided_by"] == "policy:auto_approve"
+    assert seen[1]["error"]["kind"] == "pending"
+    assert [op.params["amount_minor"] for op in operations(rig)] == [5000]
+
+
+def test_staff_approval_of_a_waiting_proposal_then_status_says_done(rig: Rig) -> None:
+    handle: list[str] = []
+
+    async def ask(client: Client) -> None:
+        got = await call(client, "request_refund", **REFUND)
+        assert got["error"]["kind"] == "pending"
+        handle.append(got["error"]["handle"])
+        waiting = await call(client, "refund_status", handle=handle[0])
+        assert waiting["status"] == "waiting_for_approval"
+
+    srv = server(rig)
+    converse(srv, ask)
+    assert operations(rig) == []
+    with rig.sessions.begin() as s:
+        Proposals(rig.outbox).approve(s, "acme", handle[0], by="staff:mei")
+    execute_all(rig)
+
+    async def check(client: Client) -> None:
+        done = await call(client, "refund_status", handle=handle[0], lang="zh")
+        assert done["outcome"] == "done" and done["decided_by"] == "staff:mei"
+        assert "已完成" in done["text"] and done["evidence"]["reference"]
+
+    converse(srv, check)
+    assert rig.control.refunded("acme", "A1042") == 10000
+
+
+def test_status_spam_during_commit_then_timeout_says_pending_confirmation(rig: Rig) -> None:
+    handle: list[str] = []
+
+    async def ask(client: Client) -> None:
+        handle.append((await call(client, "request_refund", **REFUND))["handle"])
+
+    srv = server(rig, limits={"acme": 50000})
+    converse(srv, ask)
+    rig.control.add_rule("commit_then_timeout", hold_seconds=HOLD)
+    execute_all(rig)
+
+    async def spam(client: Client) -> None:
+        for _ in range(5):
+            got = await call(client, "refund_status", handle=handle[0])
+            assert got["outcome"] == "uncertain" and got["state"] == "unknown"
+            assert "pending confirmation" in got["text"]
+        # asking again instead of waiting: answered with the same, nothing new
+        again = await call(client, "request_refund", **REFUND, call_id="again")
+        assert again["repeat"] is True and again["handle"] == handle[0]
+
+    converse(srv, spam)
+    assert len(operations(rig)) == 1
+    assert rig.control.refunded("acme", "A1042") == 10000  # the one effect, not yet confirmed
+
+
+def test_cancel_mid_run_stops_what_was_not_sent_and_never_claims_a_reversal(rig: Rig) -> None:
+    handle: list[str] = []
+
+    async def ask(client: Client) -> None:
+        handle.append((await call(client, "request_refund", **REFUND))["handle"])
+        stopped = await call(client, "cancel_refund", handle=handle[0])
+        assert stopped["state"] == "cancelled" and stopped["outcome"] == "not_done"
+        assert "cancelled before it was sent" in stopped["text"]
+        again = await call(client, "cancel_refund", handle=handle[0])  # harmless twice
+        assert again["state"] == "cancelled"
+
+    converse(server(rig, limits={"acme": 50000}), ask)
+    execute_all(rig)
+    assert rig.control.refunded("acme", "A1042") == 0
+
+
+def test_cancel_after_an_uncertain_send_says_it_is_still_pending_confirmation(rig: Rig) -> None:
+    handle: list[str] = []
+
+    async def ask(client: Client) -> None:
+        handle.append((await call(client, "request_refund", **REFUND))["handle"])
+
+    srv = server(rig, limits={"acme": 50000})
+    converse(srv, ask)
+    rig.control.add_rule("commit_then_timeout", hold_seconds=HOLD)
+    execute_all(rig)
+
+    async def stop(client: Client) -> None:
+        got = await call(client, "cancel_refund", handle=handle[0])
+        assert got["stopped"] is True and got["outcome"] == "uncertain"
+        assert "Stopped further processing, but" in got["text"]
+        assert "pending confirmation" in got["text"]
+        assert "cancelled" not in got["text"] and "restored" not in got["text"].lower()
+
+    converse(srv, stop)
+
+
+def test_another_tenants_handle_answers_exactly_as_a_made_up_one(rig: Rig) -> None:
+    handle: list[str] = []
+
+    async def ask(client: Client) -> None:
+        handle.append((await call(client, "request_refund", **REFUND))["handle"])
+
+    converse(server(rig, limits={"acme": 50000}), ask)
+    answers: list[dict[str, Any]] = []
+
+    async def peek(client: Client) -> None:
+        for h in (handle[0], "prp_" + "x" * 32, "nonsense"):
+            answers.append(await call(client, "refund_status", handle=h))
+            answers.append(await call(client, "cancel_refund", handle=h))
+
+    converse(server(rig, tenant="other"), peek)
+    assert all(a == answers[0] for a in answers)
+    assert answers[0]["error"] == {
+        "kind": "fixable",
+        "message": "No such refund request. Check the handle.",
+        "field": "handle",
+    }
+    (op,) = operations(rig)
+    assert op.state == "planned"  # the other tenant's cancel did nothing
+
+
+def test_bad_params_are_fixable_naming_the_field_and_write_nothing(rig: Rig) -> None:
+    async def model(client: Client) -> None:
+        got = await call(client, "request_refund", **{**REFUND, "currency": "XXX"})
+        assert got["error"]["kind"] == "fixable" and got["error"]["field"] == "currency"
+        got = await call(client, "request_refund", **{**REFUND, "amount_minor": -5})
+        assert got["error"]["field"] == "amount_minor"
+        got = await call(client, "refund_status", handle="prp_" + "x" * 32, lang="fr")
+        assert got["error"]["field"] == "lang"
+
+    converse(server(rig, limits={"acme": 50000}), model)
+    assert proposals(rig) == [] and operations(rig) == []
+
+
+def test_tool_annotations_are_truthful(rig: Rig) -> None:
+    async def model(client: Client) -> None:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        request = tools["request_refund"].annotations
+        status = tools["refund_status"].annotations
+        assert request is not None and status is not None
+        assert request.idempotent_hint is False and request.read_only_hint is False
+        assert status.read_only_hint is True
+        assert "retry" in (tools["request_refund"].description or "")
+        assert "op_id" not in tools["request_refund"].input_schema["required"]
+
+    converse(server(rig), model)
+    rig.judged_by_ledger = False
+
+
+def test_staff_list_approve_and_decline_on_the_command_line(rig: Rig) -> None:
+    handles: list[str] = []
+
+    async def ask(client: Client) -> None:
+        for amount in (1000, 2000):
+            got = await call(client, "request_refund", **{**REFUND, "amount_minor": amount})
+            handles.append(got["error"]["handle"])
+
+    converse(server(rig), ask)  # no elicitation, no policy: both wait for staff
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+    env.update(
+        SETTLED_DATABASE_URL=rig.engine.url.render_as_string(hide_password=False),
+        SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "test-fingerprint-key-0001"}),
+        SETTLED_IDEMPOTENCY_SECRET="test-idempotency-secret",
+        SETTLED_STAFF_ID="mei",
+    )
+
+    def settled(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "settled.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    listed = settled("proposals", "list", "--tenant", "acme")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["handle"] for line in listed.stdout.splitlines()] == handles
+    approved = settled("proposals", "approve", "--tenant", "acme", handles[0])
+    assert approved.returncode == 0, approved.stderr
+    assert json.loads(approved.stdout)["decided_by"] == "staff:mei"
+    declined = settled("proposals", "decline", "--tenant", "acme", handles[1])
+    assert declined.returncode == 0, declined.stderr
+    late = settled("proposals", "approve", "--tenant", "acme", handles[1])
+    assert late.returncode == 1 and "Traceback" not in late.stderr
+    assert late.stderr.startswith("Error: [proposal_decided]")
+    execute_all(rig)
+    assert rig.control.refunded("acme", "A1042") == 1000

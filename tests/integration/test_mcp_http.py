@@ -1,0 +1,103 @@
+"""The MCP server over its streamable-HTTP transport: a tenant's API key is the bearer token;
+no key, no tools; another tenant's handle answers exactly as a made-up one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from outbox.apikeys import create_api_key
+from outbox.proposals import Proposals
+from settled.mcp_server import AgentDesk, build_server
+from tests.integration.test_mcp_agents import REFUND, call, execute_all, operations
+from tests.support.rig import Rig
+
+
+@pytest.fixture
+def mcp_url(rig: Rig) -> Iterator[str]:
+    """The rig's MCP server over HTTP on a free port, stopped at teardown."""
+    desk = AgentDesk(rig.sessions, Proposals(rig.outbox, timedelta(hours=1)), {"acme": 50000})
+    config = uvicorn.Config(
+        build_server(desk, http_url="http://127.0.0.1").streamable_http_app(),
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the MCP server did not start"
+        time.sleep(0.01)  # polling for a condition, with a deadline
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/mcp"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def key_of(rig: Rig, tenant: str) -> str:
+    with rig.sessions.begin() as s:
+        return create_api_key(s, tenant=tenant)[1]
+
+
+def over_http(url: str, key: str | None, script: Any) -> None:
+    async def main() -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        async with create_mcp_http_client(headers=headers) as http:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, mode="legacy") as client:
+                await script(client)
+
+    anyio.run(main)
+
+
+def test_an_api_key_speaks_for_its_tenant_and_no_other(rig: Rig, mcp_url: str) -> None:
+    acme, other = key_of(rig, "acme"), key_of(rig, "other")
+    handle: list[str] = []
+
+    async def ask(client: Client) -> None:
+        got = await call(client, "request_refund", **REFUND, call_id="http_1")
+        assert got["status"] == "approved" and got["decided_by"] == "policy:auto_approve"
+        handle.append(got["handle"])
+        again = await call(client, "request_refund", **REFUND, call_id="http_2")
+        assert again["repeat"] is True and again["handle"] == handle[0]
+
+    over_http(mcp_url, acme, ask)
+    answers: list[dict[str, Any]] = []
+
+    async def peek(client: Client) -> None:
+        for h in (handle[0], "prp_" + "y" * 32):
+            answers.append(await call(client, "refund_status", handle=h))
+            answers.append(await call(client, "cancel_refund", handle=h))
+
+    over_http(mcp_url, other, peek)
+    assert all(a == answers[0] for a in answers)
+    assert answers[0]["error"]["kind"] == "fixable" and answers[0]["error"]["field"] == "handle"
+    execute_all(rig)
+    (op,) = operations(rig)
+    assert op.state == "succeeded"
+    assert rig.control.refunded("acme", "A1042") == 10000
+
+
+def test_no_key_or_a_wrong_key_gets_no_tools(rig: Rig, mcp_url: str) -> None:
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    for key in (None, "stk_0123456789abcdef_" + "A" * 43, "call_1"):
+        auth = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        got = httpx.post(mcp_url, json=listing, headers={**headers, **auth}, timeout=10)
+        assert got.status_code == 401
+        assert "tools" not in got.text
+    rig.judged_by_ledger = False
