@@ -32,6 +32,7 @@ from outbox.models import Proposal
 from outbox.report import Report
 from outbox.runs import open_run, run_report
 from outbox.storage import proposals as store
+from outbox.storage import storage_for
 from outbox.storage.runs import run as run_by_id
 
 HANDLE_PREFIX = "prp_"
@@ -112,6 +113,9 @@ class Proposals:
         if not isinstance(order_ref, str):
             raise InvalidParams("an agent may propose only operations on an order", field="kind")
         fp = self.outbox.fingerprinter
+        # One request for an order at a time: two identical requests at the same instant must
+        # not both find no repeat and both be added (and then both auto-approved).
+        storage_for(session).serialize(session, f"proposal:{tenant}:{spec.name}:{order_ref}")
         earlier = store.recent_for_order(
             session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=self.window
         )

@@ -42,6 +42,7 @@ from outbox.errors import (
     ProposalConflict,
 )
 from outbox.intake import Outbox
+from outbox.kinds import default_registry
 from outbox.models import Proposal
 from outbox.proposals import APPROVED, PROPOSED, Proposals, auto_approvable, proposal_report
 from outbox.report_text import check_lang
@@ -79,8 +80,7 @@ class AgentDesk:
 
     @classmethod
     def from_settings(cls, settings: Settings, sessions: sessionmaker[Session]) -> AgentDesk:
-        outbox = Outbox.from_settings(settings)
-        outbox = Outbox.from_settings(settings, settings.apply_contracts(outbox.registry))
+        outbox = Outbox.from_settings(settings, settings.apply_contracts(default_registry()))
         window = timedelta(seconds=settings.agent_repeat_window_seconds)
         return cls(
             sessions=sessions,

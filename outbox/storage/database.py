@@ -119,6 +119,12 @@ class Storage(ABC):
     def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
         """INSERT ... ON CONFLICT (tenant, op_id) DO NOTHING RETURNING the new operation."""
 
+    @abstractmethod
+    def serialize(self, session: Session, key: str) -> None:
+        """Hold, until ``session``'s transaction ends, a lock that every other transaction
+        asking for the same ``key`` waits for: a read-then-insert under it (is this request a
+        repeat? if not, add it) cannot run twice at once."""
+
     # -- a worker's step ----------------------------------------------------------------
 
     @abstractmethod

@@ -49,6 +49,7 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, str]:
 
 
 QUERIES = load_queries()
+_SERIALIZE = text(QUERIES["serialize"])
 #: The parts of ``write_transitions`` a batch may need, in the order they are written.
 PARTS = ("open_reviews", "settle_reviews", "start_attempts", "finish_attempts")
 
@@ -146,6 +147,9 @@ class PostgresStorage(Storage):
 
     def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
         return session.scalars(_INSERT_OPERATION, params).one_or_none()
+
+    def serialize(self, session: Session, key: str) -> None:
+        session.execute(_SERIALIZE, {"key": key})
 
     def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
         """On an autocommit connection: every write of a step is a single statement; with

@@ -113,3 +113,8 @@ e AS (
 
 -- name: write_transitions.end
 SELECT id FROM m
+
+-- name: serialize
+-- A transaction-scoped advisory lock on a key (``Storage.serialize``): every other transaction
+-- asking for the same key waits until this one commits or rolls back.
+SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Table,
     bindparam,
     case,
+    false,
     func,
     insert,
     or_,
@@ -120,6 +121,8 @@ FINISH_ATTEMPT = (
     )
 )
 _INSERT_OPERATION = intake_insert(sqlite_insert)
+#: A write that changes nothing: it takes SQLite's write lock (``SqliteStorage.serialize``).
+_TAKE_WRITE_LOCK = update(ops).where(false()).values(id=ops.c.id)
 
 
 def _update_params(t: Transition) -> dict[str, Any]:
@@ -143,6 +146,13 @@ def _update_params(t: Transition) -> dict[str, Any]:
 
 class SqliteStorage(Storage):
     """SQLite: each transition a few statements; a worker's step is one transaction."""
+
+    def serialize(self, session: Session, key: str) -> None:
+        # SQLite has one writer at a time: taking the write lock now (a write that changes
+        # nothing) makes every other writer wait here, before its read, instead of failing on
+        # a stale read at its insert.
+        del key
+        session.execute(_TAKE_WRITE_LOCK)
 
     def _write(
         self,

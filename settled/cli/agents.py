@@ -26,8 +26,6 @@ HANDLE = Text(max_length=64)
 @click.option("--port", default=8800, show_default=True, type=PORT)
 def mcp(transport: str, host: str, port: int) -> None:
     """Serve the tools for AI agents over the Model Context Protocol."""
-    from sqlalchemy.orm import sessionmaker
-
     from outbox.db import make_engine
     from outbox.errors import InvalidInput
     from outbox.ids import validate_tenant
@@ -37,7 +35,7 @@ def mcp(transport: str, host: str, port: int) -> None:
     settings = Settings()
     engine = make_engine(settings.database_url)
     try:
-        desk = AgentDesk.from_settings(settings, sessionmaker(engine, expire_on_commit=False))
+        desk = AgentDesk.from_settings(settings, _hinting_sessions(settings, engine))
         if transport == "stdio":
             if settings.agent_tenant is None:
                 raise InvalidInput(
@@ -60,21 +58,32 @@ def proposals() -> None:
     """What AI agents proposed and nobody has decided yet (staff approve or decline)."""
 
 
+def _hinting_sessions(settings: Any, engine: Any) -> Any:
+    """Sessions on ``engine`` whose commits publish hints for the operations they created
+    (an approved proposal's operation is sent at once, not at the sweeper's next pass)."""
+    from sqlalchemy.orm import sessionmaker
+
+    from outbox import relay
+    from settled.celery_app import create_app, hint_publisher
+
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    relay.install(sessions, hint_publisher(create_app(settings)))
+    return sessions
+
+
 def _in_transaction(action: Any) -> Any:
     """Run ``action(proposals_service, session)`` in one transaction on the configured
-    database."""
-    from sqlalchemy.orm import Session
-
+    database, with the MCP server's rules (the configured contracts, the repeat window)."""
     from outbox.db import make_engine
-    from outbox.intake import Outbox
-    from outbox.proposals import Proposals
     from outbox.settings import Settings
+    from settled.mcp_server import AgentDesk
 
     settings = Settings()
     engine = make_engine(settings.database_url)
-    service = Proposals(Outbox.from_settings(settings))
+    sessions = _hinting_sessions(settings, engine)
+    service = AgentDesk.from_settings(settings, sessions).proposals
     try:
-        with Session(engine, expire_on_commit=False) as session, session.begin():
+        with sessions.begin() as session:
             return action(service, session)
     finally:
         engine.dispose()

@@ -1,0 +1,66 @@
+"""Two identical agent requests at the same instant make one proposal, never two.
+
+The repeat check is a read before an insert; without a lock, both requests would find no repeat,
+both would be added, and a tenant policy would approve both: two refunds from one regenerated
+tool call. ``Storage.serialize`` makes the second request wait for the first's transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from datetime import timedelta
+
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.orm import Session
+
+from outbox.intake import Outbox
+from outbox.models import Proposal
+from outbox.proposals import Proposals, Proposed
+from tests.support.rig import GOOD
+
+
+def _propose(proposals: Proposals, session: Session, call: str) -> Proposed:
+    return proposals.propose(
+        session, tenant="acme", kind="refund", params=GOOD, reason="damaged", correlation_id=call
+    )
+
+
+def _waiting_on_a_lock(engine: Engine) -> bool:
+    if engine.dialect.name != "postgresql":
+        return True  # SQLite: the second writer waits in its busy handler; nothing to see
+    with engine.connect() as conn:
+        waiting = conn.execute(
+            text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        ).scalar_one()
+    return bool(waiting)
+
+
+def test_two_identical_requests_at_once_make_one_proposal(engine: Engine, outbox: Outbox) -> None:
+    proposals = Proposals(outbox, timedelta(hours=1))
+    second: Future[tuple[bool, str]] = Future()
+
+    def request_again() -> None:
+        try:
+            with Session(engine) as s, s.begin():
+                again = _propose(proposals, s, "call-2")
+                second.set_result((again.created, again.proposal.handle))
+        except BaseException as exc:
+            second.set_exception(exc)
+
+    with Session(engine) as s, s.begin():
+        first = _propose(proposals, s, "call-1")
+        handle = first.proposal.handle
+        racer = threading.Thread(target=request_again)
+        racer.start()
+        # The second request is waiting on the first's lock before the first commits.
+        while not (_waiting_on_a_lock(engine) or second.done()):
+            pass
+        assert not second.done(), "the second request did not wait for the first"
+    racer.join(timeout=30)
+    created, again = second.result(timeout=0)
+    assert first.created
+    assert not created
+    assert again == handle
+    with Session(engine) as s:
+        assert s.scalar(select(func.count()).select_from(Proposal)) == 1
