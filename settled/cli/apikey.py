@@ -6,27 +6,12 @@ from typing import Any
 
 import click
 
-from settled.cli.common import TEXT, Text
+from settled.cli.common import TEXT, Text, in_transaction
 
 
 @click.group()
 def apikey() -> None:
     """API keys of the status API (one tenant per key; stored hashed)."""
-
-
-def _in_transaction(action: Any) -> Any:
-    """Run ``action(session)`` in one transaction on the configured database."""
-    from sqlalchemy.orm import Session
-
-    from outbox.db import make_engine
-    from outbox.settings import Settings
-
-    engine = make_engine(Settings().database_url)
-    try:
-        with Session(engine) as session, session.begin():
-            return action(session)
-    finally:
-        engine.dispose()
 
 
 @apikey.command("create")
@@ -40,7 +25,7 @@ def apikey_create(tenant: str) -> None:
         row, key = create_api_key(session, tenant=tenant)
         return row.key_id, key
 
-    key_id, key = _in_transaction(create)
+    key_id, key = in_transaction(create)
     click.echo(f"key id: {key_id}", err=True)
     click.echo(key)
 
@@ -51,5 +36,5 @@ def apikey_revoke(key_id: str) -> None:
     """Revoke the key whose id is KEY_ID."""
     from outbox.apikeys import revoke_api_key
 
-    _in_transaction(lambda session: revoke_api_key(session, key_id))
+    in_transaction(lambda session: revoke_api_key(session, key_id))
     click.echo("revoked")

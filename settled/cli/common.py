@@ -148,3 +148,18 @@ def runtime() -> Any:
     from settled.runtime import build_runtime
 
     return build_runtime(Settings())
+
+
+def in_transaction(action: Any) -> Any:
+    """Run ``action(session)`` in one transaction on the configured database."""
+    from sqlalchemy.orm import Session
+
+    from outbox.db import make_engine
+    from outbox.settings import Settings
+
+    engine = make_engine(Settings().database_url)
+    try:
+        with Session(engine) as session, session.begin():
+            return action(session)
+    finally:
+        engine.dispose()

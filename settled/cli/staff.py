@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import click
 
-from settled.cli.common import TEXT, Text
+from settled.cli.common import TEXT, Text, in_transaction
 
 NAME = Text(max_length=64)
 ROLES = click.Choice(["viewer", "support", "supervisor", "admin"])
@@ -24,21 +23,6 @@ password_stdin = click.option(
 @click.group()
 def staff() -> None:
     """Staff accounts of the support console (passwords stored as argon2id hashes)."""
-
-
-def _in_transaction(action: Any) -> Any:
-    """Run ``action(session)`` in one transaction on the configured database."""
-    from sqlalchemy.orm import Session
-
-    from outbox.db import make_engine
-    from outbox.settings import Settings
-
-    engine = make_engine(Settings().database_url)
-    try:
-        with Session(engine) as session, session.begin():
-            return action(session)
-    finally:
-        engine.dispose()
 
 
 def _password(from_stdin: bool) -> str:
@@ -66,7 +50,7 @@ def staff_create(name: str, role: str, tenants: tuple[str, ...], password_stdin:
 
     check_name(name)  # before the prompt: a bad name is told at once
     password = check_password(_password(password_stdin))
-    _in_transaction(
+    in_transaction(
         lambda s: create_account(s, name=name, password=password, role=role, tenants=tenants)
     )
     click.echo(f"created {name} ({role}; tenants: {', '.join(sorted(tenants)) or 'all'})")
@@ -78,7 +62,7 @@ def staff_disable(name: str) -> None:
     """Disable NAME: it cannot sign in, and its open sessions end at once."""
     from reconciler.accounts import disable_account
 
-    _in_transaction(lambda s: disable_account(s, name))
+    in_transaction(lambda s: disable_account(s, name))
     click.echo(f"disabled {name}")
 
 
@@ -90,7 +74,7 @@ def staff_password(name: str, password_stdin: bool) -> None:
     from reconciler.accounts import change_password, check_password
 
     password = check_password(_password(password_stdin))
-    _in_transaction(lambda s: change_password(s, name, password))
+    in_transaction(lambda s: change_password(s, name, password))
     click.echo(f"password changed for {name}")
 
 
@@ -102,7 +86,7 @@ def staff_list(as_json: bool) -> None:
 
     from reconciler.accounts import list_accounts
 
-    accounts = _in_transaction(list_accounts)
+    accounts = in_transaction(list_accounts)
     if as_json:
         click.echo(json.dumps([asdict(a) for a in accounts], indent=2, default=str))
         return
