@@ -45,7 +45,7 @@ from outbox.intake import Outbox
 from outbox.kinds import default_registry
 from outbox.models import Proposal
 from outbox.proposals import APPROVED, PROPOSED, Proposals, auto_approvable, proposal_report
-from outbox.report_text import check_lang
+from outbox.report_text import Lang, check_lang
 from outbox.runs import cancel_run
 from outbox.settings import Settings
 from settled.mcp_answers import answer, describe, refusal
@@ -194,13 +194,10 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False),
     )
     async def refund_status(handle: str, lang: str = "en") -> CallToolResult:
-        tenant = desk.caller()
-        if tenant is None:
-            return refusal("permission", "This connection has no tenant. Stop; do not retry.")
-        try:
-            language = check_lang(lang)
-        except InvalidInput:
-            return refusal("fixable", "lang must be 'en' or 'zh'.", field="lang")
+        asked = _caller_and_lang(desk, lang)
+        if isinstance(asked, CallToolResult):
+            return asked
+        tenant, language = asked
         return await _guarded(
             desk, lambda s: answer(describe(s, desk.proposals.find(s, tenant, handle), language))
         )
@@ -216,14 +213,22 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         ),
     )
     async def cancel_refund(handle: str, lang: str = "en") -> CallToolResult:
-        tenant = desk.caller()
-        if tenant is None:
-            return refusal("permission", "This connection has no tenant. Stop; do not retry.")
-        try:
-            language = check_lang(lang)
-        except InvalidInput:
-            return refusal("fixable", "lang must be 'en' or 'zh'.", field="lang")
+        asked = _caller_and_lang(desk, lang)
+        if isinstance(asked, CallToolResult):
+            return asked
+        tenant, language = asked
         return await _guarded(desk, lambda s: answer(_cancel(desk, s, tenant, handle, language)))
+
+
+def _caller_and_lang(desk: AgentDesk, lang: str) -> tuple[str, Lang] | CallToolResult:
+    """The caller's tenant and the answer's language, or the refusal to give instead."""
+    tenant = desk.caller()
+    if tenant is None:
+        return refusal("permission", "This connection has no tenant. Stop; do not retry.")
+    try:
+        return tenant, check_lang(lang)
+    except InvalidInput:
+        return refusal("fixable", "lang must be 'en' or 'zh'.", field="lang")
 
 
 def _cancel(
