@@ -28,9 +28,11 @@ from outbox.errors import InvalidInput, InvalidParams, NotFound, ProposalConflic
 from outbox.fingerprint import canonical_params
 from outbox.ids import new_op_id, validate_correlation_id, validate_label, validate_tenant
 from outbox.intake import Outbox
+from outbox.kinds import default_registry
 from outbox.models import Proposal
 from outbox.report import Report
 from outbox.runs import open_run, run_report
+from outbox.settings import Settings
 from outbox.storage import proposals as store
 from outbox.storage import storage_for
 from outbox.storage.runs import run as run_by_id
@@ -90,6 +92,13 @@ class Proposals:
 
     outbox: Outbox
     window: timedelta = timedelta(hours=24)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Proposals:
+        """The service with the configured contracts and repeat window."""
+        registry = settings.apply_contracts(default_registry())
+        window = timedelta(seconds=settings.agent_repeat_window_seconds)
+        return cls(Outbox.from_settings(settings, registry), window)
 
     def propose(
         self,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import anyio
@@ -41,8 +40,6 @@ from outbox.errors import (
     NotFound,
     ProposalConflict,
 )
-from outbox.intake import Outbox
-from outbox.kinds import default_registry
 from outbox.models import Proposal
 from outbox.proposals import APPROVED, PROPOSED, Proposals, auto_approvable, proposal_report
 from outbox.report_text import Lang, check_lang
@@ -80,11 +77,9 @@ class AgentDesk:
 
     @classmethod
     def from_settings(cls, settings: Settings, sessions: sessionmaker[Session]) -> AgentDesk:
-        outbox = Outbox.from_settings(settings, settings.apply_contracts(default_registry()))
-        window = timedelta(seconds=settings.agent_repeat_window_seconds)
         return cls(
             sessions=sessions,
-            proposals=Proposals(outbox, window),
+            proposals=Proposals.from_settings(settings),
             auto_approve_minor=dict(settings.agent_auto_approve_minor),
             tenant=settings.agent_tenant,
         )

@@ -74,23 +74,16 @@ def _hinting_sessions(settings: Any, engine: Any) -> Any:
 def _in_transaction(action: Any) -> Any:
     """Run ``action(proposals_service, session)`` in one transaction on the configured
     database, with the MCP server's rules (the configured contracts, the repeat window)."""
-    from datetime import timedelta
-
     from sqlalchemy.orm import Session
 
     from outbox.db import make_engine
-    from outbox.intake import Outbox
-    from outbox.kinds import default_registry
     from outbox.proposals import Proposals
     from outbox.settings import Settings
 
     settings = Settings()
     engine = make_engine(settings.database_url)
     # Not the MCP server's module (its SDK takes seconds to import), the same service.
-    service = Proposals(
-        Outbox.from_settings(settings, settings.apply_contracts(default_registry())),
-        timedelta(seconds=settings.agent_repeat_window_seconds),
-    )
+    service = Proposals.from_settings(settings)
     # No hint from a one-shot command: a broker that is down would hold it in the publish's
     # retries, and the sweeper picks the approved operation up within SETTLED_SWEEP_SECONDS.
     try:
