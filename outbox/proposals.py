@@ -11,6 +11,10 @@ payee is another proposal. A request that repeats a live one (proposed or approv
 same order within the repeat window is not made again: the answer is the existing proposal.
 A different request for the same order (a second partial refund) is a new proposal, and its
 approval shows the earlier ones. Like intake, nothing here commits.
+
+A proposal nobody decides within its time to live (``ttl``) expires: approval checks its age
+by the database's clock in the same conditional UPDATE that approves it, so an expired
+proposal is never approved, whether or not the sweeper has marked it ``expired`` yet.
 """
 
 from __future__ import annotations
@@ -92,13 +96,16 @@ class Proposals:
 
     outbox: Outbox
     window: timedelta = timedelta(hours=24)
+    #: how long a proposal waits for a decision before it expires
+    ttl: timedelta = timedelta(hours=24)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Proposals:
-        """The service with the configured contracts and repeat window."""
+        """The service with the configured contracts, repeat window and time to live."""
         registry = settings.apply_contracts(default_registry())
         window = timedelta(seconds=settings.agent_repeat_window_seconds)
-        return cls(Outbox.from_settings(settings, registry), window)
+        ttl = timedelta(seconds=settings.agent_proposal_ttl_seconds)
+        return cls(Outbox.from_settings(settings, registry), window, ttl)
 
     def propose(
         self,
@@ -125,6 +132,8 @@ class Proposals:
         # One request for an order at a time: two identical requests at the same instant must
         # not both find no repeat and both be added (and then both auto-approved).
         storage_for(session).serialize(session, f"proposal:{tenant}:{spec.name}:{order_ref}")
+        # An expired proposal is no longer live: a repeat of it is a new request.
+        store.expire_waiting(session, self.ttl, tenant=tenant, kind=spec.name, order_ref=order_ref)
         earlier = store.recent_for_order(
             session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=self.window
         )
@@ -165,13 +174,15 @@ class Proposals:
         """Approve a proposal: enqueue its exact parameters under a new app-minted op_id, in a
         run of its own, and mark it approved, all in ``session`` (never committed).
 
-        Approving an approved proposal returns it unchanged; a declined or expired one raises
-        ProposalConflict. The caller rolls back on any error: nothing is then written.
+        Approving an approved proposal returns it unchanged; a declined one raises
+        ProposalConflict, and so does one past its time to live (code ``proposal_expired``),
+        marked or not. The caller rolls back on any error: nothing is then written.
         """
         by = validate_label(by, field="actor", max_length=MAX_ACTOR)
         proposal = self.find(session, tenant, handle)
         if proposal.status == APPROVED:
             return proposal
+        self._refuse_if_expired(session, proposal)
         if proposal.status != PROPOSED:
             raise ProposalConflict(code="proposal_decided", status=proposal.status)
         self._check_bound(proposal)
@@ -186,9 +197,18 @@ class Proposals:
             run=run,
             correlation_id=proposal.correlation_id,
         )
+        cutoff = store.expiry_cutoff(session, self.ttl)
         if not store.decide(
-            session, proposal.id, status=APPROVED, by=by, op_id=op_id, run_id=run.id
+            session,
+            proposal.id,
+            status=APPROVED,
+            by=by,
+            op_id=op_id,
+            run_id=run.id,
+            made_after=cutoff,
         ):
+            # Expired in between, or decided by somebody else first.
+            self._refuse_if_expired(session, proposal)
             raise ProposalConflict("the proposal was decided by somebody else first")
         session.expire(proposal)
         return proposal
@@ -200,6 +220,7 @@ class Proposals:
         proposal = self.find(session, tenant, handle)
         if proposal.status == DECLINED:
             return proposal
+        self._refuse_if_expired(session, proposal)
         if proposal.status != PROPOSED or not store.decide(
             session, proposal.id, status=DECLINED, by=by
         ):
@@ -208,8 +229,36 @@ class Proposals:
         return proposal
 
     def waiting(self, session: Session, tenant: str | None = None) -> list[Proposal]:
-        """The proposals waiting for a decision (of one tenant, or all), oldest first."""
-        return store.waiting(session, validate_tenant(tenant) if tenant is not None else None)
+        """The proposals waiting for a decision (of one tenant, or all), oldest first; an
+        expired one is not waiting, marked or not."""
+        return store.waiting(
+            session,
+            validate_tenant(tenant) if tenant is not None else None,
+            made_after=store.expiry_cutoff(session, self.ttl),
+        )
+
+    def expired(self, session: Session, proposal: Proposal) -> bool:
+        """Whether ``proposal`` has expired: marked so, or undecided past its time to live
+        by the database's clock (not yet marked by the sweeper)."""
+        if proposal.status == EXPIRED:
+            return True
+        return proposal.status == PROPOSED and store.is_past(session, proposal.id, self.ttl)
+
+    def status_of(self, session: Session, proposal: Proposal) -> str:
+        """The proposal's status as it truly is now (``expired`` once past its time to live)."""
+        return EXPIRED if self.expired(session, proposal) else proposal.status
+
+    def expire_due(self, session: Session) -> int:
+        """Mark ``expired`` every undecided proposal past its time to live; how many."""
+        return store.expire_waiting(session, self.ttl)
+
+    def _refuse_if_expired(self, session: Session, proposal: Proposal) -> None:
+        if self.expired(session, proposal):
+            raise ProposalConflict(
+                "the proposal expired without a decision; nothing was sent",
+                code="proposal_expired",
+                status=EXPIRED,
+            )
 
     def _check_bound(self, proposal: Proposal) -> None:
         """The stored parameters still match the fingerprint they were proposed with."""

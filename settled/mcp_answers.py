@@ -32,9 +32,12 @@ WORDS: dict[str, dict[str, str]] = {
 }
 
 
-def describe(session: Session, proposal: Proposal, lang: Lang) -> dict[str, Any]:
+def describe(
+    session: Session, proposal: Proposal, lang: Lang, *, expired: bool = False
+) -> dict[str, Any]:
     """A proposal as the status tool shows it: its terms, and either where its approval
-    stands or (once approved) its operation's line of the run report, with evidence."""
+    stands or (once approved) its operation's line of the run report, with evidence.
+    ``expired``: the proposal outlived its time to live (``Proposals.expired``), marked or not."""
     params = proposal.params
     data: dict[str, Any] = {
         "handle": proposal.handle,
@@ -47,6 +50,8 @@ def describe(session: Session, proposal: Proposal, lang: Lang) -> dict[str, Any]
     report = proposal_report(session, proposal) if proposal.status == APPROVED else None
     if report is None or proposal.op_id is None:
         status = "waiting_for_approval" if proposal.status == PROPOSED else proposal.status
+        if expired:
+            status = "expired"
         text = WORDS[lang][status].format(handle=proposal.handle)
         return {**data, "status": status, "text": text}
     line = report.line(proposal.op_id)

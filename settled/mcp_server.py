@@ -194,7 +194,8 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
             return asked
         tenant, language = asked
         return await _guarded(
-            desk, lambda s: answer(describe(s, desk.proposals.find(s, tenant, handle), language))
+            desk,
+            lambda s: answer(_describe(desk, s, desk.proposals.find(s, tenant, handle), language)),
         )
 
     @server.tool(
@@ -231,13 +232,18 @@ def _cancel(
 ) -> dict[str, Any]:
     """Withdraw a waiting proposal, or stop the run of an approved one; the status after."""
     proposal = desk.proposals.find(session, tenant, handle)
-    if proposal.status == PROPOSED:
+    if proposal.status == PROPOSED and not desk.proposals.expired(session, proposal):
         desk.proposals.decline(session, tenant, handle, by="agent:cancel")
     elif proposal.status == APPROVED:
         report = proposal_report(session, proposal)
         if report is not None:
             cancel_run(session, tenant, report.handle, actor="agent:cancel")
-    return describe(session, proposal, check_lang(lang))
+    return _describe(desk, session, proposal, check_lang(lang))
+
+
+def _describe(desk: AgentDesk, session: Session, proposal: Proposal, lang: Lang) -> dict[str, Any]:
+    """``describe`` with the proposal's expiry judged by the database's clock now."""
+    return describe(session, proposal, lang, expired=desk.proposals.expired(session, proposal))
 
 
 async def _request(
@@ -267,7 +273,7 @@ async def _request(
         if auto:
             desk.proposals.approve(session, tenant, p.handle, by="policy:auto_approve")
         earlier = [_summary(e) for e in got.earlier]
-        return p, got.created, earlier, auto, describe(session, p, "en")
+        return p, got.created, earlier, auto, _describe(desk, session, p, "en")
 
     try:
         proposal, created, earlier, auto, status = await desk.in_transaction(propose)
@@ -298,7 +304,9 @@ async def _ask_human(
         return await _guarded(
             desk,
             lambda s: answer(
-                describe(s, desk.proposals.approve(s, tenant, handle, by="user:elicitation"), "en")
+                _describe(
+                    desk, s, desk.proposals.approve(s, tenant, handle, by="user:elicitation"), "en"
+                )
             ),
         )
     if got is not None and got.action in ("accept", "decline"):
