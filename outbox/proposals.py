@@ -48,11 +48,25 @@ MAX_ACTOR = 100
 PROPOSED, APPROVED, DECLINED, EXPIRED = "proposed", "approved", "declined", "expired"
 #: the statuses a repeat is answered from: a declined or expired request may be asked again
 LIVE = frozenset({PROPOSED, APPROVED})
+#: per kind, the intent field that names a new thing downstream: the server mints it when the
+#: request leaves it out (a model that chose it would choose a new one on every retry), and
+#: a repeat is then judged on the other fields
+MINTED: Mapping[str, str] = {"after_sales_ticket": "ticket_id"}
 
 
 def new_handle() -> str:
     """An opaque, unguessable proposal handle (192 random bits)."""
     return HANDLE_PREFIX + secrets.token_urlsafe(24)
+
+
+def new_ticket_id() -> str:
+    """A ticket id the server mints for an agent's ticket request (``tkt_...``)."""
+    return "tkt_" + secrets.token_urlsafe(12)
+
+
+def without(params: Mapping[str, Any], field: str | None) -> dict[str, Any]:
+    """``params`` less ``field`` (all of them when None)."""
+    return {k: v for k, v in params.items() if k != field}
 
 
 # -- the rules (pure) ----------------------------------------------------------------------
@@ -121,6 +135,9 @@ class Proposals:
         repeats. Bad input raises an InvalidInput subclass before anything is written."""
         tenant = validate_tenant(tenant)
         spec = self.outbox.registry.get(kind)
+        minted = MINTED.get(spec.name)
+        if minted is not None and isinstance(params, Mapping) and minted not in params:
+            params = {**params, minted: new_ticket_id()}
         intent = spec.parse(params)
         reason = validate_label(reason, field="reason", max_length=MAX_REASON)
         if correlation_id is not None:
@@ -137,10 +154,14 @@ class Proposals:
         earlier = store.recent_for_order(
             session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=self.window
         )
-        repeated = repeat_of(
-            earlier,
-            lambda p: fp.matches(spec.name, intent, p.fingerprint_key_version, p.fingerprint),
-        )
+        asked = without(canonical_params(intent), minted)
+
+        def same_params(p: Proposal) -> bool:
+            if minted is not None:
+                return without(p.params, minted) == asked
+            return fp.matches(spec.name, intent, p.fingerprint_key_version, p.fingerprint)
+
+        repeated = repeat_of(earlier, same_params)
         live = tuple(p for p in earlier if p.status in LIVE and p is not repeated)
         if repeated is not None:
             return Proposed(repeated, created=False, earlier=live)

@@ -7,6 +7,7 @@ the rig's ``check_truthful`` at teardown.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from mcp import Client
@@ -17,6 +18,7 @@ from outbox.models import Run
 from outbox.proposals import Proposals
 from tests.support.agents import (
     REFUND,
+    Human,
     age_proposal,
     call,
     converse,
@@ -90,3 +92,78 @@ def test_a_proposal_just_inside_its_time_to_live_is_approved(rig: Rig) -> None:
         assert approved.status == "approved"
     execute_all(rig)
     assert rig.control.refunded("acme", "A1042") == 10000
+
+
+TICKET = {"order_id": "A1042", "problem": "damaged", "reason": "the vase arrived broken"}
+
+
+def tickets(rig: Rig) -> list[dict[str, Any]]:
+    return list(rig.control.ledger()["tickets"])
+
+
+def test_a_ticket_request_repeated_after_a_timeout_opens_one_ticket(rig: Rig) -> None:
+    human = Human(("accept", True), ("decline", None))
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        seen.append(await call(client, "request_after_sales_ticket", **TICKET, call_id="c1"))
+        # timed out; asks again with a new call id, then with none: the same request
+        seen.append(await call(client, "request_after_sales_ticket", **TICKET, call_id="c2"))
+        seen.append(await call(client, "request_after_sales_ticket", **TICKET))
+        # another problem on the same order is a new request, whose prompt shows the first
+        other = {**TICKET, "problem": "wrong_item"}
+        seen.append(await call(client, "request_after_sales_ticket", **other))
+
+    converse(server(rig, limits={"acme": 10**9}), model, human)  # no policy for tickets
+    first, second, third, other = seen
+    assert first["status"] == "approved" and first["decided_by"] == "user:elicitation"
+    assert first["kind"] == "after_sales_ticket" and first["problem"] == "damaged"
+    assert first["ticket_id"].startswith("tkt_")  # the server's, not the model's
+    assert second["handle"] == third["handle"] == first["handle"]
+    assert second["repeat"] is True and second["ticket_id"] == first["ticket_id"]
+    assert "on order A1042" in human.prompts[0] and "damaged" in human.prompts[0]
+    assert "Earlier on this order: an after-sales ticket (damaged) (approved)" in human.prompts[1]
+    assert other["error"]["kind"] == "business_rejected"
+    (op,) = operations(rig)
+    assert (op.kind, op.correlation_id) == ("after_sales_ticket", "c1")
+    execute_all(rig)
+    assert [t["ticket_id"] for t in tickets(rig)] == [first["ticket_id"]]
+
+    async def check(client: Client) -> None:
+        for tool in ("request_status", "refund_status"):  # the old name still answers
+            done = await call(client, tool, handle=first["handle"])
+            assert done["outcome"] == "done" and done["evidence"]["reference"]
+
+    converse(server(rig), check)
+
+
+def test_a_ticket_request_waits_for_staff_and_bad_input_names_the_tools_field(rig: Rig) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        bad = await call(client, "request_after_sales_ticket", **{**TICKET, "problem": "meh"})
+        assert bad["error"] == {
+            "kind": "fixable",
+            "message": "problem is not valid (literal_error).",
+            "field": "problem",
+        }
+        bad = await call(client, "request_after_sales_ticket", **TICKET, op_id="c9")
+        assert bad["error"]["field"] == "op_id"
+        seen.append(await call(client, "request_after_sales_ticket", **TICKET))
+        handle = seen[0]["error"]["handle"]
+        waiting = await call(client, "request_status", handle=handle, lang="zh")
+        assert waiting["text"].startswith("售后工单申请") and "等待批准" in waiting["text"]
+        stopped = await call(client, "cancel_request", handle=handle)
+        assert stopped["status"] == "declined"
+        assert stopped["text"] == f"Ticket request {handle} was declined; nothing was sent."
+        assert (await call(client, "request_status", handle="prp_" + "y" * 32))["error"] == {
+            "kind": "fixable",
+            "message": "No such request. Check the handle.",
+            "field": "handle",
+        }
+
+    converse(server(rig, limits={"acme": 10**9}), model)  # a client without elicitation
+    assert seen[0]["error"]["kind"] == "pending"
+    assert "request_status" in seen[0]["error"]["message"]
+    assert [p.status for p in proposals(rig)] == ["declined"]
+    assert operations(rig) == [] and tickets(rig) == []
