@@ -32,13 +32,15 @@ from outbox.errors import InvalidInput, InvalidParams, NotFound, ProposalConflic
 from outbox.fingerprint import canonical_params
 from outbox.ids import new_op_id, validate_correlation_id, validate_label, validate_tenant
 from outbox.intake import Outbox
-from outbox.kinds import default_registry
-from outbox.models import Proposal
+from outbox.kinds import Intent, Kind, default_registry
+from outbox.models import Operation, Proposal
 from outbox.report import Report
-from outbox.runs import open_run, run_report
+from outbox.runs import compensate, open_run, run_report
 from outbox.settings import Settings
+from outbox.states import State
 from outbox.storage import proposals as store
 from outbox.storage import storage_for
+from outbox.storage.operations import find_operation
 from outbox.storage.runs import run as run_by_id
 
 HANDLE_PREFIX = "prp_"
@@ -52,6 +54,19 @@ LIVE = frozenset({PROPOSED, APPROVED})
 #: request leaves it out (a model that chose it would choose a new one on every retry), and
 #: a repeat is then judged on the other fields
 MINTED: Mapping[str, str] = {"after_sales_ticket": "ticket_id"}
+
+
+def _cancel_ticket(done: Mapping[str, Any], cause: str) -> dict[str, Any]:
+    return {"ticket_id": done["ticket_id"], "reason": cause}
+
+
+#: per kind, the kind of its compensation and that operation's params from the original's
+#: params and a cause (a kind not named cannot be compensated through a request)
+COMPENSATIONS: Mapping[str, tuple[str, Callable[[Mapping[str, Any], str], dict[str, Any]]]] = {
+    "after_sales_ticket": ("ticket_cancel", _cancel_ticket),
+}
+#: an operation in one of these states has nothing to offset yet, or never will have
+_NOTHING_DONE = frozenset({State.PLANNED.value, State.REJECTED.value, State.CANCELLED.value})
 
 
 def new_handle() -> str:
@@ -145,6 +160,65 @@ class Proposals:
         order_ref = getattr(intent, "order_id", None)
         if not isinstance(order_ref, str):
             raise InvalidParams("an agent may propose only operations on an order", field="kind")
+        return self._add_unless_repeat(
+            session, tenant, spec, intent, order_ref, reason, correlation_id
+        )
+
+    def propose_compensation(
+        self,
+        session: Session,
+        *,
+        tenant: str,
+        handle: str,
+        cause: str,
+        reason: str,
+        correlation_id: str | None = None,
+    ) -> Proposed:
+        """A proposal to compensate what approved proposal ``handle`` did: a new operation
+        (for a ticket, its cancellation with ``cause``) that waits for approval like any other
+        request; approved, it is enqueued linked to the original (``outbox.runs.compensate``)
+        and reported by its own receipt. A repeat answers with the live one. Bad input, or an
+        original with nothing to offset, raises an InvalidInput subclass; nothing is written."""
+        tenant = validate_tenant(tenant)
+        reason = validate_label(reason, field="reason", max_length=MAX_REASON)
+        if correlation_id is not None:
+            correlation_id = validate_correlation_id(correlation_id)
+        original = self.find(session, tenant, handle)
+        how = COMPENSATIONS.get(original.kind)
+        if how is None:
+            raise InvalidInput(
+                f"a {original.kind} cannot be compensated through a request",
+                code="not_compensable",
+                field="handle",
+            )
+        self._operation_to_offset(session, original)
+        kind, params = how
+        spec = self.outbox.registry.get(kind)
+        intent = spec.parse(params(original.params, cause))
+        return self._add_unless_repeat(
+            session,
+            tenant,
+            spec,
+            intent,
+            original.order_ref,
+            reason,
+            correlation_id,
+            compensates=original,
+        )
+
+    def _add_unless_repeat(
+        self,
+        session: Session,
+        tenant: str,
+        spec: Kind,
+        intent: Intent,
+        order_ref: str,
+        reason: str,
+        correlation_id: str | None,
+        compensates: Proposal | None = None,
+    ) -> Proposed:
+        """The live proposal ``intent`` repeats, or a new one (flushed)."""
+        minted = MINTED.get(spec.name)
         fp = self.outbox.fingerprinter
         # One request for an order at a time: two identical requests at the same instant must
         # not both find no repeat and both be added (and then both auto-approved).
@@ -177,9 +251,25 @@ class Proposals:
                 "fingerprint_key_version": fp.current,
                 "reason": reason,
                 "correlation_id": correlation_id,
+                "compensates_id": compensates.id if compensates is not None else None,
             },
         )
         return Proposed(row, created=True, earlier=live)
+
+    def _operation_to_offset(self, session: Session, original: Proposal) -> Operation:
+        """The operation of approved proposal ``original``, if it may have done something to
+        offset; else InvalidInput (``nothing_to_compensate``, naming the handle)."""
+        op = None
+        if original.status == APPROVED and original.op_id is not None:
+            op = find_operation(session, original.tenant, original.op_id)
+        if op is None or op.state in _NOTHING_DONE:
+            raise InvalidInput(
+                "nothing was done by this request, so there is nothing to compensate "
+                "(a request not sent yet is stopped with a cancel instead)",
+                code="nothing_to_compensate",
+                field="handle",
+            )
+        return op
 
     def find(self, session: Session, tenant: str, handle: str) -> Proposal:
         """Proposal ``handle`` of ``tenant``; NotFound (the same error) for any other."""
@@ -207,17 +297,8 @@ class Proposals:
         if proposal.status != PROPOSED:
             raise ProposalConflict(code="proposal_decided", status=proposal.status)
         self._check_bound(proposal)
-        run = open_run(session, tenant=proposal.tenant, title=f"agent proposal {handle}")
         op_id = new_op_id()
-        self.outbox.enqueue(
-            session,
-            tenant=proposal.tenant,
-            op_id=op_id,
-            kind=proposal.kind,
-            params=proposal.params,
-            run=run,
-            correlation_id=proposal.correlation_id,
-        )
+        run_id = self._enqueue(session, proposal, op_id)
         cutoff = store.expiry_cutoff(session, self.ttl)
         if not store.decide(
             session,
@@ -225,7 +306,7 @@ class Proposals:
             status=APPROVED,
             by=by,
             op_id=op_id,
-            run_id=run.id,
+            run_id=run_id,
             made_after=cutoff,
         ):
             # Expired in between, or decided by somebody else first.
@@ -233,6 +314,37 @@ class Proposals:
             raise ProposalConflict("the proposal was decided by somebody else first")
         session.expire(proposal)
         return proposal
+
+    def _enqueue(self, session: Session, proposal: Proposal, op_id: str) -> int | None:
+        """Enqueue an approved proposal's exact parameters under ``op_id``: in a run of its own,
+        or (a compensation) linked to the original operation, in its run; that run's id."""
+        if proposal.compensates_id is None:
+            run = open_run(
+                session, tenant=proposal.tenant, title=f"agent proposal {proposal.handle}"
+            )
+            self.outbox.enqueue(
+                session,
+                tenant=proposal.tenant,
+                op_id=op_id,
+                kind=proposal.kind,
+                params=proposal.params,
+                run=run,
+                correlation_id=proposal.correlation_id,
+            )
+            return run.id
+        original = session.get(Proposal, proposal.compensates_id)
+        assert original is not None  # a foreign key holds it
+        op = self._operation_to_offset(session, original)
+        got = compensate(
+            self.outbox,
+            session,
+            op,
+            op_id=op_id,
+            kind=proposal.kind,
+            params=proposal.params,
+            correlation_id=proposal.correlation_id,
+        )
+        return got.operation.run_id
 
     def decline(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
         """Decline a proposal still waiting (never committed); declining a declined one is

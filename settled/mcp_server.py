@@ -41,7 +41,14 @@ from outbox.errors import (
     ProposalConflict,
 )
 from outbox.models import Proposal
-from outbox.proposals import APPROVED, PROPOSED, Proposals, auto_approvable, proposal_report
+from outbox.proposals import (
+    APPROVED,
+    PROPOSED,
+    Proposals,
+    Proposed,
+    auto_approvable,
+    proposal_report,
+)
 from outbox.report_text import Lang, check_lang
 from outbox.runs import cancel_run
 from outbox.settings import Settings
@@ -62,7 +69,9 @@ WRITE_RULES = (
 NOUNS = {"refund": "refund", "after_sales_ticket": "ticket", "ticket_cancel": "compensation"}
 #: the intent's field names as each request tool calls them (the ticket's "reason" is the
 #: tool's ``problem``: the tool's ``reason`` is the free-text why)
-FIELD_NAMES = {"after_sales_ticket": {"reason": "problem"}}
+FIELD_NAMES = {"after_sales_ticket": {"reason": "problem"}, "ticket_cancel": {"reason": "cause"}}
+#: bad input no other value of a field fixes: explained to the user, not corrected
+NOTHING_TO_DO = frozenset({"not_compensable", "nothing_to_compensate", "run_cancelled"})
 REPEAT_NOTES = {
     "refund": "This repeats an earlier request for the same order, amount, currency and payee: "
     "no new refund was made. Do not ask again; follow this handle with refund_status.",
@@ -229,6 +238,50 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         params = {"order_id": order_id, "reason": problem}
         return await _request(desk, ctx, tenant, "after_sales_ticket", params, reason, call_id)
 
+    @server.tool(
+        description=(
+            "Ask to compensate (undo) what an approved request did: for an after-sales ticket, "
+            "cancelling it. handle is the original request's; cause is one of: "
+            "customer_request, pickup_failed, duplicate. This is a new operation: it happens "
+            "only after approval (the user is asked, or staff approve it), it can fail too, "
+            "and it is reported by its own receipt: nothing is reversed until request_status "
+            "says so. A refund cannot be compensated here. " + WRITE_RULES
+        ),
+        annotations=ToolAnnotations(
+            readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=True
+        ),
+    )
+    async def request_compensation(
+        handle: str,
+        reason: str,
+        ctx: Context,
+        cause: str = "customer_request",
+        call_id: str | None = None,
+        op_id: str | None = None,
+    ) -> CallToolResult:
+        if op_id is not None:
+            return refusal(
+                "fixable",
+                "Do not send an op_id: the server mints one when the compensation is "
+                "approved. Call again without it.",
+                field="op_id",
+            )
+        tenant = desk.caller()
+        if tenant is None:
+            return refusal("permission", "This connection has no tenant. Stop; do not retry.")
+
+        def make(session: Session) -> Proposed:
+            return desk.proposals.propose_compensation(
+                session,
+                tenant=tenant,
+                handle=handle,
+                cause=cause,
+                reason=reason,
+                correlation_id=call_id,
+            )
+
+        return await _decide(desk, ctx, tenant, "ticket_cancel", make)
+
     status_rules = (
         "waiting for approval, declined, expired, or done / not done / uncertain with "
         "evidence. Uncertain means pending confirmation. Read-only; safe to call again."
@@ -336,10 +389,8 @@ async def _request(
 ) -> CallToolResult:
     """Propose; then approve by policy, or ask the human, or leave it for staff."""
 
-    def propose(
-        session: Session,
-    ) -> tuple[Proposal, bool, list[dict[str, Any]], bool, dict[str, Any]]:
-        got = desk.proposals.propose(
+    def make(session: Session) -> Proposed:
+        return desk.proposals.propose(
             session,
             tenant=tenant,
             kind=kind,
@@ -347,6 +398,24 @@ async def _request(
             reason=reason,
             correlation_id=call_id,
         )
+
+    return await _decide(desk, ctx, tenant, kind, make)
+
+
+async def _decide(
+    desk: AgentDesk,
+    ctx: Context,
+    tenant: str,
+    kind: str,
+    make: Callable[[Session], Proposed],
+) -> CallToolResult:
+    """Make the proposal (``make``); then approve by policy, or ask the human, or leave it
+    for staff. A repeat answers with the earlier proposal and its status."""
+
+    def propose(
+        session: Session,
+    ) -> tuple[Proposal, bool, list[dict[str, Any]], bool, dict[str, Any]]:
+        got = make(session)
         p = got.proposal
         limit = desk.auto_approve_minor.get(tenant)
         amount = p.params.get("amount_minor")
@@ -358,6 +427,8 @@ async def _request(
 
     try:
         proposal, created, earlier, auto, status = await desk.in_transaction(propose)
+    except NotFound:
+        return refusal("fixable", "No such request. Check the handle.", field="handle")
     except InvalidInput as exc:
         return _invalid(exc, FIELD_NAMES.get(kind, {}))
     if not created:
@@ -465,6 +536,8 @@ def _invalid(exc: InvalidInput, names: Mapping[str, str] | None = None) -> CallT
     """Bad input as a fixable error naming the tool's field (never echoing the value);
     ``names``: the intent's field names as the tool calls them."""
     field = exc.data.get("field")
+    if exc.code in NOTHING_TO_DO:
+        return refusal("business_rejected", exc.message + ". Tell the user; do not retry.")
     if isinstance(exc, InvalidParams) and exc.data.get("errors"):
         first = exc.data["errors"][0]
         field, problem = first["field"], first["error"]

@@ -167,3 +167,132 @@ def test_a_ticket_request_waits_for_staff_and_bad_input_names_the_tools_field(ri
     assert "request_status" in seen[0]["error"]["message"]
     assert [p.status for p in proposals(rig)] == ["declined"]
     assert operations(rig) == [] and tickets(rig) == []
+
+
+def ticket_done(rig: Rig) -> dict[str, Any]:
+    """An approved after-sales ticket, opened downstream; the tool's answer."""
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        seen.append(await call(client, "request_after_sales_ticket", **TICKET))
+
+    converse(server(rig), model, Human(("accept", True)))
+    execute_all(rig)
+    return seen[0]
+
+
+def ticket_status(rig: Rig, ticket_id: str) -> str:
+    (ticket,) = [t for t in tickets(rig) if t["ticket_id"] == ticket_id]
+    return str(ticket["status"])
+
+
+def test_a_compensation_is_an_approved_operation_that_restores_only_with_its_receipt(
+    rig: Rig,
+) -> None:
+    ticket = ticket_done(rig)
+    human = Human(("accept", True))
+    seen: list[dict[str, Any]] = []
+    why = "the customer changed their mind"
+
+    async def model(client: Client) -> None:
+        undo = await call(client, "request_compensation", handle=ticket["handle"], reason=why)
+        seen.append(undo)
+        again = await call(
+            client, "request_compensation", handle=ticket["handle"], reason=why, call_id="c2"
+        )
+        assert again["repeat"] is True and again["handle"] == undo["handle"]
+        before = await call(client, "request_status", handle=ticket["handle"])
+        assert before["outcome"] == "done"
+        assert f"Compensation {undo['op_id']} has not been sent yet." in before["text"]
+        assert "restored" not in before["text"].lower()
+
+    converse(server(rig), model, human)
+    (undo,) = seen
+    assert len(human.prompts) == 1
+    assert (
+        f"Approve cancelling ticket {ticket['ticket_id']} (customer_request)?" in (human.prompts[0])
+    )
+    assert undo["status"] == "approved" and undo["kind"] == "ticket_cancel"
+    assert undo["op_id"] != ticket["op_id"] and undo["order_id"] == "A1042"
+    original, compensation = operations(rig)
+    assert compensation.compensates_id == original.id and compensation.run_id == original.run_id
+    assert ticket_status(rig, ticket["ticket_id"]) == "open"  # nothing reversed yet
+    execute_all(rig)
+    assert ticket_status(rig, ticket["ticket_id"]) != "open"
+
+    async def check(client: Client) -> None:
+        own = await call(client, "request_status", handle=undo["handle"])
+        receipt = own["evidence"]["reference"]
+        assert own["outcome"] == "done" and receipt.startswith("tcx_")
+        after = await call(client, "request_status", handle=ticket["handle"])
+        assert f"Restored by compensation {undo['op_id']} (receipt {receipt})." in after["text"]
+
+    converse(server(rig), check)
+
+
+def test_a_failed_compensation_says_nothing_was_reversed(rig: Rig) -> None:
+    ticket = ticket_done(rig)
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        bad = await call(
+            client, "request_compensation", handle=ticket["handle"], reason="x", cause="meh"
+        )
+        assert bad["error"]["kind"] == "fixable" and bad["error"]["field"] == "cause"
+        seen.append(
+            await call(
+                client,
+                "request_compensation",
+                handle=ticket["handle"],
+                reason="duplicate of T-0",
+                cause="duplicate",
+            )
+        )
+
+    converse(server(rig), model, Human(("accept", True)))
+    rig.control.add_rule("business_reject", kind="ticket_cancel", code="ticket_locked")
+    execute_all(rig)
+    assert ticket_status(rig, ticket["ticket_id"]) == "open"
+
+    async def check(client: Client) -> None:
+        own = await call(client, "request_status", handle=seen[0]["handle"])
+        assert own["outcome"] == "not_done" and own["evidence"]["code"] == "ticket_locked"
+        after = await call(client, "request_status", handle=ticket["handle"])
+        assert (
+            f"Compensation {seen[0]['op_id']} was not done, so nothing has been reversed."
+            in (after["text"])
+        )
+        assert "restored" not in after["text"].lower()
+
+    converse(server(rig), check)
+
+
+def test_what_cannot_be_compensated_is_refused_and_writes_nothing(rig: Rig) -> None:
+    refund: list[str] = []
+    waiting: list[str] = []
+
+    async def ask(client: Client) -> None:
+        refund.append((await call(client, "request_refund", **REFUND))["handle"])
+        got = await call(client, "request_after_sales_ticket", **TICKET)
+        waiting.append(got["error"]["handle"])  # no elicitation: waits for staff
+
+    converse(server(rig, limits={"acme": 50000}), ask)
+    before = (len(proposals(rig)), len(operations(rig)))
+
+    async def model(client: Client) -> None:
+        got = await call(client, "request_compensation", handle=refund[0], reason="oops")
+        assert got["error"]["kind"] == "business_rejected"
+        assert got["error"]["message"].startswith("a refund cannot be compensated")
+        got = await call(client, "request_compensation", handle=waiting[0], reason="oops")
+        assert got["error"]["kind"] == "business_rejected"
+        assert "nothing to compensate" in got["error"]["message"]
+        got = await call(client, "request_compensation", handle="prp_" + "z" * 32, reason="x")
+        assert got["error"]["field"] == "handle" and got["error"]["kind"] == "fixable"
+        got = await call(
+            client, "request_compensation", handle=waiting[0], reason="x", op_id="call_1"
+        )
+        assert got["error"]["field"] == "op_id"
+
+    converse(server(rig), model, Human())
+    assert (len(proposals(rig)), len(operations(rig))) == before
+    execute_all(rig)
