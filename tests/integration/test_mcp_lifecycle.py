@@ -27,7 +27,7 @@ from tests.support.agents import (
     proposals,
     server,
 )
-from tests.support.rig import Rig
+from tests.support.rig import HOLD, Rig
 
 DAY = timedelta(hours=24).total_seconds()
 
@@ -296,3 +296,50 @@ def test_what_cannot_be_compensated_is_refused_and_writes_nothing(rig: Rig) -> N
     converse(server(rig), model, Human())
     assert (len(proposals(rig)), len(operations(rig))) == before
     execute_all(rig)
+
+
+def test_while_the_lookup_is_down_the_model_hears_pending_confirmation_then_the_truth(
+    rig: Rig,
+) -> None:
+    handle: list[str] = []
+
+    async def ask(client: Client) -> None:
+        handle.append((await call(client, "request_refund", **REFUND, call_id="c1"))["handle"])
+
+    srv = server(rig, limits={"acme": 50000})
+    converse(srv, ask)
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    execute_all(rig)  # the downstream refunded; the answer was lost
+    (op,) = operations(rig)
+    assert op.state == "unknown"
+    rig.control.add_rule("lookup_unavailable")
+    assert rig.reconciler().run_once().outcomes == {"lookup_unavailable": 1}
+    assert rig.control.refunded("acme", "A1042") == 10000  # done, but nobody can tell yet
+
+    async def misbehave(client: Client) -> None:
+        for i in range(4):  # spams the status, and asks again "because it timed out"
+            got = await call(client, "refund_status", handle=handle[0])
+            assert (got["outcome"], got["state"]) == ("uncertain", "unknown")
+            assert "pending confirmation" in got["text"]
+            again = await call(client, "request_refund", **REFUND, call_id=f"retry-{i}")
+            assert again["repeat"] is True and again["outcome"] == "uncertain"
+        stopped = await call(client, "cancel_refund", handle=handle[0])
+        assert stopped["stopped"] is True and stopped["outcome"] == "uncertain"
+        assert "pending confirmation" in stopped["text"]
+        assert "cancelled" not in stopped["text"]
+
+    converse(srv, misbehave)
+    execute_all(rig)  # an unknown operation is never sent again
+    assert len(operations(rig)) == 1 and rig.sends(op.id) == 1
+    rig.control.clear_rules()  # the lookup is back
+    rig.make_due(op.id)
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+
+    async def truth(client: Client) -> None:
+        got = await call(client, "refund_status", handle=handle[0])
+        assert (got["outcome"], got["state"]) == ("done", "succeeded")
+        assert got["evidence"]["reference"] and got["evidence"]["reference"] in got["text"]
+        assert "pending confirmation" not in got["text"]
+
+    converse(srv, truth)
+    assert rig.control.refunded("acme", "A1042") == 10000
