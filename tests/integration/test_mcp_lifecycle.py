@@ -343,3 +343,23 @@ def test_while_the_lookup_is_down_the_model_hears_pending_confirmation_then_the_
 
     converse(srv, truth)
     assert rig.control.refunded("acme", "A1042") == 10000
+
+
+def test_the_new_tools_annotations_are_truthful(rig: Rig) -> None:
+    async def model(client: Client) -> None:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        for name in ("request_after_sales_ticket", "request_compensation"):
+            hints = tools[name].annotations
+            assert hints is not None
+            assert hints.read_only_hint is False and hints.idempotent_hint is False
+            assert "retry" in (tools[name].description or "")
+            assert "op_id" not in tools[name].input_schema["required"]
+        assert "ticket_id" not in tools["request_after_sales_ticket"].input_schema["properties"]
+        status = tools["request_status"].annotations
+        assert status is not None and status.read_only_hint is True
+        cancel = tools["cancel_request"].annotations
+        assert cancel is not None and cancel.read_only_hint is False
+        assert "own receipt" in (tools["request_compensation"].description or "")
+
+    converse(server(rig), model)
+    rig.judged_by_ledger = False
