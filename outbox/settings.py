@@ -172,10 +172,13 @@ class Settings(BaseSettings):
     #: The MCP server for AI agents (``settled mcp``): the one tenant a stdio server speaks
     #: for (the HTTP transport takes a tenant's API key instead); per tenant, the largest
     #: refund its policy approves without a person, in minor units, e.g. ``{"acme": 5000}``
-    #: (a tenant not named: none); how long a repeated request answers with the earlier one.
+    #: (a tenant not named: none); how long a repeated request answers with the earlier one;
+    #: how long a proposal waits for a decision before it expires (database time; an expired
+    #: one is never approved, and nothing is sent for it).
     agent_tenant: str | None = None
     agent_auto_approve_minor: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
     agent_repeat_window_seconds: float = Field(default=86400.0, gt=0)
+    agent_proposal_ttl_seconds: float = Field(default=86400.0, gt=0)
 
     @field_validator("fingerprint_keys")
     @classmethod

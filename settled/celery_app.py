@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from outbox.relay import Publish
 from outbox.settings import Settings
 from settled import observe
 from settled.runtime import Runtime, build_runtime
-from workers.sweeper import sweep
+from workers.sweeper import expire_proposals, sweep
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,9 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
 
     @app.task(name=SWEEP, ignore_result=True, shared=False)
     def sweep_task() -> None:
-        sweep(runtime(settings).sessions, _publish_ids(app), per_message=settings.hint_batch)
+        sessions = runtime(settings).sessions
+        expire_proposals(sessions, timedelta(seconds=settings.agent_proposal_ttl_seconds))
+        sweep(sessions, _publish_ids(app), per_message=settings.hint_batch)
 
     @app.task(name=RECONCILE, ignore_result=True, shared=False)
     def reconcile_task() -> None:
