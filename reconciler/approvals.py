@@ -77,15 +77,15 @@ class Approvals:
         try:
             require_acting(staff)
             decided = self._write(staff, proposal_id, status)
-        except ProposalConflict:
+        except ProposalConflict as exc:
             # decided by somebody else between our read and our write: rolled back
             with self.sessions() as session:
                 decided = proposal_row(self._load(session, staff, proposal_id))
+            if decided["status"] == PROPOSED:  # refused for another reason: say it
+                self._refused(staff, proposal_id, verb, exc)
+                raise
         except SettledError as exc:
-            audit.info(
-                f"proposal {verb} refused",
-                extra={"staff": staff.id, "proposal": proposal_id, "code": exc.code},
-            )
+            self._refused(staff, proposal_id, verb, exc)
             raise
         won = decided["status"] == status and decided["decided_by"] == staff.actor
         audit.info(
@@ -94,6 +94,13 @@ class Approvals:
                    "op_id": decided["op_id"], "decided_by": decided["decided_by"]},
         )  # fmt: skip
         return Decision(decided, won)
+
+    @staticmethod
+    def _refused(staff: Staff, proposal_id: int, verb: str, exc: SettledError) -> None:
+        audit.info(
+            f"proposal {verb} refused",
+            extra={"staff": staff.id, "proposal": proposal_id, "code": exc.code},
+        )
 
     def _write(self, staff: Staff, proposal_id: int, status: str) -> dict[str, Any]:
         with self.sessions.begin() as session:

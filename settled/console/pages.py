@@ -323,9 +323,13 @@ def _decide(request: Request, user: ConsoleUser, proposal_id: int, verb: str) ->
         message = translate(lang, "msg.refused", message=exc.message)
         return _proposal_page(request, user, proposal_id, message)
     p = decision.proposal
-    if not decision.won:
+    if not decision.won and not p["decided_by"]:
         message = translate(
-            lang, "msg.already_decided", by=formats.who(p["decided_by"]) or p["status"],
+            lang, "msg.no_longer_waiting", status=translate(lang, f"proposal.status.{p['status']}")
+        )
+    elif not decision.won:
+        message = translate(
+            lang, "msg.already_decided", by=formats.who(p["decided_by"]),
             at=p["decided_at"] or "", status=translate(lang, f"proposal.status.{p['status']}"),
         )  # fmt: skip
     elif verb == "approve":

@@ -147,6 +147,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "msg.approved": "Approved: operation {op_id} is queued and will be sent.",
         "msg.declined": "Declined: nothing will be sent.",
         "msg.already_decided": "Already decided by {by} at {at} ({status}).",
+        "msg.no_longer_waiting": "This proposal no longer waits for a decision: {status}.",
     },
     "zh": {
         "title": "Settled 客服控制台",
@@ -275,6 +276,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "msg.approved": "已批准：操作 {op_id} 已排队，即将发送。",
         "msg.declined": "已拒绝：不会发送任何内容。",
         "msg.already_decided": "已由 {by} 于 {at} 决定（{status}）。",
+        "msg.no_longer_waiting": "此请求已不再等待决定：{status}。",
     },
 }
 
