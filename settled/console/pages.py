@@ -26,7 +26,14 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, SettledError
+from outbox.errors import (
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    ProposalConflict,
+    ReviewConflict,
+    SettledError,
+)
 from outbox.proposals import Proposals
 from reconciler.approvals import Approvals
 from reconciler.find import KEYS, Finder
@@ -319,7 +326,7 @@ def _decide(request: Request, user: ConsoleUser, proposal_id: int, verb: str) ->
             decision = approvals.approve(user.staff, proposal_id)
         else:
             decision = approvals.decline(user.staff, proposal_id)
-    except InvalidInput as exc:
+    except (InvalidInput, ProposalConflict) as exc:  # e.g. the parameters no longer match
         message = translate(lang, "msg.refused", message=exc.message)
         return _proposal_page(request, user, proposal_id, message)
     p = decision.proposal

@@ -23,6 +23,7 @@ from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 from starlette.exceptions import StarletteDeprecationWarning
 
+from outbox.errors import ProposalConflict
 from outbox.kinds import default_registry
 from outbox.models import Operation, Proposal, Run
 from outbox.proposals import Proposals
@@ -310,3 +311,25 @@ def test_the_proposals_page_in_chinese(rig: Rig, service: Proposals, client: Tes
     assert "AI 智能体提出的请求" in page and "智能体请求" in page and listed(page) == [pid]
     detail = client.get(f"/console/proposals/{pid}").text  # the cookie keeps the language
     assert "批准" in detail and "拒绝" in detail and "此订单上没有其他记录" in detail
+
+
+class RefusingProposals(Proposals):
+    """The service refusing an approval while the proposal still reads as waiting (as one past
+    its time to live that nobody has marked expired yet)."""
+
+    def approve(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
+        raise ProposalConflict("the proposal has expired", code="proposal_expired")
+
+
+def test_a_refusal_that_leaves_the_proposal_waiting_is_shown_as_one(rig: Rig) -> None:
+    service = RefusingProposals(rig.outbox, timedelta(hours=1))
+    pid = propose(rig, service)
+    queue = ReviewQueue(rig.sessions, rig.gateway(), default_registry(), lookup_timeout=2.0)
+    app = create_web_app(rig.sessions, review=queue, proposals=service)
+    add_staff(rig, "ann", "support")
+    with TestClient(app, follow_redirects=False) as client:
+        csrf = sign_in(client, "ann")
+        r = post(client, f"/console/proposals/{pid}/approve", csrf)
+    assert r.status_code == 200 and "Refused: the proposal has expired" in r.text
+    assert "Already decided" not in r.text and 'id="actions"' in r.text
+    assert nothing_decided(rig, pid)
