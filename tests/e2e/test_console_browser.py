@@ -27,7 +27,7 @@ from sqlalchemy import Engine, select
 
 from outbox.models import Operation
 from reconciler.accounts import create_account
-from tests.integration.test_mcp_agents import REFUND, call, converse, server
+from tests.support.agents import REFUND, call, converse, server
 from tests.support.rig import HOLD, Rig
 from tests.support.services import free_port
 from tests.support.simtools import wait_until
