@@ -7,7 +7,9 @@ op id, in the transaction that marks it approved. What this adds is the staff's 
 member limited to some tenants sees and decides only theirs (the limit is in the SQL;
 another tenant's proposal is NotFound, exactly like a missing one); a viewer may look but not
 decide (Forbidden); every decision is recorded as ``staff:<id>`` and in ``settled.audit``. A
-proposal somebody decided first is not an error: the answer says who decided it and when.
+proposal somebody decided first is not an error: the answer says who decided it and when. One
+past its time to live is not listed and shows as expired, marked by the sweeper or not (its
+approval is refused by ``Proposals``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import NotFound, ProposalConflict, SettledError
 from outbox.models import Operation, Proposal
 from outbox.proposals import APPROVED, DECLINED, PROPOSED, Proposals
+from outbox.storage.proposals import expiry_cutoff
 from outbox.storage.search import on_orders, proposal_by_id, waiting_proposals
 from reconciler.staff import Staff, require_acting
 
@@ -49,7 +52,10 @@ class Approvals:
         with what else is on its order, and how many wait in all."""
         audit.info("proposals list", extra={"staff": staff.id})
         with self.sessions() as session:
-            rows, total = waiting_proposals(session, tenants=staff.tenants, limit=MAX_LISTED)
+            rows, total = waiting_proposals(
+                session, tenants=staff.tenants, limit=MAX_LISTED,
+                made_after=expiry_cutoff(session, self.proposals.ttl),
+            )  # fmt: skip
             others, operations = on_orders(session, [(p.tenant, p.order_ref) for p in rows])
             items = [
                 {**proposal_row(p), **_on_order(p, others, operations)} for p in rows
@@ -62,7 +68,8 @@ class Approvals:
         with self.sessions() as session:
             p = self._load(session, staff, proposal_id)
             others, operations = on_orders(session, [(p.tenant, p.order_ref)])
-            return {**proposal_row(p), **_on_order(p, others, operations)}
+            status = self.proposals.status_of(session, p)  # expired once past its time
+            return {**proposal_row(p), "status": status, **_on_order(p, others, operations)}
 
     def approve(self, staff: Staff, proposal_id: int) -> Decision:
         """Approve: its exact parameters become an operation under a new op id."""

@@ -160,12 +160,14 @@ def operations_by(
 
 
 def waiting_proposals(
-    session: Session, *, tenants: Collection[str] | None, limit: int
+    session: Session, *, tenants: Collection[str] | None, made_after: datetime, limit: int
 ) -> tuple[list[Proposal], int]:
     """The first ``limit`` proposals of ``tenants`` (None: all) waiting for a decision, oldest
-    first, and how many wait in all."""
-    listed, counted = WAITING_PROPOSALS, WAITING_COUNT
-    params: dict[str, Any] = {"limit": limit}
+    first, and how many wait in all; only those made after ``made_after`` (the others have
+    expired, whether or not the sweeper has marked them yet)."""
+    young = Proposal.created_at > bindparam("made_after")
+    listed, counted = WAITING_PROPOSALS.where(young), WAITING_COUNT.where(young)
+    params: dict[str, Any] = {"limit": limit, "made_after": made_after}
     if tenants is not None:
         listed = listed.where(Proposal.tenant.in_(bindparam("tenants", expanding=True)))
         counted = counted.where(Proposal.tenant.in_(bindparam("tenants", expanding=True)))

@@ -15,15 +15,14 @@ import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.orm import Session
 from starlette.exceptions import StarletteDeprecationWarning
 
-from outbox.errors import ProposalConflict
 from outbox.kinds import default_registry
 from outbox.models import Operation, Proposal, Run
 from outbox.proposals import Proposals
@@ -96,6 +95,10 @@ def operations(rig: Rig) -> list[Operation]:
 
 def listed(page: str) -> list[int]:
     return [int(i) for i in re.findall(r'<tr data-proposal="(\d+)">', page)]
+
+
+def two_days_ago() -> datetime:
+    return datetime.now(UTC) - timedelta(days=2)
 
 
 def waiting_on_a_lock(engine: Engine) -> bool:
@@ -313,23 +316,20 @@ def test_the_proposals_page_in_chinese(rig: Rig, service: Proposals, client: Tes
     assert "批准" in detail and "拒绝" in detail and "此订单上没有其他记录" in detail
 
 
-class RefusingProposals(Proposals):
-    """The service refusing an approval while the proposal still reads as waiting (as one past
-    its time to live that nobody has marked expired yet)."""
-
-    def approve(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
-        raise ProposalConflict("the proposal has expired", code="proposal_expired")
-
-
-def test_a_refusal_that_leaves_the_proposal_waiting_is_shown_as_one(rig: Rig) -> None:
-    service = RefusingProposals(rig.outbox, timedelta(hours=1))
+def test_an_expired_proposal_is_not_listed_and_its_approval_is_refused(
+    rig: Rig, service: Proposals, client: TestClient
+) -> None:
     pid = propose(rig, service)
-    queue = ReviewQueue(rig.sessions, rig.gateway(), default_registry(), lookup_timeout=2.0)
-    app = create_web_app(rig.sessions, review=queue, proposals=service)
+    with rig.sessions.begin() as s:  # made two days ago; the sweeper has not marked it yet
+        s.execute(update(Proposal).where(Proposal.id == pid).values(created_at=two_days_ago()))
     add_staff(rig, "ann", "support")
-    with TestClient(app, follow_redirects=False) as client:
-        csrf = sign_in(client, "ann")
-        r = post(client, f"/console/proposals/{pid}/approve", csrf)
-    assert r.status_code == 200 and "Refused: the proposal has expired" in r.text
-    assert "Already decided" not in r.text and 'id="actions"' in r.text
+    csrf = sign_in(client, "ann")
+    assert listed(client.get("/console/proposals").text) == []
+    detail = client.get(f"/console/proposals/{pid}").text
+    assert "Expired without a decision: nothing was sent." in detail
+    assert 'id="actions"' not in detail
+    r = post(client, f"/console/proposals/{pid}/approve", csrf)
+    assert r.status_code == 200, r.text
+    assert "Refused: the proposal expired without a decision; nothing was sent" in r.text
+    assert "Already decided" not in r.text
     assert nothing_decided(rig, pid)
