@@ -136,8 +136,9 @@ class Settings(BaseSettings):
     hint_batch: int = Field(default=20, ge=1, le=500)
     #: The doorbell (``outbox.doorbell``, Redis brokers only): an app's transaction publishes
     #: a hint only while fewer than this many wait in the queue, and the waiting ones claim its
-    #: operations, ``SETTLED_CLAIM_BATCH`` at a time. 0: off (one hint per transaction).
-    hint_doorbell: int = Field(default=0, ge=0, le=1000)
+    #: operations, ``SETTLED_CLAIM_BATCH`` at a time. 0 (or ``SETTLED_CLAIM_BATCH`` 0): off, one
+    #: hint per transaction.
+    hint_doorbell: int = Field(default=4, ge=0, le=1000)
     #: Where beat keeps its schedule state.
     beat_schedule_file: str = "var/celerybeat-schedule"
     #: How often the reconciler runs, and how long "unknown" may last before review.
@@ -210,15 +211,6 @@ class Settings(BaseSettings):
             raise ValueError(
                 "SETTLED_LEASE_SECONDS must be longer than SETTLED_CLOCK_MARGIN_SECONDS: "
                 "a send must end a clock margin before its lease does, so none could start"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _doorbell_claims(self) -> Settings:
-        if self.hint_doorbell and not self.claim_batch:
-            raise ValueError(
-                "SETTLED_HINT_DOORBELL needs SETTLED_CLAIM_BATCH of at least 1: a doorbell hint "
-                "carries no ids and claims that many due operations"
             )
         return self
 

@@ -157,8 +157,10 @@ class SettledCelery(Celery):  # type: ignore[misc]  # Celery has no type hints
 
 def doorbell(settings: Settings) -> Doorbell | None:
     """The doorbell ``SETTLED_HINT_DOORBELL`` asks for, on the broker's Redis; None when it is
-    off or the broker is not Redis. A ring counts for one sweeper period at most."""
-    if not settings.hint_doorbell or not settings.broker_url.startswith(("redis://", "rediss://")):
+    off (it is with ``SETTLED_CLAIM_BATCH`` 0: a doorbell hint would claim nothing) or the
+    broker is not Redis. A ring counts for one sweeper period at most."""
+    redis_broker = settings.broker_url.startswith(("redis://", "rediss://"))
+    if not (settings.hint_doorbell and settings.claim_batch and redis_broker):
         return None
     client = redis.Redis.from_url(
         settings.broker_url, socket_timeout=2.0, socket_connect_timeout=2.0
@@ -221,7 +223,7 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
             # A doorbell hint: its ring leaves the count, and it claims the oldest due
             # operations; a full claim rings again for the next batch (``outbox.doorbell``).
             app.doorbell.answer()
-            again = ring_again(_publish_ids(app), app.doorbell)
+            again = ring_again(ids_publisher(app), app.doorbell)
             runtime(settings).executor.execute(ids, when_full=again)
         elif coalesce:
             runtime(settings).coalescer().execute(ids)
@@ -232,7 +234,7 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     def sweep_task() -> None:
         sessions = runtime(settings).sessions
         expire_proposals(sessions, timedelta(seconds=settings.agent_proposal_ttl_seconds))
-        sweep(sessions, _publish_ids(app), per_message=settings.hint_batch)
+        sweep(sessions, ids_publisher(app), per_message=settings.hint_batch)
 
     @app.task(name=RECONCILE, ignore_result=True, shared=False)
     def reconcile_task() -> None:
@@ -240,7 +242,7 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
         report = rt.reconciler.run_once()
         if report.outcomes.get("requeued"):
             # Requeued operations are due now: the sweeper would find them, a hint is faster.
-            sweep(rt.sessions, _publish_ids(app), per_message=settings.hint_batch)
+            sweep(rt.sessions, ids_publisher(app), per_message=settings.hint_batch)
 
     return app
 
@@ -249,12 +251,12 @@ def hint_publisher(app: Celery) -> Publish:
     """The relay's ``publish(operation_ids)`` for an app: one hint message per call, or, with
     the doorbell on (``SETTLED_HINT_DOORBELL``), a doorbell hint only while fewer than that
     many wait in the queue (``outbox.doorbell``)."""
-    publish = _publish_ids(app)
+    publish = ids_publisher(app)
     bell = getattr(app, "doorbell", None)
     return publish if bell is None else rung(publish, bell)
 
 
-def _publish_ids(app: Celery) -> Publish:
+def ids_publisher(app: Celery) -> Publish:
     """One hint message carrying these operation ids (the sweeper's; the relay's without the
     doorbell)."""
 

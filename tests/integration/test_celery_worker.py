@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox import relay
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
-from settled.celery_app import QUEUE, SUBMIT, create_app, hint_publisher
+from settled.celery_app import QUEUE, SUBMIT, create_app, hint_publisher, ids_publisher
 from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.support.judge import check_truthful
 from tests.support.services import free_port
@@ -42,9 +42,9 @@ class App:
 
     def __init__(self, stack: Stack, engine: Engine, outbox: Outbox, **settings: Any) -> None:
         self.celery = create_app(stack.settings().model_copy(update=settings))
-        self.publish = hint_publisher(self.celery)
+        self.publish = ids_publisher(self.celery)  # one hint of these ids, as the sweeper's
         self.sessions = sessionmaker(engine, expire_on_commit=False)
-        relay.install(self.sessions, self.publish)
+        relay.install(self.sessions, hint_publisher(self.celery))
         self.outbox = outbox
 
     def enqueue(self, n: int, prefix: str = "op", **kw: Any) -> list[int]:
@@ -153,15 +153,20 @@ def test_operations_enqueued_in_a_transaction_are_sent_by_a_real_worker(
     assert 'settled_attempts_total{outcome="done"} 20.0' in metrics
 
 
+@pytest.mark.parametrize("doorbell", [0, 8])
 def test_a_commit_publishes_its_hints_in_messages_of_bounded_size(
-    app: App, broker_url: str
+    stack: Stack, pg: Engine, outbox: Outbox, broker_url: str, doorbell: int
 ) -> None:
+    """Without the doorbell, and with it: a transaction of 45 operations carries its ids in
+    three hints (a doorbell hint would claim fewer: SETTLED_CLAIM_BATCH=5)."""
+    app = App(stack, pg, outbox, hint_doorbell=doorbell, claim_batch=5)
     client = redis.Redis.from_url(broker_url)
     try:
         ids = app.enqueue(45)
         messages = [json.loads(m) for m in client.lrange("settled", 0, -1)]
     finally:
         client.close()
+        app.close()
     carried = [json.loads(base64.b64decode(m["body"]))[0][0] for m in messages]
     assert sorted(len(c) for c in carried) == [5, 20, 20]  # kombu pushes on the left
     assert sorted(i for c in carried for i in c) == sorted(ids)

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import fakeredis
 import pytest
 import redis
-from pydantic import ValidationError
 
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.settings import Settings
+from settled.celery_app import doorbell
 
 
 @pytest.fixture
@@ -140,8 +140,19 @@ def test_a_bell_needs_a_place_and_a_lifetime(
         Doorbell(client, **kwargs)  # type: ignore[arg-type]
 
 
-def test_the_doorbell_setting_needs_claims_of_at_least_one() -> None:
-    with pytest.raises(ValidationError, match="SETTLED_CLAIM_BATCH"):
-        Settings(hint_doorbell=4, claim_batch=0)
-    assert Settings(hint_doorbell=4, claim_batch=1).hint_doorbell == 4
-    assert Settings().hint_doorbell == 0
+@pytest.mark.parametrize(
+    ("settings", "on"),
+    [
+        ({"hint_doorbell": 4, "claim_batch": 2}, True),
+        ({"hint_doorbell": 4, "claim_batch": 0}, False),  # a doorbell hint would claim nothing
+        ({"hint_doorbell": 0, "claim_batch": 8}, False),
+        ({"hint_doorbell": 4, "broker_url": "filesystem://"}, False),
+    ],
+)
+def test_the_app_rings_only_when_a_doorbell_hint_can_claim(
+    settings: dict[str, object], on: bool
+) -> None:
+    bell = doorbell(Settings.model_validate(settings))
+    assert (bell is not None) == on
+    if bell is not None:
+        assert (bell.pending, bell.claims) == (4, 2)
