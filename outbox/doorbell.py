@@ -6,7 +6,9 @@ it, a transaction publishes a hint only while fewer than ``pending`` of them wai
 otherwise the hints already waiting will find its operation. A doorbell hint carries no ids: the
 worker that takes it answers the bell (the ring leaves the count) and claims the oldest due
 operations, up to ``SETTLED_CLAIM_BATCH``; when its claim came back full, it rings again at
-once, so that another worker takes the next batch while it sends this one.
+once, so that another worker takes the next batch while it sends this one. A transaction of
+at least ``SETTLED_CLAIM_BATCH`` operations publishes its ids as without a doorbell: its hint
+already carries as many as a doorbell hint would claim.
 
 Why no operation is left behind: a producer whose ring is refused looked at the count after
 its transaction committed, and saw ``pending`` rings that no worker had answered yet. Each of
@@ -60,13 +62,20 @@ class Doorbell:
     ``zpopmin`` and ``zrem``: fakeredis in unit tests).
     """
 
-    def __init__(self, client: Any, *, pending: int, ring_seconds: float, key: str = KEY) -> None:
+    def __init__(
+        self, client: Any, *, pending: int, ring_seconds: float, claims: int, key: str = KEY
+    ) -> None:
         if pending < 1:
             raise ValueError("pending must be at least 1")
+        if claims < 1:
+            raise ValueError("claims must be at least 1")
         if ring_seconds <= 0:
             raise ValueError("ring_seconds must be positive")
         self.client = client
         self.pending = pending
+        #: operations a doorbell hint claims (``SETTLED_CLAIM_BATCH``): a hint carrying at
+        #: least that many ids is published as it is, a doorbell hint would take no more
+        self.claims = claims
         self.lifetime_ms = max(1, round(ring_seconds * 1000))
         self.key = key
         self._ring = client.register_script(_RING)
@@ -94,9 +103,13 @@ class Doorbell:
 
 def rung(publish: Publish, bell: Doorbell) -> Publish:
     """A relay ``publish`` that rings ``bell`` instead of publishing one hint per transaction:
-    a doorbell hint (no ids) goes out only when the bell takes the ring."""
+    a doorbell hint (no ids) goes out only when the bell takes the ring. A hint of at least
+    ``bell.claims`` ids (a transaction of many operations) is published as it is."""
 
     def publish_rung(operation_ids: Sequence[int]) -> None:
+        if len(operation_ids) >= bell.claims:
+            publish(operation_ids)
+            return
         try:
             ring = bell.ring()
         except Exception:

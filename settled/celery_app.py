@@ -167,6 +167,7 @@ def doorbell(settings: Settings) -> Doorbell | None:
         client,
         pending=settings.hint_doorbell,
         ring_seconds=settings.sweep_seconds,
+        claims=settings.claim_batch,
         key=f"settled:doorbell:{QUEUE}",
     )
 

@@ -24,8 +24,8 @@ def client(server: fakeredis.FakeServer) -> fakeredis.FakeRedis:
     return fakeredis.FakeRedis(server=server)
 
 
-def bell(client: fakeredis.FakeRedis, pending: int = 2) -> Doorbell:
-    return Doorbell(client, pending=pending, ring_seconds=60, key="bell")
+def bell(client: fakeredis.FakeRedis, pending: int = 2, claims: int = 8) -> Doorbell:
+    return Doorbell(client, pending=pending, ring_seconds=60, claims=claims, key="bell")
 
 
 class Published:
@@ -82,6 +82,19 @@ def test_the_relay_publishes_a_doorbell_hint_only_while_a_place_is_free(
     assert sent.messages == [[], []]  # two doorbell hints, no ids: they claim what is due
 
 
+def test_a_hint_of_as_many_ids_as_a_claim_takes_is_published_as_it_is(
+    client: fakeredis.FakeRedis,
+) -> None:
+    sent = Published()
+    publish = rung(sent, bell(client, pending=1, claims=3))
+    publish([1, 2, 3])  # a transaction of three: its own hint claims them all
+    publish([4, 5])
+    publish([6])
+    publish([7, 8, 9, 10])
+    assert sent.messages == [[1, 2, 3], [], [7, 8, 9, 10]]
+    assert client.zcard("bell") == 1  # only the doorbell hint counts
+
+
 def test_an_unreachable_bell_publishes_the_hint_as_without_a_doorbell(
     client: fakeredis.FakeRedis, server: fakeredis.FakeServer
 ) -> None:
@@ -115,8 +128,9 @@ def test_ringing_again_never_raises(client: fakeredis.FakeRedis) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"pending": 0, "ring_seconds": 1}, "pending"),
-        ({"pending": 1, "ring_seconds": 0}, "ring_seconds"),
+        ({"pending": 0, "ring_seconds": 1, "claims": 1}, "pending"),
+        ({"pending": 1, "ring_seconds": 0, "claims": 1}, "ring_seconds"),
+        ({"pending": 1, "ring_seconds": 1, "claims": 0}, "claims"),
     ],
 )
 def test_a_bell_needs_a_place_and_a_lifetime(
