@@ -19,15 +19,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeAlias, TypeVar
 
 import anyio
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import (
+    AcceptedElicitation,
+    Context,
+    Elicit,
+    ElicitationResult,
+    MCPServer,
+    Resolve,
+)
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types.version import is_version_at_least
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -55,6 +63,10 @@ from outbox.settings import Settings
 from settled.mcp_answers import answer, describe, refusal
 
 T = TypeVar("T")
+
+#: the first protocol revision that carries a question to the human inside the tool call's
+#: answer (``InputRequiredResult``) rather than as a request from the server mid-call
+INPUT_REQUIRED_REVISION = "2026-07-28"
 
 WRITE_RULES = (
     "Never call this again to 'retry' after a timeout or an error: a repeat of the same "
@@ -143,6 +155,15 @@ class ApiKeyVerifier:
         return await anyio.to_thread.run_sync(check)
 
 
+class AgentServer(MCPServer[Any]):
+    """The MCP server, holding the desk its tools work with (their resolvers reach it
+    through the call's context)."""
+
+    def __init__(self, desk: AgentDesk, **kwargs: Any) -> None:
+        super().__init__("settled", **kwargs)
+        self.desk = desk
+
+
 def build_server(desk: AgentDesk, *, http_url: str | None = None) -> MCPServer:
     """The MCP server with its tools; with ``http_url``, it takes API keys as bearer
     tokens (for the streamable-HTTP transport at that URL)."""
@@ -153,8 +174,8 @@ def build_server(desk: AgentDesk, *, http_url: str | None = None) -> MCPServer:
         auth = AuthSettings(
             issuer_url=http_url, resource_server_url=http_url, validate_token_resource=False
         )
-    server = MCPServer(
-        "settled",
+    server = AgentServer(
+        desk,
         instructions=(
             "Refunds are proposals until approved by the user, the shop's policy or staff. "
             + WRITE_RULES
@@ -184,26 +205,12 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         payee: str,
         reason: str,
         ctx: Context,
+        step: Annotated[Step, Resolve(refund_step)],
+        approval: Annotated[ElicitationResult[Any], Resolve(refund_question)],
         call_id: str | None = None,
         op_id: str | None = None,
     ) -> CallToolResult:
-        if op_id is not None:
-            return refusal(
-                "fixable",
-                "Do not send an op_id: the server mints one when the refund is approved. "
-                "Call again without it.",
-                field="op_id",
-            )
-        tenant = desk.caller()
-        if tenant is None:
-            return refusal("permission", "This connection has no tenant. Stop; do not retry.")
-        params = {
-            "order_id": order_id,
-            "amount_minor": amount_minor,
-            "currency": currency,
-            "payee": payee,
-        }
-        return await _request(desk, ctx, tenant, "refund", params, reason, call_id)
+        return await _conclude(desk, ctx, step, approval)
 
     @server.tool(
         description=(
@@ -222,21 +229,12 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         problem: str,
         reason: str,
         ctx: Context,
+        step: Annotated[Step, Resolve(ticket_step)],
+        approval: Annotated[ElicitationResult[Any], Resolve(ticket_question)],
         call_id: str | None = None,
         op_id: str | None = None,
     ) -> CallToolResult:
-        if op_id is not None:
-            return refusal(
-                "fixable",
-                "Do not send an op_id: the server mints one when the ticket is approved. "
-                "Call again without it.",
-                field="op_id",
-            )
-        tenant = desk.caller()
-        if tenant is None:
-            return refusal("permission", "This connection has no tenant. Stop; do not retry.")
-        params = {"order_id": order_id, "reason": problem}
-        return await _request(desk, ctx, tenant, "after_sales_ticket", params, reason, call_id)
+        return await _conclude(desk, ctx, step, approval)
 
     @server.tool(
         description=(
@@ -255,32 +253,13 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         handle: str,
         reason: str,
         ctx: Context,
+        step: Annotated[Step, Resolve(compensation_step)],
+        approval: Annotated[ElicitationResult[Any], Resolve(compensation_question)],
         cause: str = "customer_request",
         call_id: str | None = None,
         op_id: str | None = None,
     ) -> CallToolResult:
-        if op_id is not None:
-            return refusal(
-                "fixable",
-                "Do not send an op_id: the server mints one when the compensation is "
-                "approved. Call again without it.",
-                field="op_id",
-            )
-        tenant = desk.caller()
-        if tenant is None:
-            return refusal("permission", "This connection has no tenant. Stop; do not retry.")
-
-        def make(session: Session) -> Proposed:
-            return desk.proposals.propose_compensation(
-                session,
-                tenant=tenant,
-                handle=handle,
-                cause=cause,
-                reason=reason,
-                correlation_id=call_id,
-            )
-
-        return await _decide(desk, ctx, tenant, "ticket_cancel", make)
+        return await _conclude(desk, ctx, step, approval)
 
     status_rules = (
         "waiting for approval, declined, expired, or done / not done / uncertain with "
@@ -378,18 +357,160 @@ def _describe(desk: AgentDesk, session: Session, proposal: Proposal, lang: Lang)
     return describe(session, proposal, lang, expired=desk.proposals.expired(session, proposal))
 
 
-async def _request(
-    desk: AgentDesk,
+# -- asking for approval, on both protocol revisions ------------------------------------------
+#
+# A request tool runs in two parts, as SDK resolvers (``Resolve``) ahead of its body. The first
+# part (``*_step``) validates and makes the proposal, or finds the live one it repeats; the
+# second (``*_question``) puts a waiting proposal to the human. On revisions up to 2025-11-25
+# the server asks mid-call (``ctx.elicit``, from the body). From 2026-07-28 on, the question
+# travels in the tool call's answer (``InputRequiredResult``) and the client calls the tool
+# again with the human's answer and the sealed ``request_state``; both parts run again on that
+# round. So the first part must be idempotent across rounds: on a continuation it finds the
+# same proposal, and asks about it again (the SDK then consumes the recorded answer) instead
+# of answering "repeat". The question names the proposal's handle and exact parameters, and
+# the SDK takes an answer only for the exact question it recorded as asked: an answer about
+# another proposal, or other parameters, is never taken for this one.
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A waiting proposal to put to the human in the client, and the prompt that shows it."""
+
+    tenant: str
+    handle: str
+    kind: str
+    prompt: str
+
+
+#: what a request's first part decided: the answer to give now, or a proposal to ask about
+Step: TypeAlias = CallToolResult | Ask
+
+
+async def refund_step(
+    order_id: str,
+    amount_minor: int,
+    currency: str,
+    payee: str,
+    reason: str,
+    call_id: str | None,
+    op_id: str | None,
     ctx: Context,
-    tenant: str,
+) -> Step:
+    """request_refund's first part: refuse, or propose (or find what it repeats)."""
+    params = {
+        "order_id": order_id,
+        "amount_minor": amount_minor,
+        "currency": currency,
+        "payee": payee,
+    }
+    return await _first_part(ctx, "refund", op_id, params, reason, call_id)
+
+
+async def ticket_step(
+    order_id: str,
+    problem: str,
+    reason: str,
+    call_id: str | None,
+    op_id: str | None,
+    ctx: Context,
+) -> Step:
+    """request_after_sales_ticket's first part."""
+    params = {"order_id": order_id, "reason": problem}
+    return await _first_part(ctx, "after_sales_ticket", op_id, params, reason, call_id)
+
+
+async def compensation_step(
+    handle: str,
+    reason: str,
+    cause: str,
+    call_id: str | None,
+    op_id: str | None,
+    ctx: Context,
+) -> Step:
+    """request_compensation's first part."""
+    compensation = {"handle": handle, "cause": cause}
+    return await _first_part(ctx, "ticket_cancel", op_id, compensation, reason, call_id)
+
+
+async def refund_question(
+    step: Annotated[Step, Resolve(refund_step)], ctx: Context
+) -> Elicit[Approval] | None:
+    """request_refund's question to the human (None: not asked in the call's answer)."""
+    return _question(step, ctx)
+
+
+async def ticket_question(
+    step: Annotated[Step, Resolve(ticket_step)], ctx: Context
+) -> Elicit[Approval] | None:
+    """request_after_sales_ticket's question to the human."""
+    return _question(step, ctx)
+
+
+async def compensation_question(
+    step: Annotated[Step, Resolve(compensation_step)], ctx: Context
+) -> Elicit[Approval] | None:
+    """request_compensation's question to the human."""
+    return _question(step, ctx)
+
+
+def _desk(ctx: Context) -> AgentDesk:
+    server = ctx.mcp_server
+    assert isinstance(server, AgentServer)
+    return server.desk
+
+
+def _asks_in_answer(ctx: Context) -> bool:
+    """Whether this call's revision carries questions in the tool's answer (2026-07-28 on)."""
+    version = ctx.protocol_version
+    return version is not None and is_version_at_least(version, INPUT_REQUIRED_REVISION)
+
+
+def _can_elicit(ctx: Context) -> bool:
+    """Whether the client said it can show a form to its human (a bare ``elicitation``, the
+    only shape before modes, counts as forms)."""
+    capabilities = ctx.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+def _question(step: Step, ctx: Context) -> Elicit[Approval] | None:
+    if isinstance(step, Ask) and _asks_in_answer(ctx) and _can_elicit(ctx):
+        return Elicit(step.prompt, Approval)
+    return None
+
+
+async def _first_part(
+    ctx: Context,
     kind: str,
+    op_id: str | None,
     params: dict[str, Any],
     reason: str,
     call_id: str | None,
-) -> CallToolResult:
-    """Propose; then approve by policy, or ask the human, or leave it for staff."""
+) -> Step:
+    """Refuse an op_id or a caller with no tenant; else propose (a compensation: of the
+    request ``params["handle"]``), approve by policy where it may, and say what to ask."""
+    if op_id is not None:
+        return refusal(
+            "fixable",
+            f"Do not send an op_id: the server mints one when the {NOUNS[kind]} is approved. "
+            "Call again without it.",
+            field="op_id",
+        )
+    desk = _desk(ctx)
+    tenant = desk.caller()
+    if tenant is None:
+        return refusal("permission", "This connection has no tenant. Stop; do not retry.")
 
     def make(session: Session) -> Proposed:
+        if kind == "ticket_cancel":
+            return desk.proposals.propose_compensation(
+                session,
+                tenant=tenant,
+                handle=params["handle"],
+                cause=params["cause"],
+                reason=reason,
+                correlation_id=call_id,
+            )
         return desk.proposals.propose(
             session,
             tenant=tenant,
@@ -399,57 +520,78 @@ async def _request(
             correlation_id=call_id,
         )
 
-    return await _decide(desk, ctx, tenant, kind, make)
+    # A sealed request_state (the SDK checked it is ours, for this tool, these arguments and
+    # this caller) means this call continues one that asked the human.
+    continuing = ctx.request_state is not None
+    return await _propose(desk, tenant, kind, make, continuing=continuing)
 
 
-async def _decide(
+async def _propose(
     desk: AgentDesk,
-    ctx: Context,
     tenant: str,
     kind: str,
     make: Callable[[Session], Proposed],
-) -> CallToolResult:
-    """Make the proposal (``make``); then approve by policy, or ask the human, or leave it
-    for staff. A repeat answers with the earlier proposal and its status."""
+    *,
+    continuing: bool,
+) -> Step:
+    """Make the proposal (``make``); approve it by policy, or say what to ask the human. A
+    repeat answers with the earlier proposal and its status, except on a continuation of the
+    call that asked about it while it still waits: that one is asked about again."""
 
-    def propose(
-        session: Session,
-    ) -> tuple[Proposal, bool, list[dict[str, Any]], bool, dict[str, Any]]:
+    def propose(session: Session) -> Step:
         got = make(session)
         p = got.proposal
         limit = desk.auto_approve_minor.get(tenant)
-        amount = p.params.get("amount_minor")
-        auto = got.created and auto_approvable(limit, amount, got.earlier)
+        auto = got.created and auto_approvable(limit, p.params.get("amount_minor"), got.earlier)
         if auto:
             desk.proposals.approve(session, tenant, p.handle, by="policy:auto_approve")
-        earlier = [_summary(e) for e in got.earlier]
-        return p, got.created, earlier, auto, _describe(desk, session, p, "en")
+            return answer(_describe(desk, session, p, "en"))
+        waiting = p.status == PROPOSED and not desk.proposals.expired(session, p)
+        if got.created or (continuing and waiting):
+            # only those made before it: the same prompt on every round of one call
+            earlier = [_summary(e) for e in got.earlier if e.id < p.id]
+            return Ask(tenant, p.handle, p.kind, _prompt(p, earlier))
+        status = _describe(desk, session, p, "en")
+        status["repeat"] = True
+        status["note"] = REPEAT_NOTES[kind]
+        return answer(status)
 
     try:
-        proposal, created, earlier, auto, status = await desk.in_transaction(propose)
+        return await desk.in_transaction(propose)
     except NotFound:
         return refusal("fixable", "No such request. Check the handle.", field="handle")
     except InvalidInput as exc:
         return _invalid(exc, FIELD_NAMES.get(kind, {}))
-    if not created:
-        status["repeat"] = True
-        status["note"] = REPEAT_NOTES[kind]
-        return answer(status)
-    if auto:
-        return answer(status)
-    return await _ask_human(desk, ctx, tenant, proposal, earlier)
 
 
-async def _ask_human(
-    desk: AgentDesk, ctx: Context, tenant: str, proposal: Proposal, earlier: list[dict[str, Any]]
+async def _conclude(
+    desk: AgentDesk, ctx: Context, step: Step, approval: ElicitationResult[Any]
 ) -> CallToolResult:
-    """Elicit the human's approval; with no elicitation, the proposal waits for staff."""
-    handle = proposal.handle
+    """A request tool's body: the first part's answer, or the human's decision carried out."""
+    if isinstance(step, CallToolResult):
+        return step
+    outcome: ElicitationResult[Any] | None = approval
+    if isinstance(approval, AcceptedElicitation) and not isinstance(approval.data, Approval):
+        # Not asked in the call's answer: before 2026-07-28 ask now, mid-call; a client
+        # that cannot be asked leaves the proposal for staff.
+        outcome = None if _asks_in_answer(ctx) else await _elicit_now(ctx, step.prompt)
+    return await _decided(desk, step, outcome)
+
+
+async def _elicit_now(ctx: Context, prompt: str) -> ElicitationResult[Approval] | None:
+    """Ask the human mid-call (revisions up to 2025-11-25); None when nobody can be asked."""
     try:
-        got = await ctx.elicit(_prompt(proposal, earlier), Approval)
+        return await ctx.elicit(prompt, Approval)
     except MCPError:
-        got = None
-    if got is not None and got.action == "accept" and got.data.approve:
+        return None
+
+
+async def _decided(
+    desk: AgentDesk, ask: Ask, outcome: ElicitationResult[Any] | None
+) -> CallToolResult:
+    """Approve, decline, or leave for staff, as the human answered (None: not asked)."""
+    tenant, handle = ask.tenant, ask.handle
+    if isinstance(outcome, AcceptedElicitation) and outcome.data.approve:
         return await _guarded(
             desk,
             lambda s: answer(
@@ -458,20 +600,20 @@ async def _ask_human(
                 )
             ),
         )
-    if got is not None and got.action in ("accept", "decline"):
+    if outcome is not None and outcome.action in ("accept", "decline"):
         await desk.in_transaction(
             lambda s: desk.proposals.decline(s, tenant, handle, by="user:elicitation")
         )
         return refusal(
             "business_rejected",
-            f"The user declined this {NOUNS[proposal.kind]}. Tell the user; do not ask again "
+            f"The user declined this {NOUNS[ask.kind]}. Tell the user; do not ask again "
             "unless they do.",
             handle=handle,
         )
-    status_tool = "refund_status" if proposal.kind == "refund" else "request_status"
+    status_tool = "refund_status" if ask.kind == "refund" else "request_status"
     return refusal(
         "pending",
-        f"The {NOUNS[proposal.kind]} waits for approval by support staff. Do not retry: check "
+        f"The {NOUNS[ask.kind]} waits for approval by support staff. Do not retry: check "
         f"{status_tool} with this handle later.",
         handle=handle,
     )
@@ -481,6 +623,7 @@ def _prompt(proposal: Proposal, earlier: list[dict[str, Any]]) -> str:
     """The approval prompt: what would be done (for a refund: amount, currency, payee and
     order), the reason, and the earlier requests of the same kind on the order."""
     lines = [f"Approve {_what(proposal.kind, proposal.params)}?"]
+    lines.append(f"Request: {proposal.handle}")
     lines.append(f"Reason given: {proposal.reason}")
     for e in earlier:
         lines.append(

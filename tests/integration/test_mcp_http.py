@@ -16,11 +16,14 @@ import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import ElicitResult, InputRequiredResult
 
 from outbox.apikeys import create_api_key
 from outbox.proposals import Proposals
 from settled.mcp_server import AgentDesk, build_server
 from tests.integration.test_mcp_agents import REFUND, call, execute_all, operations
+from tests.support.agents import NEWER, Human, proposals
 from tests.support.rig import Rig
 
 
@@ -53,12 +56,14 @@ def key_of(rig: Rig, tenant: str) -> str:
         return create_api_key(s, tenant=tenant)[1]
 
 
-def over_http(url: str, key: str | None, script: Any) -> None:
+def over_http(
+    url: str, key: str | None, script: Any, mode: str = "legacy", human: Human | None = None
+) -> None:
     async def main() -> None:
         headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
         async with create_mcp_http_client(headers=headers) as http:
             transport = streamable_http_client(url, http_client=http)
-            async with Client(transport, mode="legacy") as client:
+            async with Client(transport, mode=mode, elicitation_callback=human) as client:
                 await script(client)
 
     anyio.run(main)
@@ -90,6 +95,64 @@ def test_an_api_key_speaks_for_its_tenant_and_no_other(rig: Rig, mcp_url: str) -
     (op,) = operations(rig)
     assert op.state == "succeeded"
     assert rig.control.refunded("acme", "A1042") == 10000
+
+
+def test_on_the_newer_revision_the_human_approves_over_http(rig: Rig, mcp_url: str) -> None:
+    acme = key_of(rig, "acme")
+    human = Human(("accept", True), ("decline", None))
+    seen: list[dict[str, Any]] = []
+    above_policy = {**REFUND, "amount_minor": 60000}  # the rig's policy approves up to 50000
+
+    async def ask(client: Client) -> None:
+        seen.append(await call(client, "request_refund", **above_policy, call_id="h1"))
+        seen.append(await call(client, "request_refund", **above_policy, call_id="h2"))
+        seen.append(await call(client, "request_refund", **{**above_policy, "amount_minor": 7}))
+
+    over_http(mcp_url, acme, ask, mode=NEWER, human=human)
+    approved, repeat, declined = seen
+    assert approved["status"] == "approved" and approved["decided_by"] == "user:elicitation"
+    assert repeat["repeat"] is True and repeat["handle"] == approved["handle"]
+    assert declined["error"]["kind"] == "business_rejected"
+    assert approved["handle"] in human.prompts[0] and "600.00 CNY" in human.prompts[0]
+    assert len(human.prompts) == 2
+    execute_all(rig)
+    (op,) = operations(rig)
+    assert op.state == "succeeded"
+    assert rig.control.refunded("acme", "A1042") == 60000
+
+
+def test_a_request_state_minted_for_one_tenant_is_refused_for_another(
+    rig: Rig, mcp_url: str
+) -> None:
+    acme, other = key_of(rig, "acme"), key_of(rig, "other")
+    above_policy = {**REFUND, "amount_minor": 60000}
+    asked: list[tuple[str, str]] = []
+
+    async def ask(client: Client) -> None:
+        got = await client.session.call_tool(
+            "request_refund", above_policy, allow_input_required=True
+        )
+        assert isinstance(got, InputRequiredResult)
+        assert got.input_requests is not None and got.request_state is not None
+        asked.append((next(iter(got.input_requests)), got.request_state))
+
+    async def answer_for_acme(client: Client) -> None:
+        key, state = asked[0]
+        accept = {key: ElicitResult(action="accept", content={"approve": True})}
+        with pytest.raises(MCPError) as refused:
+            await client.session.call_tool(
+                "request_refund",
+                above_policy,
+                input_responses=accept,
+                request_state=state,
+                allow_input_required=True,
+            )
+        assert refused.value.error.data == {"reason": "invalid_request_state"}
+
+    over_http(mcp_url, acme, ask, mode=NEWER, human=Human())
+    over_http(mcp_url, other, answer_for_acme, mode=NEWER, human=Human())
+    assert [(p.tenant, p.status) for p in proposals(rig)] == [("acme", "proposed")]
+    assert operations(rig) == []
 
 
 def test_no_key_or_a_wrong_key_gets_no_tools(rig: Rig, mcp_url: str) -> None:

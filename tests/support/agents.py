@@ -49,11 +49,19 @@ def server(rig: Rig, limits: dict[str, int] | None = None, tenant: str = "acme")
 Model = Callable[[Client], Awaitable[None]]
 
 
-def converse(srv: MCPServer, model: Model, human: Human | None = None) -> None:
-    """Run the scripted ``model`` against ``srv`` through the SDK's client, in-process."""
+#: the protocol revision that carries questions to the human inside a tool call's answer
+NEWER = "2026-07-28"
+
+
+def converse(
+    srv: MCPServer, model: Model, human: Human | None = None, mode: str = "legacy"
+) -> None:
+    """Run the scripted ``model`` against ``srv`` through the SDK's client, in-process:
+    ``mode`` "legacy" is the initialize handshake (revisions up to 2025-11-25), ``NEWER`` the
+    revision that asks the human through the tool call's answer."""
 
     async def main() -> None:
-        async with Client(srv, mode="legacy", elicitation_callback=human) as client:
+        async with Client(srv, mode=mode, elicitation_callback=human) as client:
             await model(client)
 
     anyio.run(main)
