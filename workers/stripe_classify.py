@@ -31,8 +31,10 @@ from outbox.downstream import (
 from outbox.retry import parse_retry_after
 from outbox.states import RejectReason
 
-#: Metadata names the gateway writes on every refund (and finds its refunds by).
+#: Metadata names the gateway writes on every refund: it finds its refunds by the tenant and
+#: the op id (the operation's identity); the key is checked where a refund echoes it.
 TENANT_FIELD = "settled_tenant"
+OP_ID_FIELD = "settled_op_id"
 KEY_FIELD = "settled_idempotency_key"
 PAYEE_FIELD = "payee"
 

@@ -9,9 +9,9 @@ request per call, and the httpx error of a failed request stays chained as the S
 cause, so a connection error is split by phase (nothing sent vs maybe sent).
 
 A refund is created with the stored idempotency key as Stripe's ``Idempotency-Key`` and the
-tenant, the key and the payee in ``metadata``; the refund intent's ``order_id`` is the Stripe
-PaymentIntent. A lookup never sends again: it lists the payment intent's refunds and finds
-the one whose metadata names the key.
+tenant, the op id, the key and the payee in ``metadata``; the refund intent's ``order_id`` is
+the Stripe PaymentIntent. A lookup never sends again: it lists the payment intent's refunds and
+finds the one whose metadata names the operation (tenant and op id).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from outbox.kinds import Kind
 from outbox.states import RejectReason
 from workers.stripe_classify import (
     KEY_FIELD,
+    OP_ID_FIELD,
     PAYEE_FIELD,
     TENANT_FIELD,
     classify_error,
@@ -132,6 +133,7 @@ class StripeGateway:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -151,6 +153,7 @@ class StripeGateway:
             "amount": params["amount_minor"],
             "metadata": {
                 TENANT_FIELD: tenant,
+                OP_ID_FIELD: op_id,
                 KEY_FIELD: idempotency_key,
                 PAYEE_FIELD: params["payee"],
             },
@@ -172,12 +175,13 @@ class StripeGateway:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
         deadline: Deadline | datetime,
     ) -> LookupOutcome:
-        """Find the refund among the payment intent's refunds by the key in its metadata."""
+        """Find the refund among the payment intent's refunds by the operation in its metadata."""
         client = self._clients.get(tenant)
         if client is None:
             return Unavailable("no Stripe key configured for the tenant")
@@ -194,7 +198,7 @@ class StripeGateway:
             )
             return Unavailable(f"listing refunds failed ({type(exc).__name__})")
         listed = page.to_dict()
-        return _find(listed, params, idempotency_key)
+        return _find(listed, tenant, op_id, params, idempotency_key)
 
     def _within(self, deadline: Deadline | datetime) -> Deadline:
         if isinstance(deadline, datetime):  # on this process's wall clock
@@ -204,14 +208,19 @@ class StripeGateway:
         return until
 
 
-def _find(listed: Mapping[str, Any], params: Mapping[str, Any], key: str) -> LookupOutcome:
-    """The lookup's answer from one page of a payment intent's refunds."""
+def _find(
+    listed: Mapping[str, Any], tenant: str, op_id: str, params: Mapping[str, Any], key: str
+) -> LookupOutcome:
+    """The lookup's answer from one page of a payment intent's refunds: the refund whose
+    metadata names the operation (tenant and op id), checked against the intent and the key."""
     refunds = listed.get("data")
     if not isinstance(refunds, list):
         return Unavailable("the refunds list is not readable")
     for refund in refunds:
         metadata = refund.get("metadata") if isinstance(refund, dict) else None
-        if not isinstance(metadata, dict) or metadata.get(KEY_FIELD) != key:
+        if not isinstance(metadata, dict):
+            continue
+        if metadata.get(TENANT_FIELD) != tenant or metadata.get(OP_ID_FIELD) != op_id:
             continue
         receipt = receipt_of(refund)
         if receipt is None:

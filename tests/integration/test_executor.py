@@ -306,6 +306,7 @@ def test_abandoned_send_is_queried_never_resent(rig: Rig) -> None:
 
     gateway.submit(
         tenant="acme",
+        op_id=rig.op(op_id).op_id,
         kind=reg().get("refund"),
         idempotency_key=key,
         params=GOOD,

@@ -32,6 +32,7 @@ from workers.stripe_gateway import API_VERSION, StripeGateway
 REFUND = default_registry().get("refund")
 INTENT = {"order_id": "pi_3Nx", "amount_minor": 1500, "currency": "EUR", "payee": "P-7"}
 KEY = "stl_key_1"
+OP_ID = "op-1"
 
 
 def _error(type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -51,7 +52,12 @@ def _refund(**changes: Any) -> dict[str, Any]:
         "currency": "eur",
         "payment_intent": "pi_3Nx",
         "status": "succeeded",
-        "metadata": {"settled_tenant": "acme", "settled_idempotency_key": KEY, "payee": "P-7"},
+        "metadata": {
+            "settled_tenant": "acme",
+            "settled_op_id": OP_ID,
+            "settled_idempotency_key": KEY,
+            "payee": "P-7",
+        },
     }
     return {**refund, **changes}
 
@@ -79,14 +85,24 @@ def _gateway(handler: Callable[[httpx.Request], httpx.Response]) -> StripeGatewa
 def _submit(gateway: StripeGateway) -> Any:
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     return gateway.submit(
-        tenant="acme", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+        tenant="acme",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=INTENT,
+        deadline=deadline,
     )
 
 
 def _lookup(gateway: StripeGateway) -> Any:
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     return gateway.lookup(
-        tenant="acme", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+        tenant="acme",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=INTENT,
+        deadline=deadline,
     )
 
 
@@ -162,6 +178,7 @@ def test_a_refund_that_fits_the_intent_is_accepted_and_the_request_says_so() -> 
         "payment_intent": "pi_3Nx",
         "amount": "1500",
         "metadata[settled_tenant]": "acme",
+        "metadata[settled_op_id]": OP_ID,
         "metadata[settled_idempotency_key]": KEY,
         "metadata[payee]": "P-7",
     }
@@ -216,9 +233,14 @@ def test_connection_errors_are_split_by_phase_and_sent_once(
     assert len(calls) == 1  # no retry by the SDK, even for errors it would call retryable
 
 
-def test_lookup_finds_the_refund_by_the_key_in_its_metadata_without_sending_again() -> None:
-    other = _refund(id="re_other", metadata={"settled_idempotency_key": "stl_someone_else"})
-    served = Served(200, {"object": "list", "has_more": False, "data": [other, _refund()]})
+def test_lookup_finds_the_refund_by_the_operation_in_its_metadata_without_sending_again() -> None:
+    ours = _refund()["metadata"]
+    others = [
+        _refund(id="re_other_op", metadata={**ours, "settled_op_id": "op-2"}),
+        _refund(id="re_other_tenant", metadata={**ours, "settled_tenant": "globex"}),
+        _refund(id="re_no_metadata", metadata={}),
+    ]
+    served = Served(200, {"object": "list", "has_more": False, "data": [*others, _refund()]})
     gateway = _gateway(served)
     got = _lookup(gateway)
     gateway.close()
@@ -226,6 +248,15 @@ def test_lookup_finds_the_refund_by_the_key_in_its_metadata_without_sending_agai
     (request,) = served.requests
     assert request.method == "GET" and request.url.path == "/v1/refunds"
     assert request.url.params["payment_intent"] == "pi_3Nx"
+
+
+def test_a_refund_of_the_operation_with_another_key_is_not_taken_as_ours() -> None:
+    theirs = _refund(metadata={**_refund()["metadata"], "settled_idempotency_key": "stl_other"})
+    gateway = _gateway(Served(200, {"object": "list", "has_more": False, "data": [theirs]}))
+    got = _lookup(gateway)
+    gateway.close()
+    assert isinstance(got, LookupMisuse) and got.code == "receipt_key_mismatch"
+    assert got.record is None  # not ours: nothing of it may settle the operation
 
 
 @pytest.mark.parametrize(
@@ -257,7 +288,12 @@ def test_a_tenant_without_a_key_is_refused_locally_and_nothing_is_sent() -> None
     gateway = _gateway(served)
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     got = gateway.submit(
-        tenant="other", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+        tenant="other",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=INTENT,
+        deadline=deadline,
     )
     gateway.close()
     assert isinstance(got, Refused) and got.reason is RejectReason.PERMISSION_DENIED
