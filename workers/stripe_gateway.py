@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 API_VERSION = "2026-10-28.endive"
 #: Stripe's API (its test mode too: a ``sk_test_`` key selects it).
 DEFAULT_API_BASE = "https://api.stripe.com"
-#: The most refunds one lookup reads for a payment intent (one page).
+#: Refunds per page of a lookup's list (Stripe's largest page); a lookup reads the pages
+#: one after another until it finds the operation, the list ends, or its deadline passes.
 LIST_LIMIT = 100
 
 
@@ -188,17 +189,29 @@ class StripeGateway:
         until = self._within(deadline)
         if until.left() <= 0:
             return Unavailable("deadline passed before sending")
-        query = {"payment_intent": params["order_id"], "limit": LIST_LIMIT}
-        try:
-            page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
-        except stripe.StripeError as exc:
-            log.info(
-                "stripe lookup unavailable",
-                extra={"tenant": tenant, "key": idempotency_key, "error": type(exc).__name__},
-            )
-            return Unavailable(f"listing refunds failed ({type(exc).__name__})")
-        listed = page.to_dict()
-        return _find(listed, tenant, op_id, params, idempotency_key)
+        query: dict[str, Any] = {"payment_intent": params["order_id"], "limit": LIST_LIMIT}
+        while True:
+            try:
+                page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
+            except stripe.StripeError as exc:
+                log.info(
+                    "stripe lookup unavailable",
+                    extra={"tenant": tenant, "key": idempotency_key, "error": type(exc).__name__},
+                )
+                return Unavailable(f"listing refunds failed ({type(exc).__name__})")
+            listed = page.to_dict()
+            found = _find(listed, tenant, op_id, params, idempotency_key)
+            if found is not None:
+                return found
+            if not listed.get("has_more"):
+                return NotFound()
+            # Not on this page is not "not found": read the next, while the deadline lasts.
+            last = _last_id(listed)
+            if last is None or last == query.get("starting_after"):
+                return Unavailable("the refunds list has more but does not page on")
+            if until.left() <= 0:
+                return Unavailable("deadline passed before the last page of refunds")
+            query["starting_after"] = last
 
     def _within(self, deadline: Deadline | datetime) -> Deadline:
         if isinstance(deadline, datetime):  # on this process's wall clock
@@ -210,9 +223,10 @@ class StripeGateway:
 
 def _find(
     listed: Mapping[str, Any], tenant: str, op_id: str, params: Mapping[str, Any], key: str
-) -> LookupOutcome:
+) -> LookupOutcome | None:
     """The lookup's answer from one page of a payment intent's refunds: the refund whose
-    metadata names the operation (tenant and op id), checked against the intent and the key."""
+    metadata names the operation (tenant and op id), checked against the intent and the key;
+    None where it is not on the page."""
     refunds = listed.get("data")
     if not isinstance(refunds, list):
         return Unavailable("the refunds list is not readable")
@@ -234,7 +248,13 @@ def _find(
         if receipt.status == "succeeded":
             return Found(receipt)
         return Found(receipt, RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}")
-    if listed.get("has_more"):
-        # Not on the first page is not "not found": the answer is unknown.
-        return Unavailable("more refunds than one page; the key was not on the first")
-    return NotFound()
+    return None
+
+
+def _last_id(listed: Mapping[str, Any]) -> str | None:
+    """The id of a page's last refund (the next page starts after it); None if unreadable."""
+    refunds = listed.get("data")
+    if not isinstance(refunds, list) or not refunds or not isinstance(refunds[-1], dict):
+        return None
+    last = refunds[-1].get("id")
+    return last if isinstance(last, str) else None

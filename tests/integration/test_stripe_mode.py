@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import httpx
 import pytest
 
+from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
 from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.support.rig import Rig
+from workers.stripe_gateway import LIST_LIMIT
 
 GUARANTEES: list[Callable[[Rig], None]] = [
     executor_tests.test_happy_path_records_the_receipt,
@@ -50,3 +53,22 @@ def test_unknown_from_either_side_of_the_commit_ends_succeeded_once(
     reconciler_tests.test_unknown_from_either_side_of_the_commit_ends_succeeded_once(
         stripe_rig, fault
     )
+
+
+def test_lookup_pages_past_a_hundred_refunds_on_the_payment_intent(stripe_rig: Rig) -> None:
+    op = reconciler_tests.lost_after_commit(stripe_rig)
+    others = LIST_LIMIT + 20  # newer than ours: it is on the second page, newest first
+    key = stripe_rig.tenant.api_key.get_secret_value()
+    with httpx.Client(
+        base_url=stripe_rig.url + STRIPE_PREFIX, headers={"Authorization": f"Bearer {key}"}
+    ) as api:
+        for i in range(others):
+            form = {"payment_intent": "A1042", "amount": "1", "metadata[settled_op_id]": f"x{i}"}
+            made = api.post("/v1/refunds", data=form, headers={"Idempotency-Key": f"other-{i}"})
+            assert made.status_code == 200, made.text
+    assert stripe_rig.reconciler().run_once().outcomes == {"found": 1}
+    row = stripe_rig.op(op)
+    assert row.state == "succeeded" and row.lookups == 1
+    assert stripe_rig.effects(op) == 1 and stripe_rig.sends(op) == 1
+    # one lookup read two pages (each page is a lookup of every key on the intent)
+    assert stripe_rig.control.requests("acme", row.idempotency_key, phase="lookup") == 2

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
     Found,
@@ -27,7 +28,8 @@ from outbox.downstream import (
 )
 from outbox.kinds import default_registry
 from outbox.states import RejectReason
-from workers.stripe_gateway import API_VERSION, StripeGateway
+from tests.support.gateways import FakeMonotonic
+from workers.stripe_gateway import API_VERSION, LIST_LIMIT, StripeGateway
 
 REFUND = default_registry().get("refund")
 INTENT = {"order_id": "pi_3Nx", "amount_minor": 1500, "currency": "EUR", "payee": "P-7"}
@@ -266,7 +268,7 @@ def test_a_refund_of_the_operation_with_another_key_is_not_taken_as_ours() -> No
         ({"object": "list", "has_more": True, "data": []}, Unavailable),
         ({"object": "list", "has_more": False, "data": [_refund(status="failed")]}, Found),
     ],
-    ids=["none", "not_on_the_first_page", "failed_refund"],
+    ids=["none", "has_more_without_a_page_to_follow", "failed_refund"],
 )
 def test_lookup_says_only_what_the_list_proves(listed: dict[str, Any], outcome: type) -> None:
     gateway = _gateway(Served(200, listed))
@@ -275,6 +277,68 @@ def test_lookup_says_only_what_the_list_proves(listed: dict[str, Any], outcome: 
     assert type(got) is outcome, got
     if isinstance(got, Found):
         assert got.reason is RejectReason.BUSINESS_REJECTED and got.code == "refund_failed"
+
+
+class Paged:
+    """An in-memory Stripe list of ``refunds`` (newest first), paged as Stripe pages it:
+    ``limit``, ``starting_after``, ``has_more``; ``after_each`` runs after every page."""
+
+    def __init__(self, refunds: list[dict[str, Any]], after_each: Callable[[], None] = list):
+        self.refunds, self.after_each = refunds, after_each
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        limit = int(request.url.params["limit"])
+        ids = [refund["id"] for refund in self.refunds]
+        after = request.url.params.get("starting_after")
+        rest = self.refunds[ids.index(after) + 1 :] if after is not None else self.refunds
+        body = {"object": "list", "has_more": len(rest) > limit, "data": rest[:limit]}
+        self.after_each()
+        return httpx.Response(200, json=body)
+
+
+def _others(n: int) -> list[dict[str, Any]]:
+    """``n`` refunds of other operations on the same payment intent."""
+    ours = _refund()["metadata"]
+    return [
+        _refund(id=f"re_other_{i}", metadata={**ours, "settled_op_id": f"op-other-{i}"})
+        for i in range(n)
+    ]
+
+
+def test_lookup_reads_the_next_pages_until_it_finds_the_operation() -> None:
+    paged = Paged([*_others(LIST_LIMIT + 50), _refund()])  # ours is the oldest
+    gateway = _gateway(paged)
+    got = _lookup(gateway)
+    gateway.close()
+    assert isinstance(got, Found) and got.receipt.reference == "re_3Nx1"
+    first, second = paged.requests
+    assert first.url.params["limit"] == str(LIST_LIMIT) and "starting_after" not in first.url.params
+    assert second.url.params["starting_after"] == f"re_other_{LIST_LIMIT - 1}"
+
+
+def test_an_operation_on_no_page_is_not_found_after_the_last_page() -> None:
+    paged = Paged(_others(2 * LIST_LIMIT + 1))
+    gateway = _gateway(paged)
+    got = _lookup(gateway)
+    gateway.close()
+    assert isinstance(got, NotFound)
+    assert len(paged.requests) == 3
+
+
+def test_a_deadline_passed_between_pages_is_unavailable_not_not_found() -> None:
+    clock = FakeMonotonic()
+    paged = Paged(_others(LIST_LIMIT + 1), after_each=lambda: clock.advance(10.0))
+    gateway = _gateway(paged)
+    deadline = Deadline(datetime.now(UTC) + timedelta(seconds=5), clock.t + 5.0, clock)
+    got = gateway.lookup(
+        tenant="acme", op_id=OP_ID, kind=REFUND, idempotency_key=KEY, params=INTENT,
+        deadline=deadline,
+    )  # fmt: skip
+    gateway.close()
+    assert isinstance(got, Unavailable) and "deadline" in got.detail
+    assert len(paged.requests) == 1  # nothing more was asked once the deadline had passed
 
 
 def test_a_failing_list_is_unavailable_not_not_found() -> None:
