@@ -202,6 +202,10 @@ def as_stripe(response: Response) -> Response:
         return stripe_error(status, "invalid_request_error", stripe_code, code, headers, param)
     if error.get("type") == wire.IDEMPOTENCY_ERROR:
         return stripe_error(response.status, "idempotency_error", code, code, headers)
+    if error.get("type") == wire.PERMISSION_ERROR:
+        # A restricted key without the permission: Stripe's 403 has no code.
+        message = "the key does not have the required permissions for this request"
+        return stripe_error(403, "invalid_request_error", "", message, headers)
     kind = "api_error" if response.status >= 500 else "invalid_request_error"
     return stripe_error(response.status, kind, _CODES.get(code, code), code, headers)
 

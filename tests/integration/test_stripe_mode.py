@@ -29,6 +29,7 @@ GUARANTEES: list[Callable[[Rig], None]] = [
     executor_tests.test_429_retry_after_inside_the_deadline_schedules_the_retry,
     executor_tests.test_business_refusal_is_rejected_with_reason,
     executor_tests.test_wrong_api_key_is_permission_denied_and_never_retried,
+    executor_tests.test_403_permission_error_is_permission_denied_and_never_retried,
     executor_tests.test_mismatched_receipt_is_unknown_with_a_review_item,
     executor_tests.test_past_key_retention_nothing_is_sent,
     executor_tests.test_abandoned_send_is_queried_never_resent,

@@ -115,7 +115,7 @@ def test_a_fully_refunded_intent_answers_charge_already_refunded(
     assert error["code"] == "charge_already_refunded"
 
 
-def test_a_wrong_key_is_401_and_a_rate_limit_429_in_stripes_shape(
+def test_a_wrong_key_is_401_a_forbidden_one_403_and_a_rate_limit_429_in_stripes_shape(
     simulator: SimulatorHandle, stripe_api: httpx.Client, sim_control: SimulatorControl
 ) -> None:
     wrong = httpx.post(
@@ -128,6 +128,10 @@ def test_a_wrong_key_is_401_and_a_rate_limit_429_in_stripes_shape(
     limited = _refund(stripe_api)
     assert limited.status_code == 429 and _error(limited)["code"] == "rate_limit"
     assert limited.headers["Retry-After"] == "3"
+    sim_control.add_rule("403", times=1)
+    forbidden = _refund(stripe_api)
+    assert forbidden.status_code == 403 and _error(forbidden)["type"] == "invalid_request_error"
+    assert _error(forbidden)["code"] is None  # Stripe's permission error has no code
     assert _refund(stripe_api).status_code == 200  # nothing was saved for the key
     assert sim_control.effects("acme", "k-1") == 1
 
