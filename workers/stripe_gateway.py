@@ -43,6 +43,7 @@ from workers.stripe_classify import (
     KEY_FIELD,
     OP_ID_FIELD,
     PAYEE_FIELD,
+    PENDING,
     TENANT_FIELD,
     classify_error,
     classify_refund,
@@ -241,10 +242,14 @@ def _find(
             return Unavailable("the refund is not readable")
         wrong = misfit(receipt, params, key)
         if wrong is not None:
-            ours = wrong == "receipt_mismatch"
+            # Ours but different: what the downstream did, unless it is not settled yet.
+            usable = wrong == "receipt_mismatch" and receipt.status != PENDING
             return LookupMisuse(
-                wrong, "the refund does not match the intent", receipt if ours else None
+                wrong, "the refund does not match the intent", receipt if usable else None
             )
+        if receipt.status == PENDING:
+            # Not made yet and it may still fail: uncertain until Stripe settles it.
+            return Unavailable(f"the refund is {refund.get('status')} at Stripe")
         if receipt.status == "succeeded":
             return Found(receipt)
         return Found(receipt, RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}")

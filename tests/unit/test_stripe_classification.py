@@ -341,6 +341,49 @@ def test_a_deadline_passed_between_pages_is_unavailable_not_not_found() -> None:
     assert len(paged.requests) == 1  # nothing more was asked once the deadline had passed
 
 
+# a refund's status -> what a create answering it proves, and what a lookup finding it proves
+STATUSES: list[tuple[str, type, type, str | None]] = [
+    ("succeeded", Accepted, Found, None),
+    ("pending", Unknown, Unavailable, None),  # taken on, not made: it may still fail
+    ("requires_action", Unknown, Unavailable, None),
+    ("failed", Refused, Found, "refund_failed"),  # not made, for good: not done
+    ("canceled", Refused, Found, "refund_canceled"),
+    ("something_new", Unknown, Unavailable, None),  # not read as proof of anything
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "created", "found", "code"), STATUSES, ids=[row[0] for row in STATUSES]
+)
+def test_a_refund_proves_what_its_status_says(
+    status: str, created: type, found: type, code: str | None
+) -> None:
+    gateway = _gateway(Served(200, _refund(status=status)))
+    sent = _submit(gateway)
+    gateway.close()
+    assert type(sent) is created, sent
+    listed = _gateway(
+        Served(200, {"object": "list", "has_more": False, "data": [_refund(status=status)]})
+    )
+    looked = _lookup(listed)
+    listed.close()
+    assert type(looked) is found, looked
+    if isinstance(sent, Refused):
+        assert (sent.reason, sent.code) == (RejectReason.BUSINESS_REJECTED, code)
+    if isinstance(looked, Found) and code is not None:
+        assert looked.receipt.status == "rejected"
+        assert (looked.reason, looked.code) == (RejectReason.BUSINESS_REJECTED, code)
+
+
+def test_a_pending_refund_that_does_not_fit_offers_no_record_to_settle_by() -> None:
+    odd = _refund(status="pending", amount=1499)
+    gateway = _gateway(Served(200, {"object": "list", "has_more": False, "data": [odd]}))
+    looked = _lookup(gateway)
+    gateway.close()
+    assert isinstance(looked, LookupMisuse) and looked.code == "receipt_mismatch"
+    assert looked.record is None  # a pending refund settles nothing, not even as it differs
+
+
 def test_a_failing_list_is_unavailable_not_not_found() -> None:
     gateway = _gateway(Served(500, _error("api_error")))
     assert isinstance(_lookup(gateway), Unavailable)
