@@ -342,9 +342,8 @@ def run_demo(
     )
     echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")
     if stripe:
-        echo(
-            f"Refunds go through the Stripe gateway to the simulator's Stripe mode: {sim.url}/stripe"
-        )
+        mode = f"{sim.url}/stripe"
+        echo(f"Refunds go through the Stripe gateway to the simulator's Stripe mode: {mode}")
     try:
         upgrade(db_url)
         rt = build_runtime(settings)
