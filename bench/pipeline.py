@@ -348,6 +348,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--claim-batch", type=int, default=None, help="SETTLED_CLAIM_BATCH (default: settings)"
     )
+    parser.add_argument(
+        "--doorbell", type=int, default=None,
+        help="SETTLED_HINT_DOORBELL, producers and workers (default: settings)",
+    )  # fmt: skip
     parser.add_argument("--scan-small", type=int, default=10_000, help="operations, small table")
     parser.add_argument(
         "--scan-large", type=int, default=1_000_000, help="operations, large table (0: no scans)"
@@ -382,6 +386,7 @@ def flush(url: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     claim_batch = Settings().claim_batch if args.claim_batch is None else args.claim_batch
+    doorbell = Settings().hint_doorbell if args.doorbell is None else args.doorbell
     workdir = Path(tempfile.mkdtemp(prefix="settled-bench-"))
     flush(args.redis)
     sim_port = free_port()
@@ -394,7 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         svc = Services(
             admin_url=args.pg,
             db_name=db_name,
-            endpoints=Endpoints(db_url, args.redis, f"http://127.0.0.1:{sim_port}"),
+            endpoints=Endpoints(
+                db_url, args.redis, f"http://127.0.0.1:{sim_port}", doorbell, claim_batch
+            ),
             workdir=workdir,
             concurrency=args.concurrency,
             pool=args.pool,
@@ -402,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"PostgreSQL synchronous_commit={sync[0] if sync else '?'}; "
               f"{os.cpu_count()} cores; {args.pool} pool, concurrency {args.concurrency}; "
-              f"claim_batch {claim_batch}; {args.producers} producer processes")  # fmt: skip
+              f"claim_batch {claim_batch}; doorbell {doorbell}; "
+              f"{args.producers} producer processes")  # fmt: skip
         try:
             start_simulator(svc, sim_port)
             results = run_pipeline(args, svc)

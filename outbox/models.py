@@ -294,3 +294,5 @@ class Proposal(Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     created_at: Mapped[datetime] = mapped_column(server_default=text("CURRENT_TIMESTAMP"))
     decided_at: Mapped[datetime | None]
+    #: the approved proposal whose operation this one compensates (None: not a compensation)
+    compensates_id: Mapped[int | None] = mapped_column(ForeignKey("proposals.id"))

@@ -11,6 +11,10 @@ payee is another proposal. A request that repeats a live one (proposed or approv
 same order within the repeat window is not made again: the answer is the existing proposal.
 A different request for the same order (a second partial refund) is a new proposal, and its
 approval shows the earlier ones. Like intake, nothing here commits.
+
+A proposal nobody decides within its time to live (``ttl``) expires: approval checks its age
+by the database's clock in the same conditional UPDATE that approves it, so an expired
+proposal is never approved, whether or not the sweeper has marked it ``expired`` yet.
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ from outbox.errors import InvalidInput, InvalidParams, NotFound, ProposalConflic
 from outbox.fingerprint import canonical_params
 from outbox.ids import new_op_id, validate_correlation_id, validate_label, validate_tenant
 from outbox.intake import Outbox
-from outbox.kinds import default_registry
-from outbox.models import Proposal
+from outbox.kinds import Intent, Kind, default_registry
+from outbox.models import Operation, Proposal
 from outbox.report import Report
-from outbox.runs import open_run, run_report
+from outbox.runs import compensate, open_run, run_report
 from outbox.settings import Settings
+from outbox.states import State
 from outbox.storage import proposals as store
 from outbox.storage import storage_for
+from outbox.storage.operations import find_operation
 from outbox.storage.runs import run as run_by_id
 
 HANDLE_PREFIX = "prp_"
@@ -44,11 +50,38 @@ MAX_ACTOR = 100
 PROPOSED, APPROVED, DECLINED, EXPIRED = "proposed", "approved", "declined", "expired"
 #: the statuses a repeat is answered from: a declined or expired request may be asked again
 LIVE = frozenset({PROPOSED, APPROVED})
+#: per kind, the intent field that names a new thing downstream: the server mints it when the
+#: request leaves it out (a model that chose it would choose a new one on every retry), and
+#: a repeat is then judged on the other fields
+MINTED: Mapping[str, str] = {"after_sales_ticket": "ticket_id"}
+
+
+def _cancel_ticket(done: Mapping[str, Any], cause: str) -> dict[str, Any]:
+    return {"ticket_id": done["ticket_id"], "reason": cause}
+
+
+#: per kind, the kind of its compensation and that operation's params from the original's
+#: params and a cause (a kind not named cannot be compensated through a request)
+COMPENSATIONS: Mapping[str, tuple[str, Callable[[Mapping[str, Any], str], dict[str, Any]]]] = {
+    "after_sales_ticket": ("ticket_cancel", _cancel_ticket),
+}
+#: an operation in one of these states has nothing to offset yet, or never will have
+_NOTHING_DONE = frozenset({State.PLANNED.value, State.REJECTED.value, State.CANCELLED.value})
 
 
 def new_handle() -> str:
     """An opaque, unguessable proposal handle (192 random bits)."""
     return HANDLE_PREFIX + secrets.token_urlsafe(24)
+
+
+def new_ticket_id() -> str:
+    """A ticket id the server mints for an agent's ticket request (``tkt_...``)."""
+    return "tkt_" + secrets.token_urlsafe(12)
+
+
+def without(params: Mapping[str, Any], field: str | None) -> dict[str, Any]:
+    """``params`` less ``field`` (all of them when None)."""
+    return {k: v for k, v in params.items() if k != field}
 
 
 # -- the rules (pure) ----------------------------------------------------------------------
@@ -92,13 +125,16 @@ class Proposals:
 
     outbox: Outbox
     window: timedelta = timedelta(hours=24)
+    #: how long a proposal waits for a decision before it expires
+    ttl: timedelta = timedelta(hours=24)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Proposals:
-        """The service with the configured contracts and repeat window."""
+        """The service with the configured contracts, repeat window and time to live."""
         registry = settings.apply_contracts(default_registry())
         window = timedelta(seconds=settings.agent_repeat_window_seconds)
-        return cls(Outbox.from_settings(settings, registry), window)
+        ttl = timedelta(seconds=settings.agent_proposal_ttl_seconds)
+        return cls(Outbox.from_settings(settings, registry), window, ttl)
 
     def propose(
         self,
@@ -114,6 +150,9 @@ class Proposals:
         repeats. Bad input raises an InvalidInput subclass before anything is written."""
         tenant = validate_tenant(tenant)
         spec = self.outbox.registry.get(kind)
+        minted = MINTED.get(spec.name)
+        if minted is not None and isinstance(params, Mapping) and minted not in params:
+            params = {**params, minted: new_ticket_id()}
         intent = spec.parse(params)
         reason = validate_label(reason, field="reason", max_length=MAX_REASON)
         if correlation_id is not None:
@@ -121,17 +160,82 @@ class Proposals:
         order_ref = getattr(intent, "order_id", None)
         if not isinstance(order_ref, str):
             raise InvalidParams("an agent may propose only operations on an order", field="kind")
+        return self._add_unless_repeat(
+            session, tenant, spec, intent, order_ref, reason, correlation_id
+        )
+
+    def propose_compensation(
+        self,
+        session: Session,
+        *,
+        tenant: str,
+        handle: str,
+        cause: str,
+        reason: str,
+        correlation_id: str | None = None,
+    ) -> Proposed:
+        """A proposal to compensate what approved proposal ``handle`` did: a new operation
+        (for a ticket, its cancellation with ``cause``) that waits for approval like any other
+        request; approved, it is enqueued linked to the original (``outbox.runs.compensate``)
+        and reported by its own receipt. A repeat answers with the live one. Bad input, or an
+        original with nothing to offset, raises an InvalidInput subclass; nothing is written."""
+        tenant = validate_tenant(tenant)
+        reason = validate_label(reason, field="reason", max_length=MAX_REASON)
+        if correlation_id is not None:
+            correlation_id = validate_correlation_id(correlation_id)
+        original = self.find(session, tenant, handle)
+        how = COMPENSATIONS.get(original.kind)
+        if how is None:
+            raise InvalidInput(
+                f"a {original.kind} cannot be compensated through a request",
+                code="not_compensable",
+                field="handle",
+            )
+        self._operation_to_offset(session, original)
+        kind, params = how
+        spec = self.outbox.registry.get(kind)
+        intent = spec.parse(params(original.params, cause))
+        return self._add_unless_repeat(
+            session,
+            tenant,
+            spec,
+            intent,
+            original.order_ref,
+            reason,
+            correlation_id,
+            compensates=original,
+        )
+
+    def _add_unless_repeat(
+        self,
+        session: Session,
+        tenant: str,
+        spec: Kind,
+        intent: Intent,
+        order_ref: str,
+        reason: str,
+        correlation_id: str | None,
+        compensates: Proposal | None = None,
+    ) -> Proposed:
+        """The live proposal ``intent`` repeats, or a new one (flushed)."""
+        minted = MINTED.get(spec.name)
         fp = self.outbox.fingerprinter
         # One request for an order at a time: two identical requests at the same instant must
         # not both find no repeat and both be added (and then both auto-approved).
         storage_for(session).serialize(session, f"proposal:{tenant}:{spec.name}:{order_ref}")
+        # An expired proposal is no longer live: a repeat of it is a new request.
+        store.expire_waiting(session, self.ttl, tenant=tenant, kind=spec.name, order_ref=order_ref)
         earlier = store.recent_for_order(
             session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=self.window
         )
-        repeated = repeat_of(
-            earlier,
-            lambda p: fp.matches(spec.name, intent, p.fingerprint_key_version, p.fingerprint),
-        )
+        asked = without(canonical_params(intent), minted)
+
+        def same_params(p: Proposal) -> bool:
+            if minted is not None:
+                return without(p.params, minted) == asked
+            return fp.matches(spec.name, intent, p.fingerprint_key_version, p.fingerprint)
+
+        repeated = repeat_of(earlier, same_params)
         live = tuple(p for p in earlier if p.status in LIVE and p is not repeated)
         if repeated is not None:
             return Proposed(repeated, created=False, earlier=live)
@@ -147,9 +251,25 @@ class Proposals:
                 "fingerprint_key_version": fp.current,
                 "reason": reason,
                 "correlation_id": correlation_id,
+                "compensates_id": compensates.id if compensates is not None else None,
             },
         )
         return Proposed(row, created=True, earlier=live)
+
+    def _operation_to_offset(self, session: Session, original: Proposal) -> Operation:
+        """The operation of approved proposal ``original``, if it may have done something to
+        offset; else InvalidInput (``nothing_to_compensate``, naming the handle)."""
+        op = None
+        if original.status == APPROVED and original.op_id is not None:
+            op = find_operation(session, original.tenant, original.op_id)
+        if op is None or op.state in _NOTHING_DONE:
+            raise InvalidInput(
+                "nothing was done by this request, so there is nothing to compensate "
+                "(a request not sent yet is stopped with a cancel instead)",
+                code="nothing_to_compensate",
+                field="handle",
+            )
+        return op
 
     def find(self, session: Session, tenant: str, handle: str) -> Proposal:
         """Proposal ``handle`` of ``tenant``; NotFound (the same error) for any other."""
@@ -165,33 +285,66 @@ class Proposals:
         """Approve a proposal: enqueue its exact parameters under a new app-minted op_id, in a
         run of its own, and mark it approved, all in ``session`` (never committed).
 
-        Approving an approved proposal returns it unchanged; a declined or expired one raises
-        ProposalConflict. The caller rolls back on any error: nothing is then written.
+        Approving an approved proposal returns it unchanged; a declined one raises
+        ProposalConflict, and so does one past its time to live (code ``proposal_expired``),
+        marked or not. The caller rolls back on any error: nothing is then written.
         """
         by = validate_label(by, field="actor", max_length=MAX_ACTOR)
         proposal = self.find(session, tenant, handle)
         if proposal.status == APPROVED:
             return proposal
+        self._refuse_if_expired(session, proposal)
         if proposal.status != PROPOSED:
             raise ProposalConflict(code="proposal_decided", status=proposal.status)
         self._check_bound(proposal)
-        run = open_run(session, tenant=proposal.tenant, title=f"agent proposal {handle}")
         op_id = new_op_id()
-        self.outbox.enqueue(
-            session,
-            tenant=proposal.tenant,
-            op_id=op_id,
-            kind=proposal.kind,
-            params=proposal.params,
-            run=run,
-            correlation_id=proposal.correlation_id,
-        )
+        run_id = self._enqueue(session, proposal, op_id)
+        cutoff = store.expiry_cutoff(session, self.ttl)
         if not store.decide(
-            session, proposal.id, status=APPROVED, by=by, op_id=op_id, run_id=run.id
+            session,
+            proposal.id,
+            status=APPROVED,
+            by=by,
+            op_id=op_id,
+            run_id=run_id,
+            made_after=cutoff,
         ):
+            # Expired in between, or decided by somebody else first.
+            self._refuse_if_expired(session, proposal)
             raise ProposalConflict("the proposal was decided by somebody else first")
         session.expire(proposal)
         return proposal
+
+    def _enqueue(self, session: Session, proposal: Proposal, op_id: str) -> int | None:
+        """Enqueue an approved proposal's exact parameters under ``op_id``: in a run of its own,
+        or (a compensation) linked to the original operation, in its run; that run's id."""
+        if proposal.compensates_id is None:
+            run = open_run(
+                session, tenant=proposal.tenant, title=f"agent proposal {proposal.handle}"
+            )
+            self.outbox.enqueue(
+                session,
+                tenant=proposal.tenant,
+                op_id=op_id,
+                kind=proposal.kind,
+                params=proposal.params,
+                run=run,
+                correlation_id=proposal.correlation_id,
+            )
+            return run.id
+        original = session.get(Proposal, proposal.compensates_id)
+        assert original is not None  # a foreign key holds it
+        op = self._operation_to_offset(session, original)
+        got = compensate(
+            self.outbox,
+            session,
+            op,
+            op_id=op_id,
+            kind=proposal.kind,
+            params=proposal.params,
+            correlation_id=proposal.correlation_id,
+        )
+        return got.operation.run_id
 
     def decline(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
         """Decline a proposal still waiting (never committed); declining a declined one is
@@ -200,6 +353,7 @@ class Proposals:
         proposal = self.find(session, tenant, handle)
         if proposal.status == DECLINED:
             return proposal
+        self._refuse_if_expired(session, proposal)
         if proposal.status != PROPOSED or not store.decide(
             session, proposal.id, status=DECLINED, by=by
         ):
@@ -208,8 +362,36 @@ class Proposals:
         return proposal
 
     def waiting(self, session: Session, tenant: str | None = None) -> list[Proposal]:
-        """The proposals waiting for a decision (of one tenant, or all), oldest first."""
-        return store.waiting(session, validate_tenant(tenant) if tenant is not None else None)
+        """The proposals waiting for a decision (of one tenant, or all), oldest first; an
+        expired one is not waiting, marked or not."""
+        return store.waiting(
+            session,
+            validate_tenant(tenant) if tenant is not None else None,
+            made_after=store.expiry_cutoff(session, self.ttl),
+        )
+
+    def expired(self, session: Session, proposal: Proposal) -> bool:
+        """Whether ``proposal`` has expired: marked so, or undecided past its time to live
+        by the database's clock (not yet marked by the sweeper)."""
+        if proposal.status == EXPIRED:
+            return True
+        return proposal.status == PROPOSED and store.is_past(session, proposal.id, self.ttl)
+
+    def status_of(self, session: Session, proposal: Proposal) -> str:
+        """The proposal's status as it truly is now (``expired`` once past its time to live)."""
+        return EXPIRED if self.expired(session, proposal) else proposal.status
+
+    def expire_due(self, session: Session) -> int:
+        """Mark ``expired`` every undecided proposal past its time to live; how many."""
+        return store.expire_waiting(session, self.ttl)
+
+    def _refuse_if_expired(self, session: Session, proposal: Proposal) -> None:
+        if self.expired(session, proposal):
+            raise ProposalConflict(
+                "the proposal expired without a decision; nothing was sent",
+                code="proposal_expired",
+                status=EXPIRED,
+            )
 
     def _check_bound(self, proposal: Proposal) -> None:
         """The stored parameters still match the fingerprint they were proposed with."""

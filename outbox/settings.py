@@ -134,6 +134,10 @@ class Settings(BaseSettings):
     claim_batch: int = Field(default=8, ge=0)
     #: Operation ids per hint message (the sweeper's; the app passes its own to the relay).
     hint_batch: int = Field(default=20, ge=1, le=500)
+    #: The doorbell (``outbox.doorbell``, Redis brokers only): an app's transaction publishes
+    #: a hint only while fewer than this many wait in the queue, and the waiting ones claim its
+    #: operations, ``SETTLED_CLAIM_BATCH`` at a time. 0: off (one hint per transaction).
+    hint_doorbell: int = Field(default=0, ge=0, le=1000)
     #: Where beat keeps its schedule state.
     beat_schedule_file: str = "var/celerybeat-schedule"
     #: How often the reconciler runs, and how long "unknown" may last before review.
@@ -168,10 +172,13 @@ class Settings(BaseSettings):
     #: The MCP server for AI agents (``settled mcp``): the one tenant a stdio server speaks
     #: for (the HTTP transport takes a tenant's API key instead); per tenant, the largest
     #: refund its policy approves without a person, in minor units, e.g. ``{"acme": 5000}``
-    #: (a tenant not named: none); how long a repeated request answers with the earlier one.
+    #: (a tenant not named: none); how long a repeated request answers with the earlier one;
+    #: how long a proposal waits for a decision before it expires (database time; an expired
+    #: one is never approved, and nothing is sent for it).
     agent_tenant: str | None = None
     agent_auto_approve_minor: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
     agent_repeat_window_seconds: float = Field(default=86400.0, gt=0)
+    agent_proposal_ttl_seconds: float = Field(default=86400.0, gt=0)
 
     @field_validator("fingerprint_keys")
     @classmethod
@@ -203,6 +210,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "SETTLED_LEASE_SECONDS must be longer than SETTLED_CLOCK_MARGIN_SECONDS: "
                 "a send must end a clock margin before its lease does, so none could start"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _doorbell_claims(self) -> Settings:
+        if self.hint_doorbell and not self.claim_batch:
+            raise ValueError(
+                "SETTLED_HINT_DOORBELL needs SETTLED_CLAIM_BATCH of at least 1: a doorbell hint "
+                "carries no ids and claims that many due operations"
             )
         return self
 

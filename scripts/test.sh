@@ -20,4 +20,5 @@ fi
 echo "== pytest: unit tests, with the coverage floor on the pure core"
 .venv/bin/pytest tests/unit --cov --cov-report=term
 echo "== pytest: integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
-.venv/bin/pytest tests/integration tests/e2e
+# One test process per core: most of these tests wait on other processes (workers, servers).
+.venv/bin/pytest tests/integration tests/e2e -n auto

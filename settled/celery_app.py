@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,13 @@ from celery import Celery
 from celery.signals import worker_process_shutdown
 from kombu.transport import redis as kombu_redis
 
+from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.errors import SettledError
 from outbox.relay import Publish
 from outbox.settings import Settings
 from settled import observe
 from settled.runtime import Runtime, build_runtime
-from workers.sweeper import sweep
+from workers.sweeper import expire_proposals, sweep
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +149,37 @@ DELIVERY: dict[str, Any] = {
 }
 
 
-def create_app(settings: Settings, *, coalesce: bool = False) -> Celery:
+class SettledCelery(Celery):  # type: ignore[misc]  # Celery has no type hints
+    """A Celery app that knows its doorbell (``outbox.doorbell``; None when it is off)."""
+
+    doorbell: Doorbell | None = None
+
+
+def doorbell(settings: Settings) -> Doorbell | None:
+    """The doorbell ``SETTLED_HINT_DOORBELL`` asks for, on the broker's Redis; None when it is
+    off or the broker is not Redis. A ring counts for one sweeper period at most."""
+    if not settings.hint_doorbell or not settings.broker_url.startswith(("redis://", "rediss://")):
+        return None
+    client = redis.Redis.from_url(
+        settings.broker_url, socket_timeout=2.0, socket_connect_timeout=2.0
+    )
+    return Doorbell(
+        client,
+        pending=settings.hint_doorbell,
+        ring_seconds=settings.sweep_seconds,
+        claims=settings.claim_batch,
+        key=f"settled:doorbell:{QUEUE}",
+    )
+
+
+def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     """A Celery app for these settings, with the submit, sweep and reconcile tasks.
 
     ``coalesce``: the worker runs several submit tasks at once in one process (the thread
     pool), and their hints are worked in shared batches (``workers.coalesce``).
     """
-    app = Celery("settled", broker=settings.broker_url, set_as_current=False)
+    app = SettledCelery("settled", broker=settings.broker_url, set_as_current=False)
+    app.doorbell = doorbell(settings)
     observe.install()  # identities in log lines; traces when the environment asks for them
     app.conf.update(
         **DELIVERY,
@@ -191,14 +217,22 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> Celery:
         ):
             log.warning("malformed hint dropped")  # the sweeper finds due operations anyway
             return
-        if coalesce:
+        if not ids and app.doorbell is not None:
+            # A doorbell hint: its ring leaves the count, and it claims the oldest due
+            # operations; a full claim rings again for the next batch (``outbox.doorbell``).
+            app.doorbell.answer()
+            again = ring_again(_publish_ids(app), app.doorbell)
+            runtime(settings).executor.execute(ids, when_full=again)
+        elif coalesce:
             runtime(settings).coalescer().execute(ids)
         else:
             runtime(settings).executor.execute(ids)
 
     @app.task(name=SWEEP, ignore_result=True, shared=False)
     def sweep_task() -> None:
-        sweep(runtime(settings).sessions, hint_publisher(app), per_message=settings.hint_batch)
+        sessions = runtime(settings).sessions
+        expire_proposals(sessions, timedelta(seconds=settings.agent_proposal_ttl_seconds))
+        sweep(sessions, _publish_ids(app), per_message=settings.hint_batch)
 
     @app.task(name=RECONCILE, ignore_result=True, shared=False)
     def reconcile_task() -> None:
@@ -206,13 +240,23 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> Celery:
         report = rt.reconciler.run_once()
         if report.outcomes.get("requeued"):
             # Requeued operations are due now: the sweeper would find them, a hint is faster.
-            sweep(rt.sessions, hint_publisher(app), per_message=settings.hint_batch)
+            sweep(rt.sessions, _publish_ids(app), per_message=settings.hint_batch)
 
     return app
 
 
 def hint_publisher(app: Celery) -> Publish:
-    """A ``publish(operation_ids)`` callable for the relay and the sweeper: one message."""
+    """The relay's ``publish(operation_ids)`` for an app: one hint message per call, or, with
+    the doorbell on (``SETTLED_HINT_DOORBELL``), a doorbell hint only while fewer than that
+    many wait in the queue (``outbox.doorbell``)."""
+    publish = _publish_ids(app)
+    bell = getattr(app, "doorbell", None)
+    return publish if bell is None else rung(publish, bell)
+
+
+def _publish_ids(app: Celery) -> Publish:
+    """One hint message carrying these operation ids (the sweeper's; the relay's without the
+    doorbell)."""
 
     def publish(operation_ids: Sequence[int]) -> None:
         app.send_task(SUBMIT, args=[list(operation_ids)], queue=QUEUE)

@@ -16,38 +16,59 @@ from outbox.report_text import Lang
 
 ErrorKind = Literal["fixable", "permission", "business_rejected", "pending", "conflict"]
 
-#: A proposal's status before it is an operation, per language (after: the run report's words).
+#: A proposal's status before it is an operation, per language (after: the run report's words);
+#: ``{what}`` is the kind's name in ``REQUESTS``.
 WORDS: dict[str, dict[str, str]] = {
     "en": {
-        "waiting_for_approval": "Refund request {handle} is waiting for approval; nothing has "
-        "been sent.",
-        "declined": "Refund request {handle} was declined; nothing was sent.",
-        "expired": "Refund request {handle} expired without a decision; nothing was sent.",
+        "waiting_for_approval": "{what} {handle} is waiting for approval; nothing has been sent.",
+        "declined": "{what} {handle} was declined; nothing was sent.",
+        "expired": "{what} {handle} expired without a decision; nothing was sent.",
     },
     "zh": {
-        "waiting_for_approval": "退款申请 {handle} 正在等待批准，尚未发送任何请求。",
-        "declined": "退款申请 {handle} 已被拒绝，未发送任何请求。",
-        "expired": "退款申请 {handle} 未获处理已过期，未发送任何请求。",
+        "waiting_for_approval": "{what} {handle} 正在等待批准，尚未发送任何请求。",
+        "declined": "{what} {handle} 已被拒绝，未发送任何请求。",
+        "expired": "{what} {handle} 未获处理已过期，未发送任何请求。",
     },
+}
+#: A request of each kind, per language.
+REQUESTS: dict[str, dict[str, str]] = {
+    "en": {
+        "refund": "Refund request",
+        "after_sales_ticket": "Ticket request",
+        "ticket_cancel": "Compensation request",
+    },
+    "zh": {"refund": "退款申请", "after_sales_ticket": "售后工单申请", "ticket_cancel": "补偿申请"},
+}
+#: the fields each kind's answer shows beside the handle (a refund's keep their old names)
+SHOWN: dict[str, tuple[str, ...]] = {
+    "refund": ("order_id", "amount_minor", "currency", "payee"),
+    "after_sales_ticket": ("order_id", "ticket_id", "reason"),
+    "ticket_cancel": ("ticket_id", "reason"),
 }
 
 
-def describe(session: Session, proposal: Proposal, lang: Lang) -> dict[str, Any]:
+def describe(
+    session: Session, proposal: Proposal, lang: Lang, *, expired: bool = False
+) -> dict[str, Any]:
     """A proposal as the status tool shows it: its terms, and either where its approval
-    stands or (once approved) its operation's line of the run report, with evidence."""
+    stands or (once approved) its operation's line of the run report, with evidence.
+    ``expired``: the proposal outlived its time to live (``Proposals.expired``), marked or not."""
     params = proposal.params
-    data: dict[str, Any] = {
-        "handle": proposal.handle,
-        "order_id": params.get("order_id"),
-        "amount_minor": params.get("amount_minor"),
-        "currency": params.get("currency"),
-        "payee": params.get("payee"),
-        "decided_by": proposal.decided_by,
-    }
+    data: dict[str, Any] = {"handle": proposal.handle, "kind": proposal.kind}
+    for name in SHOWN.get(proposal.kind, tuple(params)):
+        # a ticket's category is the tool's "problem" (its "reason" is the why)
+        shown = "problem" if name == "reason" and proposal.kind != "ticket_cancel" else name
+        data[shown] = params.get(name)
+    if proposal.kind == "ticket_cancel":
+        data["order_id"] = proposal.order_ref
+    data["decided_by"] = proposal.decided_by
     report = proposal_report(session, proposal) if proposal.status == APPROVED else None
     if report is None or proposal.op_id is None:
         status = "waiting_for_approval" if proposal.status == PROPOSED else proposal.status
-        text = WORDS[lang][status].format(handle=proposal.handle)
+        if expired:
+            status = "expired"
+        what = REQUESTS[lang].get(proposal.kind, proposal.kind)
+        text = WORDS[lang][status].format(what=what, handle=proposal.handle)
         return {**data, "status": status, "text": text}
     line = report.line(proposal.op_id)
     return {

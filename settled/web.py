@@ -34,6 +34,7 @@ from outbox.apikeys import Principal, authenticate
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.kinds import default_registry
+from outbox.proposals import Proposals
 from outbox.settings import Settings
 from outbox.storage.connection import ping
 from reconciler.review import ReviewQueue
@@ -236,12 +237,16 @@ async def log_access(request: Request, call_next: Any) -> Any:
 
 
 def create_web_app(
-    source: Settings | sessionmaker[Session] | Any, *, review: ReviewQueue | None = None
+    source: Settings | sessionmaker[Session] | Any,
+    *,
+    review: ReviewQueue | None = None,
+    proposals: Proposals | None = None,
 ) -> FastAPI:
     """The status API and the support console over ``source``: settings (an engine is made
     here and disposed on shutdown), a sessionmaker, or anything with ``sessions`` and
     ``review`` attributes (a Runtime). The console's review queue is ``review``, else the
-    Runtime's, else one built on first use from the settings (``review_queue``)."""
+    Runtime's, else one built on first use from the settings (``review_queue``); its
+    proposals service is ``proposals``, else one built from the settings."""
     sessions, owned = _sessions_of(source)
 
     @asynccontextmanager
@@ -263,7 +268,7 @@ def create_web_app(
         app.exception_handler(error)(_answer(handler))
     app.include_router(status_api)
     app.include_router(operator_routes)
-    _mount_console(app, source, sessions, review)
+    _mount_console(app, source, sessions, review, proposals)
     return app
 
 
@@ -272,6 +277,7 @@ def _mount_console(
     source: Settings | sessionmaker[Session] | Any,
     sessions: sessionmaker[Session],
     review: ReviewQueue | None,
+    proposals: Proposals | None,
 ) -> None:
     """The console's pages, its sign-in and its static files, under ``/console``."""
     if review is None:
@@ -284,7 +290,9 @@ def _mount_console(
     def make_review() -> ReviewQueue:
         return review if review is not None else review_queue(sessions, chosen)
 
-    app.state.console = pages.ConsoleServices(sessions, make_review)
+    if proposals is None:
+        proposals = Proposals.from_settings(settings)
+    app.state.console = pages.ConsoleServices(sessions, make_review, proposals)
     auth.configure(app, settings)  # sessions' lifetimes, sign-in throttling, cookie flags
     app.include_router(auth.router)
     app.include_router(pages.router)

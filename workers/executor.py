@@ -111,22 +111,33 @@ class Executor:
         """One step, atomic as the database's Storage makes it (``Storage.step``)."""
         return self.storage.step(work)
 
-    def execute(self, ids: Sequence[int]) -> dict[int, State]:
-        """Claim, send and record the hinted operations; returns the states written."""
+    def execute(
+        self, ids: Sequence[int], *, when_full: Callable[[], None] | None = None
+    ) -> dict[int, State]:
+        """Claim, send and record the hinted operations; returns the states written.
+
+        No ids (a doorbell hint, ``outbox.doorbell``): claim up to ``batch_extra`` due
+        operations, and call ``when_full`` right after a claim that took that many (due
+        operations may be left), before anything is sent.
+        """
         unique = list(dict.fromkeys(ids))
         size = max(1, self.max_batch)
         chunks = [unique[i : i + size] for i in range(0, len(unique), size)] or [[]]
         written: dict[int, State] = {}
         for n, chunk in enumerate(chunks):
             extra = min(self.batch_extra, size - len(chunk)) if n == 0 else 0
-            written.update(self._execute_batch(chunk, extra))
+            written.update(self._execute_batch(chunk, extra, when_full if not chunk else None))
         return written
 
-    def _execute_batch(self, ids: Sequence[int], extra: int) -> dict[int, State]:
+    def _execute_batch(
+        self, ids: Sequence[int], extra: int, when_full: Callable[[], None] | None = None
+    ) -> dict[int, State]:
         # Taken before the claim is asked: database time estimated from it runs ahead of the
         # database's, never behind (outbox.clock).
         mono = self.monotonic()
         claims = self._claim(ids, extra)
+        if when_full is not None and extra and len(claims.claimed) + len(claims.written) >= extra:
+            when_full()
         to_send, to_recover, written = claims.send, claims.recover, claims.written
         held = [c for c, _ in to_send] + to_recover
         # Renewed while this worker works on them (a slow outcome write, a lookup); if the

@@ -71,6 +71,8 @@ class Endpoints:
     db_url: str  # SQLAlchemy URL of the throwaway database
     broker_url: str
     sim_url: str
+    doorbell: int = 0  # SETTLED_HINT_DOORBELL, the producers' and the workers'
+    claim_batch: int = Settings().claim_batch
 
     def settings(self) -> Settings:
         return Settings(
@@ -79,6 +81,8 @@ class Endpoints:
             downstream_url=self.sim_url,
             fingerprint_keys={"v1": FINGERPRINT_KEY},
             idempotency_secret=IDEMPOTENCY_SECRET,
+            hint_doorbell=self.doorbell,
+            claim_batch=self.claim_batch,
         )
 
 
@@ -117,6 +121,7 @@ class Services:
             SETTLED_IDEMPOTENCY_SECRET=IDEMPOTENCY_SECRET,
             SETTLED_LEASE_SECONDS="30",
             SETTLED_CLAIM_BATCH=str(self.claim_batch),
+            SETTLED_HINT_DOORBELL=str(self.endpoints.doorbell),
             PYTHONUNBUFFERED="1",
             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         )

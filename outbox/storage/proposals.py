@@ -1,13 +1,14 @@
 """Proposals an AI agent made: adding one, finding one by handle, the recent ones for an
-order, deciding one (a conditional UPDATE: only a proposal still ``proposed`` is decided),
-and the ones waiting for staff.
+order, deciding one (a conditional UPDATE: only a proposal still ``proposed`` is decided, and
+an approval only while it is younger than its time to live), expiring the ones nobody decided
+in time, and the ones waiting for staff.
 
 The rules (what a repeat is, who may approve) are ``outbox.proposals``.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Table, bindparam, select, update
@@ -34,6 +35,19 @@ FOR_ORDER = (
 )
 WAITING = select(Proposal).where(Proposal.status == "proposed").order_by(Proposal.id)
 WAITING_OF_TENANT = WAITING.where(Proposal.tenant == bindparam("tenant"))
+PAST = select(Proposal.id).where(
+    Proposal.id == bindparam("p_id"), Proposal.created_at <= bindparam("cutoff")
+)
+EXPIRE = (
+    update(proposals)
+    .where(proposals.c.status == "proposed", proposals.c.created_at <= bindparam("cutoff"))
+    .values(status="expired", decided_by="expiry", decided_at=db_now())
+)
+EXPIRE_FOR_ORDER = EXPIRE.where(
+    proposals.c.tenant == bindparam("p_tenant"),
+    proposals.c.kind == bindparam("p_kind"),
+    proposals.c.order_ref == bindparam("p_order_ref"),
+)
 DECIDE = (
     update(proposals)
     .where(proposals.c.id == bindparam("p_id"), proposals.c.status == "proposed")
@@ -45,6 +59,7 @@ DECIDE = (
         decided_at=db_now(),
     )
 )
+DECIDE_UNEXPIRED = DECIDE.where(proposals.c.created_at > bindparam("cutoff"))
 
 
 def add_proposal(session: Session, values: dict[str, Any]) -> Proposal:
@@ -73,11 +88,46 @@ def recent_for_order(
     return list(session.scalars(FOR_ORDER, params))
 
 
-def waiting(session: Session, tenant: str | None = None) -> list[Proposal]:
-    """Proposals nobody has decided yet (of one tenant, or all), oldest first."""
-    if tenant is None:
-        return list(session.scalars(WAITING))
-    return list(session.scalars(WAITING_OF_TENANT, {"tenant": tenant}))
+def expiry_cutoff(session: Session, ttl: timedelta) -> datetime:
+    """Proposals made at or before this moment (database time) have outlived ``ttl``."""
+    return db_time(session) - ttl
+
+
+def is_past(session: Session, proposal_id: int, ttl: timedelta) -> bool:
+    """Whether the proposal has outlived ``ttl`` (by the database's clock)."""
+    cutoff = expiry_cutoff(session, ttl)
+    return session.scalar(PAST, {"p_id": proposal_id, "cutoff": cutoff}) is not None
+
+
+def expire_waiting(
+    session: Session,
+    ttl: timedelta,
+    *,
+    tenant: str | None = None,
+    kind: str | None = None,
+    order_ref: str | None = None,
+) -> int:
+    """Mark ``expired`` the undecided proposals older than ``ttl`` (all, or one order's);
+    how many. Conditional: a proposal decided meanwhile is left as it was decided."""
+    cutoff = expiry_cutoff(session, ttl)
+    if order_ref is None:
+        result = session.execute(EXPIRE, {"cutoff": cutoff})
+    else:
+        params = {"cutoff": cutoff, "p_tenant": tenant, "p_kind": kind, "p_order_ref": order_ref}
+        result = session.execute(EXPIRE_FOR_ORDER, params)
+    count: int = result.rowcount  # type: ignore[attr-defined]
+    return count
+
+
+def waiting(
+    session: Session, tenant: str | None = None, *, made_after: datetime | None = None
+) -> list[Proposal]:
+    """Proposals nobody has decided yet (of one tenant, or all; with ``made_after``, only the
+    ones made after that moment: the others have expired), oldest first."""
+    stmt = WAITING if tenant is None else WAITING_OF_TENANT
+    if made_after is not None:
+        stmt = stmt.where(Proposal.created_at > made_after)
+    return list(session.scalars(stmt, {"tenant": tenant} if tenant is not None else {}))
 
 
 def decide(
@@ -88,10 +138,15 @@ def decide(
     by: str,
     op_id: str | None = None,
     run_id: int | None = None,
+    made_after: datetime | None = None,
 ) -> bool:
-    """Decide a proposal still ``proposed``; False (nothing written) if it was decided first."""
+    """Decide a proposal still ``proposed`` (and, with ``made_after``, made after that moment);
+    False (nothing written) if it was decided first or is older."""
     values: dict[str, object] = {"p_id": proposal_id, "p_status": status, "p_by": by}
     values.update({"p_op_id": op_id, "p_run_id": run_id})
-    result = session.execute(DECIDE, values)
+    if made_after is None:
+        result = session.execute(DECIDE, values)
+    else:
+        result = session.execute(DECIDE_UNEXPIRED, {**values, "cutoff": made_after})
     decided: bool = result.rowcount == 1  # type: ignore[attr-defined]
     return decided

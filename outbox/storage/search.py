@@ -1,5 +1,6 @@
-"""What the support console searches: a page of review items, and operations by the keys
-a customer or a colleague quotes (order id, idempotency key, run handle).
+"""What the support console searches: a page of review items, operations by the keys a
+customer or a colleague quotes (order id, idempotency key, run handle), and the proposals AI
+agents made that wait for staff, with everything else on their orders.
 
 Every read takes the tenants the member of staff may see (None: all), so a limited member's
 lists never hold another tenant's rows: the rule is applied in the query, not after it.
@@ -14,7 +15,7 @@ from typing import Any
 from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from outbox.models import Operation, ReviewItem, Run
+from outbox.models import Operation, Proposal, ReviewItem, Run
 
 #: Review items with their operation's op_id, kind, state and params, oldest first.
 REVIEW_PAGE = (
@@ -46,6 +47,35 @@ BY_IDEMPOTENCY_KEY = (
 _RUN_IDS = select(Run.id).where(Run.handle == bindparam("handle")).scalar_subquery()
 BY_RUN_HANDLE = (
     select(Operation).where(Operation.run_id.in_(_RUN_IDS)).order_by(Operation.id).limit(MAX_FOUND)
+)
+#: Proposals nobody has decided yet, oldest first.
+WAITING_PROPOSALS = (
+    select(Proposal)
+    .where(Proposal.status == "proposed")
+    .order_by(Proposal.created_at, Proposal.id)
+    .limit(bindparam("limit"))
+)
+WAITING_COUNT = select(func.count()).select_from(Proposal).where(Proposal.status == "proposed")
+PROPOSAL_BY_ID = select(Proposal).where(Proposal.id == bindparam("proposal_id"))
+MAX_ON_ORDERS = 500
+#: Proposals and operations on some orders (narrowed to exact tenant and order pairs after).
+PROPOSALS_ON_ORDERS = (
+    select(Proposal)
+    .where(
+        Proposal.tenant.in_(bindparam("tenants", expanding=True)),
+        Proposal.order_ref.in_(bindparam("orders", expanding=True)),
+    )
+    .order_by(Proposal.id)
+    .limit(MAX_ON_ORDERS)
+)
+OPERATIONS_ON_ORDERS = (
+    select(Operation)
+    .where(
+        Operation.tenant.in_(bindparam("tenants", expanding=True)),
+        Operation.params["order_id"].as_string().in_(bindparam("orders", expanding=True)),
+    )
+    .order_by(Operation.id)
+    .limit(MAX_ON_ORDERS)
 )
 BY_OP_ID = (
     select(Operation)
@@ -127,3 +157,57 @@ def operations_by(
         stmt = stmt.where(Operation.tenant.in_(bindparam("tenants", expanding=True)))
         params = {**params, "tenants": sorted(tenants)}
     return list(session.scalars(stmt, params))
+
+
+def waiting_proposals(
+    session: Session, *, tenants: Collection[str] | None, made_after: datetime, limit: int
+) -> tuple[list[Proposal], int]:
+    """The first ``limit`` proposals of ``tenants`` (None: all) waiting for a decision, oldest
+    first, and how many wait in all; only those made after ``made_after`` (the others have
+    expired, whether or not the sweeper has marked them yet)."""
+    young = Proposal.created_at > bindparam("made_after")
+    listed, counted = WAITING_PROPOSALS.where(young), WAITING_COUNT.where(young)
+    params: dict[str, Any] = {"limit": limit, "made_after": made_after}
+    if tenants is not None:
+        listed = listed.where(Proposal.tenant.in_(bindparam("tenants", expanding=True)))
+        counted = counted.where(Proposal.tenant.in_(bindparam("tenants", expanding=True)))
+        params["tenants"] = sorted(tenants)
+    rows = list(session.scalars(listed, params))
+    total = session.scalar(counted, {k: v for k, v in params.items() if k != "limit"}) or 0
+    return rows, total
+
+
+def proposal_by_id(
+    session: Session, proposal_id: int, *, tenants: Collection[str] | None
+) -> Proposal | None:
+    """Proposal ``proposal_id`` if it is of ``tenants`` (None: any); else None."""
+    stmt = PROPOSAL_BY_ID
+    params: dict[str, Any] = {"proposal_id": proposal_id}
+    if tenants is not None:
+        stmt = stmt.where(Proposal.tenant.in_(bindparam("tenants", expanding=True)))
+        params = {**params, "tenants": sorted(tenants)}
+    found: Proposal | None = session.scalars(stmt, params).one_or_none()
+    return found
+
+
+def on_orders(
+    session: Session, orders: Collection[tuple[str, str]]
+) -> tuple[list[Proposal], list[Operation]]:
+    """The proposals and the operations (of any kind, however made) on the orders
+    ``(tenant, order id)``, oldest first, at most ``MAX_ON_ORDERS`` of each."""
+    if not orders:
+        return [], []
+    wanted = set(orders)
+    params: dict[str, Any] = {
+        "tenants": sorted({t for t, _ in wanted}),
+        "orders": sorted({o for _, o in wanted}),
+    }
+    proposals = [
+        p for p in session.scalars(PROPOSALS_ON_ORDERS, params) if (p.tenant, p.order_ref) in wanted
+    ]
+    operations = [
+        op
+        for op in session.scalars(OPERATIONS_ON_ORDERS, params)
+        if (op.tenant, op.params.get("order_id")) in wanted
+    ]
+    return proposals, operations

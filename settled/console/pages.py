@@ -1,12 +1,13 @@
 """The console's pages: the review queue, an item (requery, resolve), find, one operation,
-the overview. Server-rendered with Jinja2 (autoescaped); every page needs a signed-in member
-of staff (``auth.current_user``) and every form POST its CSRF token (``auth.require_csrf``).
+the overview, and what AI agents proposed (approve, decline). Server-rendered with Jinja2
+(autoescaped); every page needs a signed-in member of staff (``auth.current_user``) and
+every form POST its CSRF token (``auth.require_csrf``).
 
 The rules live in the services (``reconciler.review``, ``reconciler.find``,
-``reconciler.overview``), the same ones the CLI uses: a page only shows what they return and
-the choices they allow, and a refused action is the service's refusal. A lost race or a
-contradiction is a message on the item's page; a viewer's action is a 403 page; another
-tenant's item or operation is a 404 page, like a missing one.
+``reconciler.overview``, ``reconciler.approvals``), the same ones the CLI uses: a page only
+shows what they return and the choices they allow, and a refused action is the service's
+refusal. A lost race or a contradiction is a message on the item's page; a viewer's action
+is a 403 page; another tenant's item, operation or proposal is a 404 page, like a missing one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.errors import Forbidden, InvalidInput, NotFound, ReviewConflict, SettledError
+from outbox.errors import (
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    ProposalConflict,
+    ReviewConflict,
+    SettledError,
+)
+from outbox.proposals import Proposals
+from reconciler.approvals import Approvals
 from reconciler.find import KEYS, Finder
 from reconciler.overview import Overview
 from reconciler.review import ReviewQueue
@@ -46,6 +56,7 @@ class ConsoleServices:
 
     sessions: sessionmaker[Session]
     make_review: Callable[[], ReviewQueue]
+    proposals: Proposals
     _review: ReviewQueue | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -63,6 +74,10 @@ class ConsoleServices:
     @property
     def overview(self) -> Overview:
         return Overview(self.sessions)
+
+    @property
+    def approvals(self) -> Approvals:
+        return Approvals(self.sessions, self.proposals)
 
 
 templates = Jinja2Templates(
@@ -268,3 +283,64 @@ def overview(request: Request, user: User) -> Response:
     minutes = figures["minutes"]
     drawn = chart([m.settled for m in minutes], [m.median_seconds for m in minutes])
     return render(request, user, "overview.html", figures=figures, chart=drawn)
+
+
+@router.get("/proposals")
+def proposals(request: Request, user: User) -> Response:
+    """The proposals AI agents made that wait for staff, oldest first, with what else is on
+    each one's order."""
+    waiting = _services(request).approvals.waiting(user.staff)
+    return render(request, user, "proposals.html", waiting=waiting)
+
+
+def _proposal_page(
+    request: Request, user: ConsoleUser, proposal_id: int, message: str | None = None
+) -> Response:
+    shown = _services(request).approvals.show(user.staff, proposal_id)
+    return render(request, user, "proposal.html", p=shown, message=message)
+
+
+@router.get("/proposals/{proposal_id}")
+def proposal(request: Request, user: User, proposal_id: int) -> Response:
+    """One proposal: its parameters, reason, what else is on its order, approve and decline."""
+    return _proposal_page(request, user, proposal_id)
+
+
+@router.post("/proposals/{proposal_id}/approve", dependencies=Csrf)
+def approve(request: Request, user: User, proposal_id: int) -> Response:
+    """Approve (``settled proposals approve``): the exact parameters become an operation."""
+    return _decide(request, user, proposal_id, "approve")
+
+
+@router.post("/proposals/{proposal_id}/decline", dependencies=Csrf)
+def decline(request: Request, user: User, proposal_id: int) -> Response:
+    """Decline (``settled proposals decline``): nothing is sent."""
+    return _decide(request, user, proposal_id, "decline")
+
+
+def _decide(request: Request, user: ConsoleUser, proposal_id: int, verb: str) -> Response:
+    approvals = _services(request).approvals
+    lang = _lang(request)
+    try:
+        if verb == "approve":
+            decision = approvals.approve(user.staff, proposal_id)
+        else:
+            decision = approvals.decline(user.staff, proposal_id)
+    except (InvalidInput, ProposalConflict) as exc:  # e.g. the parameters no longer match
+        message = translate(lang, "msg.refused", message=exc.message)
+        return _proposal_page(request, user, proposal_id, message)
+    p = decision.proposal
+    if not decision.won and not p["decided_by"]:
+        message = translate(
+            lang, "msg.no_longer_waiting", status=translate(lang, f"proposal.status.{p['status']}")
+        )
+    elif not decision.won:
+        message = translate(
+            lang, "msg.already_decided", by=formats.who(p["decided_by"]),
+            at=p["decided_at"] or "", status=translate(lang, f"proposal.status.{p['status']}"),
+        )  # fmt: skip
+    elif verb == "approve":
+        message = translate(lang, "msg.approved", op_id=p["op_id"])
+    else:
+        message = translate(lang, "msg.declined")
+    return _proposal_page(request, user, proposal_id, message)

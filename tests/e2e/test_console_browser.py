@@ -16,14 +16,18 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
+from outbox.models import Operation
 from reconciler.accounts import create_account
+from tests.support.agents import REFUND, call, converse, server
 from tests.support.rig import HOLD, Rig
 from tests.support.services import free_port
 from tests.support.simtools import wait_until
@@ -228,3 +232,45 @@ def test_a_viewer_sees_no_action_and_a_forged_post_is_refused(
     assert page.request.post(f"{console}/console/review/{item}/resolve", form=resolve).status == 403
     assert rig.op(op).state == "unknown"
     assert rig.reviews(op)[0].resolved_at is None
+
+
+def test_support_approves_what_an_agent_proposed_and_sees_the_operation(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    first = rig.enqueue("op-first")  # an earlier refund on the order, already paid
+    rig.executor().execute([first])
+    handles: list[str] = []
+
+    async def model(client: Any) -> None:  # a client without elicitation: it waits for staff
+        got = await call(client, "request_refund", **{**REFUND, "amount_minor": 5000})
+        assert got["error"]["kind"] == "pending"
+        handles.append(got["error"]["handle"])
+
+    with ThreadPoolExecutor(1) as other:  # Playwright's sync API runs an event loop here
+        other.submit(converse, server(rig), model).result(timeout=60)
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, console, "ann")
+
+    page.get_by_role("link", name="Agent proposals").click()
+    row = page.locator("#proposals > tbody > tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("50.00 CNY")
+    expect(row).to_contain_text("op-first")  # the earlier refund, on the list already
+    shot(page, "proposals")
+    row.get_by_role("link", name=re.compile(r"^#\d+$")).click()
+    expect(page.locator("#not-first")).to_contain_text("already has 1 operation(s)")
+    expect(page.locator("#on-order")).to_contain_text("100.00 CNY")
+    shot(page, "proposal")
+    page.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("status")).to_contain_text("Approved: operation op_")
+    expect(page.locator("#decided")).to_contain_text("Approved by ann at")
+
+    page.locator("#decided a").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text("of acme")
+    with rig.sessions() as s:
+        (op,) = s.scalars(select(Operation).where(Operation.op_id != "op-first"))
+    expect(page.get_by_role("heading", level=1)).to_contain_text(op.op_id)
+    rig.executor().execute([op.id])
+    page.reload()
+    expect(page.locator("#status")).to_contain_text("Done")
+    assert rig.control.refunded("acme", "A1042") == 15000  # the first, and the approved second

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,8 @@ TERMINAL = {"succeeded", "rejected", "cancelled"}
 class App:
     """The backend app: intake in its own transaction, hints published after commit."""
 
-    def __init__(self, stack: Stack, engine: Engine, outbox: Outbox) -> None:
-        self.celery = create_app(stack.settings())
+    def __init__(self, stack: Stack, engine: Engine, outbox: Outbox, **settings: Any) -> None:
+        self.celery = create_app(stack.settings().model_copy(update=settings))
         self.publish = hint_publisher(self.celery)
         self.sessions = sessionmaker(engine, expire_on_commit=False)
         relay.install(self.sessions, self.publish)
@@ -463,3 +464,33 @@ def test_paused_worker_cannot_overwrite_the_newer_claims_result(
     assert events[-1].to_state == "succeeded"
     assert sim_control.effects("acme", key) == 1
     assert sim_control.requests("acme", key) == 1
+
+
+def test_with_the_doorbell_a_backlog_of_one_op_commits_is_worked_from_two_hints(
+    stack: Stack, pg: Engine, outbox: Outbox, broker_url: str, sim_control: SimulatorControl
+) -> None:
+    """120 transactions of one operation each publish two doorbell hints (the limit); the
+    worker, with no beat and so no sweeper, claims 4 at a time and rings again after each full
+    claim: every operation is worked, once. Without the ringing again it would stop at 8."""
+    # Rings last 30 s on the app's side: none ages out while the backlog is committed.
+    app = App(stack, pg, outbox, hint_doorbell=2, claim_batch=4, sweep_seconds=30)
+    client = redis.Redis.from_url(broker_url)
+    try:
+        ids = [op for n in range(120) for op in app.enqueue(1, prefix=f"one-{n}")]
+        messages = [json.loads(m) for m in client.lrange("settled", 0, -1)]
+        carried = [json.loads(base64.b64decode(m["body"]))[0][0] for m in messages]
+        assert carried == [[], []]
+        stack.start_worker(
+            pool="prefork", concurrency=2, SETTLED_HINT_DOORBELL="2", SETTLED_CLAIM_BATCH="4"
+        )
+        assert set(wait_settled(app, stack, ids).values()) == {"succeeded"}
+        assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 120
+        # Then producers in threads commit while the worker works: none is left behind.
+        with ThreadPoolExecutor(8) as pool:
+            more = list(pool.map(lambda n: app.enqueue(1, prefix=f"live-{n}")[0], range(80)))
+        assert set(wait_settled(app, stack, more).values()) == {"succeeded"}
+        assert assert_at_most_one_effect(app, sim_control, more) == [1] * 80
+        check_truthful(app.sessions, sim_control)
+    finally:
+        client.close()
+        app.close()

@@ -125,6 +125,23 @@ def test_hints_for_operations_a_batch_already_took_send_nothing(rig: Rig) -> Non
     assert [rig.sends(i) for i in ids] == [1, 1, 1]
 
 
+def test_a_doorbell_hint_claims_the_oldest_due_and_rings_again_only_when_full(rig: Rig) -> None:
+    ids = enqueue_many(rig, 5)
+    executor = rig.executor(batch_extra=3)
+    calls: list[list[int]] = []
+
+    def when_full() -> None:  # called after the claim committed, before any send
+        calls.append([rig.sends(i) for i in ids])
+
+    assert executor.execute([], when_full=when_full) == dict.fromkeys(ids[:3], State.SUCCEEDED)
+    assert calls == [[0, 0, 0, 0, 0]]
+    assert executor.execute([], when_full=when_full) == dict.fromkeys(ids[3:], State.SUCCEEDED)
+    assert len(calls) == 1  # two of three: nothing due is left behind
+    assert executor.execute([ids[0]], when_full=when_full) == {}  # a hint with ids never rings
+    assert len(calls) == 1
+    assert [rig.sends(i) for i in ids] == [1] * 5
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("engine", ["postgresql"], indirect=True)  # backend pids: PostgreSQL
 def test_a_dead_pooled_connection_costs_one_retry_not_the_operation(

@@ -11,83 +11,22 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from typing import Any
 
-import anyio
 from mcp import Client
-from mcp.server.mcpserver import MCPServer
-from mcp_types import ElicitResult
-from sqlalchemy import select
 
-from outbox.models import Operation, Proposal
 from outbox.proposals import Proposals
-from settled.mcp_server import AgentDesk, build_server
+from tests.support.agents import (
+    REFUND,
+    Human,
+    call,
+    converse,
+    execute_all,
+    operations,
+    proposals,
+    server,
+)
 from tests.support.rig import HOLD, Rig
-
-REFUND = {
-    "order_id": "A1042",
-    "amount_minor": 10000,
-    "currency": "CNY",
-    "payee": "P-7",
-    "reason": "parcel lost",
-}
-
-
-class Human:
-    """The person in the client: answers approval prompts from a script, keeps the prompts."""
-
-    def __init__(self, *answers: tuple[str, bool | None]) -> None:
-        self.answers = list(answers)
-        self.prompts: list[str] = []
-
-    async def __call__(self, context: Any, params: Any) -> ElicitResult:
-        self.prompts.append(params.message)
-        action, approve = self.answers.pop(0)
-        content = {"approve": approve} if action == "accept" else None
-        return ElicitResult(action=action, content=content)
-
-
-def server(rig: Rig, limits: dict[str, int] | None = None, tenant: str = "acme") -> MCPServer:
-    proposals = Proposals(rig.outbox, timedelta(hours=1))
-    return build_server(AgentDesk(rig.sessions, proposals, limits or {}, tenant=tenant))
-
-
-Model = Callable[[Client], Awaitable[None]]
-
-
-def converse(srv: MCPServer, model: Model, human: Human | None = None) -> None:
-    """Run the scripted ``model`` against ``srv`` through the SDK's client, in-process."""
-
-    async def main() -> None:
-        async with Client(srv, mode="legacy", elicitation_callback=human) as client:
-            await model(client)
-
-    anyio.run(main)
-
-
-async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    """A tool call's structured answer; errors as ``{"error": {...}}`` with is_error set."""
-    result = await client.call_tool(tool, arguments)
-    data = result.structured_content
-    assert isinstance(data, dict)
-    assert result.is_error == ("error" in data)
-    return data
-
-
-def operations(rig: Rig) -> list[Operation]:
-    with rig.sessions() as s:
-        return list(s.scalars(select(Operation).order_by(Operation.id)))
-
-
-def proposals(rig: Rig) -> list[Proposal]:
-    with rig.sessions() as s:
-        return list(s.scalars(select(Proposal).order_by(Proposal.id)))
-
-
-def execute_all(rig: Rig) -> None:
-    rig.executor().execute([op.id for op in operations(rig)])
 
 
 def test_a_regenerated_request_after_a_timeout_is_answered_with_the_first(rig: Rig) -> None:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine, func, select, text
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import Outbox
 from outbox.models import Proposal
 from outbox.proposals import Proposals, Proposed
 from tests.support.rig import GOOD
+from workers.sweeper import expire_proposals
 
 
 def _propose(proposals: Proposals, session: Session, call: str) -> Proposed:
@@ -64,3 +65,37 @@ def test_two_identical_requests_at_once_make_one_proposal(engine: Engine, outbox
     assert again == handle
     with Session(engine) as s:
         assert s.scalar(select(func.count()).select_from(Proposal)) == 1
+
+
+def test_the_sweepers_expiry_marks_only_undecided_proposals_past_their_time_to_live(
+    engine: Engine, outbox: Outbox
+) -> None:
+    proposals = Proposals(outbox, timedelta(hours=1), ttl=timedelta(minutes=30))
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    handles = {}
+    with sessions.begin() as s:
+        for order in ("old", "young", "approved", "declined"):
+            params = {**GOOD, "order_id": order}
+            got = proposals.propose(s, tenant="acme", kind="refund", params=params, reason="r")
+            handles[order] = got.proposal.handle
+        proposals.approve(s, "acme", handles["approved"], by="staff:mei")
+        proposals.decline(s, "acme", handles["declined"], by="staff:mei")
+    with sessions.begin() as s:
+        long_ago = datetime.now(UTC) - timedelta(hours=2)
+        aged = ("old", "approved", "declined")
+        s.execute(
+            update(Proposal)
+            .where(Proposal.handle.in_([handles[o] for o in aged]))
+            .values(created_at=long_ago)
+        )
+    assert expire_proposals(sessions, proposals.ttl) == 1
+    assert expire_proposals(sessions, proposals.ttl) == 0  # once only
+    with sessions() as s:
+        status = {o: proposals.find(s, "acme", h).status for o, h in handles.items()}
+        assert [p.handle for p in proposals.waiting(s)] == [handles["young"]]
+    assert status == {
+        "old": "expired",
+        "young": "proposed",
+        "approved": "approved",
+        "declined": "declined",
+    }

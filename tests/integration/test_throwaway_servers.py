@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,10 +61,20 @@ def path_without_server_binaries() -> str:
     )
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder with a short path: pgserver's socket lives under it, and a Unix socket's path
+    is at most 107 bytes (pytest's ``tmp_path`` is longer under pytest-xdist)."""
+    folder = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.slow
 def test_without_system_servers_the_wheels_give_a_migrated_database_and_a_redis(
-    tmp_path: Path,
+    short_tmp: Path,
 ) -> None:
+    tmp_path = short_tmp
     path = path_without_server_binaries()
     env = {
         k: v

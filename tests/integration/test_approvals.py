@@ -1,0 +1,88 @@
+"""``reconciler.approvals``, the staff's side of agent proposals, on PostgreSQL and SQLite: the
+tenant limit applied in the SQL, everything else on the order, the roles, and a decision
+somebody made first. The pages over it: ``test_console_proposals.py``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from outbox.errors import Forbidden, NotFound
+from outbox.models import Operation
+from outbox.proposals import Proposals
+from reconciler.approvals import Approvals
+from reconciler.staff import Staff
+from tests.support.rig import GOOD, Rig
+
+ANN = Staff.parse("ann", "support")
+BOB = Staff.parse("bob", "supervisor")
+VERA = Staff.parse("vera", "viewer")
+GIL = Staff("gil", BOB.role, frozenset({"globex"}))
+
+
+def approvals_and_two_tenants(rig: Rig) -> tuple[Approvals, int, int]:
+    """An acme refund already on order A1042, and a proposal of acme and of globex on it."""
+    service = Proposals(rig.outbox, timedelta(hours=1))
+    rig.enqueue("op-acme")
+    ids = []
+    with rig.sessions.begin() as s:
+        for tenant in ("acme", "globex"):
+            got = service.propose(
+                s, tenant=tenant, kind="refund", params={**GOOD, "amount_minor": 5000},
+                reason="second parcel lost",
+            )  # fmt: skip
+            ids.append(got.proposal.id)
+    return Approvals(rig.sessions, service), ids[0], ids[1]
+
+
+def op_ids(rig: Rig) -> list[str]:
+    with rig.sessions() as s:
+        return list(s.scalars(select(Operation.op_id).order_by(Operation.id)))
+
+
+def test_a_limited_member_sees_only_their_tenants_proposals_and_orders(rig: Rig) -> None:
+    approvals, acme, globex = approvals_and_two_tenants(rig)
+    everything = approvals.waiting(BOB)
+    assert [p["id"] for p in everything["items"]] == [acme, globex] and everything["total"] == 2
+    assert [op["op_id"] for op in everything["items"][0]["operations"]] == ["op-acme"]
+    assert everything["items"][1]["operations"] == []  # acme's refund is not globex's order
+    limited = approvals.waiting(GIL)
+    assert [p["id"] for p in limited["items"]] == [globex] and limited["total"] == 1
+    with pytest.raises(NotFound):
+        approvals.show(GIL, acme)
+    with pytest.raises(NotFound):
+        approvals.approve(GIL, acme)
+    shown = approvals.show(ANN, acme)
+    assert (shown["amount_minor"], shown["payee"], shown["reason"]) == (
+        5000,
+        "P-7",
+        "second parcel lost",
+    )
+    assert [op["op_id"] for op in shown["operations"]] == ["op-acme"]
+    assert shown["other_proposals"] == []
+    assert op_ids(rig) == ["op-acme"]
+
+
+def test_a_viewer_may_not_decide(rig: Rig) -> None:
+    approvals, acme, _ = approvals_and_two_tenants(rig)
+    for decide in (approvals.approve, approvals.decline):
+        with pytest.raises(Forbidden):
+            decide(VERA, acme)
+    assert approvals.show(ANN, acme)["status"] == "proposed" and op_ids(rig) == ["op-acme"]
+
+
+def test_the_first_decision_wins_and_the_second_is_told_who_made_it(rig: Rig) -> None:
+    approvals, acme, globex = approvals_and_two_tenants(rig)
+    first = approvals.approve(ANN, acme)
+    assert first.won and first.proposal["decided_by"] == "staff:ann"
+    assert op_ids(rig) == ["op-acme", first.proposal["op_id"]]
+    for late in (approvals.approve(BOB, acme), approvals.decline(BOB, acme)):
+        assert not late.won
+        assert (late.proposal["status"], late.proposal["decided_by"]) == ("approved", "staff:ann")
+    assert len(op_ids(rig)) == 2
+    # globex's proposal on the same order id shows nothing of acme's
+    assert approvals.show(BOB, globex)["other_proposals"] == []
+    declined = approvals.decline(GIL, globex)
+    assert declined.won and declined.proposal["op_id"] is None and len(op_ids(rig)) == 2
