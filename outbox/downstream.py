@@ -174,6 +174,8 @@ class Addressed(Protocol):
     @property
     def tenant(self) -> str: ...
     @property
+    def op_id(self) -> str: ...
+    @property
     def idempotency_key(self) -> str: ...
     @property
     def params(self) -> Mapping[str, Any]: ...
@@ -193,12 +195,16 @@ class Gateway(Protocol):
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
         deadline: Deadline | datetime,
     ) -> SubmitOutcome:
         """Send one attempt; never retries; never spends past ``deadline``.
+
+        ``op_id`` is the operation's identity with ``tenant``; a gateway may name it to the
+        downstream (the Stripe gateway's metadata) or ignore it (the key is derived from it).
 
         Nothing may leave after ``deadline``: a send that cannot start in time is ``NotSent``.
         A ``datetime`` is a deadline on this process's wall clock.
@@ -209,12 +215,14 @@ class Gateway(Protocol):
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
         deadline: Deadline | datetime,
     ) -> LookupOutcome:
-        """Ask what happened to ``idempotency_key``; the receipt is checked against ``params``."""
+        """Ask what happened to the operation (``tenant``, ``op_id``) sent with
+        ``idempotency_key``; the receipt is checked against ``params``."""
         ...
 
 
@@ -240,6 +248,7 @@ def look_up(
     """Ask the downstream about an operation, within ``deadline``."""
     return gateway.lookup(
         tenant=claimed.tenant,
+        op_id=claimed.op_id,
         kind=kind,
         idempotency_key=claimed.idempotency_key,
         params=claimed.params,

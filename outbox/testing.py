@@ -60,6 +60,7 @@ class Call:
 
     method: Literal["submit", "lookup"]
     tenant: str
+    op_id: str
     kind: str  # the kind's name
     idempotency_key: str
     params: Mapping[str, Any]
@@ -139,6 +140,7 @@ class FakeGateway:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -148,7 +150,16 @@ class FakeGateway:
         with self._lock:
             outcome = self._submit(tenant, idempotency_key, params, deadline)
             self.calls.append(
-                Call("submit", tenant, kind.name, idempotency_key, dict(params), deadline, outcome)
+                Call(
+                    "submit",
+                    tenant,
+                    op_id,
+                    kind.name,
+                    idempotency_key,
+                    dict(params),
+                    deadline,
+                    outcome,
+                )
             )
             return outcome
 
@@ -156,6 +167,7 @@ class FakeGateway:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -165,7 +177,16 @@ class FakeGateway:
         with self._lock:
             outcome = self._lookup(tenant, idempotency_key, params, deadline)
             self.calls.append(
-                Call("lookup", tenant, kind.name, idempotency_key, dict(params), deadline, outcome)
+                Call(
+                    "lookup",
+                    tenant,
+                    op_id,
+                    kind.name,
+                    idempotency_key,
+                    dict(params),
+                    deadline,
+                    outcome,
+                )
             )
             return outcome
 

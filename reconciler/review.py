@@ -270,6 +270,7 @@ class ReviewQueue:
             return None
         result: LookupOutcome = self.gateway.lookup(
             tenant=snapshot["tenant"],
+            op_id=snapshot["op_id"],
             kind=kind,
             idempotency_key=snapshot["idempotency_key"],
             params=snapshot["params"],

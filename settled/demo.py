@@ -202,9 +202,11 @@ class Demo:
         with self.rt.sessions.begin() as s:
             stopped = cancel_run(s, TENANT, handle, actor="user")
         self.say(f"  stop pressed: {len(stopped.cancelled_ids)} planned refund(s) cancelled")
-        self.control.release_holds()
+        # The report as the user sees it on pressing stop, before the held refund may finish
+        # (released first, a quick worker could settle it before the report is read).
         with self.rt.sessions() as s:
             self.echo(_indent(render(run_report(s, TENANT, handle), self.lang)))
+        self.control.release_holds()
         self.show(self.wait_state(held, *TERMINAL), "the refund in flight, settled later")
 
     def after_sales(self) -> None:
@@ -339,6 +341,9 @@ def run_demo(
         stripe_api_base=sim.url + "/stripe",
     )
     echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")
+    if stripe:
+        mode = f"{sim.url}/stripe"
+        echo(f"Refunds go through the Stripe gateway to the simulator's Stripe mode: {mode}")
     try:
         upgrade(db_url)
         rt = build_runtime(settings)

@@ -225,6 +225,7 @@ class Executor:
         else:
             outcome = self.gateway.submit(
                 tenant=claimed.tenant,
+                op_id=claimed.op_id,
                 kind=kind,
                 idempotency_key=claimed.idempotency_key,
                 params=claimed.params,

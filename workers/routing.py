@@ -27,6 +27,7 @@ class GatewayByKind:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -34,6 +35,7 @@ class GatewayByKind:
     ) -> SubmitOutcome:
         return self.of(kind).submit(
             tenant=tenant,
+            op_id=op_id,
             kind=kind,
             idempotency_key=idempotency_key,
             params=params,
@@ -44,6 +46,7 @@ class GatewayByKind:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -51,6 +54,7 @@ class GatewayByKind:
     ) -> LookupOutcome:
         return self.of(kind).lookup(
             tenant=tenant,
+            op_id=op_id,
             kind=kind,
             idempotency_key=idempotency_key,
             params=params,

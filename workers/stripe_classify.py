@@ -31,8 +31,10 @@ from outbox.downstream import (
 from outbox.retry import parse_retry_after
 from outbox.states import RejectReason
 
-#: Metadata names the gateway writes on every refund (and finds its refunds by).
+#: Metadata names the gateway writes on every refund: it finds its refunds by the tenant and
+#: the op id (the operation's identity); the key is checked where a refund echoes it.
 TENANT_FIELD = "settled_tenant"
+OP_ID_FIELD = "settled_op_id"
 KEY_FIELD = "settled_idempotency_key"
 PAYEE_FIELD = "payee"
 
@@ -53,8 +55,16 @@ BUSINESS_CODES = frozenset(
 )
 #: Nothing left the client: the request provably never reached Stripe.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-#: Refund statuses that are a refund Stripe has taken on (``pending`` settles later).
-ACCEPTED_STATUSES = frozenset({"succeeded", "pending", "requires_action"})
+#: What a refund's ``status`` proves. ``succeeded``: the money went back (done). ``failed``
+#: (the refund could not be made; the amount went back to the balance) and ``canceled``: not
+#: done, for good. ``pending`` and ``requires_action``: Stripe took the refund on but has not
+#: made it yet, and it may still fail: not done yet, not failed either (uncertain, looked up
+#: again until it settles). Any other status is not read as proof of anything.
+DONE_STATUSES = frozenset({"succeeded"})
+NOT_DONE_STATUSES = frozenset({"failed", "canceled"})
+PENDING_STATUSES = frozenset({"pending", "requires_action"})
+#: ``Receipt.status`` of a refund not settled yet (never stored: it settles nothing).
+PENDING = "pending"
 
 
 def classify_error(error: stripe.StripeError, *, now: datetime) -> SubmitOutcome:
@@ -115,7 +125,14 @@ def receipt_of(refund: Mapping[str, Any]) -> Receipt | None:
         "currency": currency.upper(),
         "payee": metadata.get(PAYEE_FIELD),
     }
-    verdict = "succeeded" if status in ACCEPTED_STATUSES else "rejected"
+    if status in DONE_STATUSES:
+        verdict = "succeeded"
+    elif status in NOT_DONE_STATUSES:
+        verdict = "rejected"
+    elif status in PENDING_STATUSES:
+        verdict = PENDING
+    else:
+        return None
     return Receipt(reference=reference, status=verdict, params=params, raw=dict(refund))
 
 
@@ -142,6 +159,9 @@ def classify_refund(
     wrong = misfit(receipt, params, key)
     if wrong is not None:
         return Misuse(wrong, f"the refund does not fit the intent ({wrong})", 200)
+    if receipt.status == PENDING:
+        # Taken on, not made yet: the reconciler looks it up until it settles.
+        return Unknown(f"the refund is {refund.get('status')} at Stripe", 200)
     if receipt.status != "succeeded":
         return Refused(RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}", 200)
     return Accepted(receipt)

@@ -9,9 +9,9 @@ request per call, and the httpx error of a failed request stays chained as the S
 cause, so a connection error is split by phase (nothing sent vs maybe sent).
 
 A refund is created with the stored idempotency key as Stripe's ``Idempotency-Key`` and the
-tenant, the key and the payee in ``metadata``; the refund intent's ``order_id`` is the Stripe
-PaymentIntent. A lookup never sends again: it lists the payment intent's refunds and finds
-the one whose metadata names the key.
+tenant, the op id, the key and the payee in ``metadata``; the refund intent's ``order_id`` is
+the Stripe PaymentIntent. A lookup never sends again: it lists the payment intent's refunds and
+finds the one whose metadata names the operation (tenant and op id).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ from outbox.kinds import Kind
 from outbox.states import RejectReason
 from workers.stripe_classify import (
     KEY_FIELD,
+    OP_ID_FIELD,
     PAYEE_FIELD,
+    PENDING,
     TENANT_FIELD,
     classify_error,
     classify_refund,
@@ -55,7 +57,8 @@ log = logging.getLogger(__name__)
 API_VERSION = "2026-10-28.endive"
 #: Stripe's API (its test mode too: a ``sk_test_`` key selects it).
 DEFAULT_API_BASE = "https://api.stripe.com"
-#: The most refunds one lookup reads for a payment intent (one page).
+#: Refunds per page of a lookup's list (Stripe's largest page); a lookup reads the pages
+#: one after another until it finds the operation, the list ends, or its deadline passes.
 LIST_LIMIT = 100
 
 
@@ -132,6 +135,7 @@ class StripeGateway:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -151,6 +155,7 @@ class StripeGateway:
             "amount": params["amount_minor"],
             "metadata": {
                 TENANT_FIELD: tenant,
+                OP_ID_FIELD: op_id,
                 KEY_FIELD: idempotency_key,
                 PAYEE_FIELD: params["payee"],
             },
@@ -172,29 +177,42 @@ class StripeGateway:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
         deadline: Deadline | datetime,
     ) -> LookupOutcome:
-        """Find the refund among the payment intent's refunds by the key in its metadata."""
+        """Find the refund among the payment intent's refunds by the operation in its metadata."""
         client = self._clients.get(tenant)
         if client is None:
             return Unavailable("no Stripe key configured for the tenant")
         until = self._within(deadline)
         if until.left() <= 0:
             return Unavailable("deadline passed before sending")
-        query = {"payment_intent": params["order_id"], "limit": LIST_LIMIT}
-        try:
-            page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
-        except stripe.StripeError as exc:
-            log.info(
-                "stripe lookup unavailable",
-                extra={"tenant": tenant, "key": idempotency_key, "error": type(exc).__name__},
-            )
-            return Unavailable(f"listing refunds failed ({type(exc).__name__})")
-        listed = page.to_dict()
-        return _find(listed, params, idempotency_key)
+        query: dict[str, Any] = {"payment_intent": params["order_id"], "limit": LIST_LIMIT}
+        while True:
+            try:
+                page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
+            except stripe.StripeError as exc:
+                log.info(
+                    "stripe lookup unavailable",
+                    extra={"tenant": tenant, "key": idempotency_key, "error": type(exc).__name__},
+                )
+                return Unavailable(f"listing refunds failed ({type(exc).__name__})")
+            listed = page.to_dict()
+            found = _find(listed, tenant, op_id, params, idempotency_key)
+            if found is not None:
+                return found
+            if not listed.get("has_more"):
+                return NotFound()
+            # Not on this page is not "not found": read the next, while the deadline lasts.
+            last = _last_id(listed)
+            if last is None or last == query.get("starting_after"):
+                return Unavailable("the refunds list has more but does not page on")
+            if until.left() <= 0:
+                return Unavailable("deadline passed before the last page of refunds")
+            query["starting_after"] = last
 
     def _within(self, deadline: Deadline | datetime) -> Deadline:
         if isinstance(deadline, datetime):  # on this process's wall clock
@@ -204,28 +222,44 @@ class StripeGateway:
         return until
 
 
-def _find(listed: Mapping[str, Any], params: Mapping[str, Any], key: str) -> LookupOutcome:
-    """The lookup's answer from one page of a payment intent's refunds."""
+def _find(
+    listed: Mapping[str, Any], tenant: str, op_id: str, params: Mapping[str, Any], key: str
+) -> LookupOutcome | None:
+    """The lookup's answer from one page of a payment intent's refunds: the refund whose
+    metadata names the operation (tenant and op id), checked against the intent and the key;
+    None where it is not on the page."""
     refunds = listed.get("data")
     if not isinstance(refunds, list):
         return Unavailable("the refunds list is not readable")
     for refund in refunds:
         metadata = refund.get("metadata") if isinstance(refund, dict) else None
-        if not isinstance(metadata, dict) or metadata.get(KEY_FIELD) != key:
+        if not isinstance(metadata, dict):
+            continue
+        if metadata.get(TENANT_FIELD) != tenant or metadata.get(OP_ID_FIELD) != op_id:
             continue
         receipt = receipt_of(refund)
         if receipt is None:
             return Unavailable("the refund is not readable")
         wrong = misfit(receipt, params, key)
         if wrong is not None:
-            ours = wrong == "receipt_mismatch"
+            # Ours but different: what the downstream did, unless it is not settled yet.
+            usable = wrong == "receipt_mismatch" and receipt.status != PENDING
             return LookupMisuse(
-                wrong, "the refund does not match the intent", receipt if ours else None
+                wrong, "the refund does not match the intent", receipt if usable else None
             )
+        if receipt.status == PENDING:
+            # Not made yet and it may still fail: uncertain until Stripe settles it.
+            return Unavailable(f"the refund is {refund.get('status')} at Stripe")
         if receipt.status == "succeeded":
             return Found(receipt)
         return Found(receipt, RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}")
-    if listed.get("has_more"):
-        # Not on the first page is not "not found": the answer is unknown.
-        return Unavailable("more refunds than one page; the key was not on the first")
-    return NotFound()
+    return None
+
+
+def _last_id(listed: Mapping[str, Any]) -> str | None:
+    """The id of a page's last refund (the next page starts after it); None if unreadable."""
+    refunds = listed.get("data")
+    if not isinstance(refunds, list) or not refunds or not isinstance(refunds[-1], dict):
+        return None
+    last = refunds[-1].get("id")
+    return last if isinstance(last, str) else None

@@ -43,6 +43,7 @@ def _sim_client(url: str, start_at: float, n: int, prefix: str) -> tuple[float, 
         for i in range(n):
             gateway.submit(
                 tenant=TENANT,
+                op_id=f"{prefix}-{i}",
                 kind=kind,
                 idempotency_key=f"{prefix}-{i}",
                 params=PARAMS,

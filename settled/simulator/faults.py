@@ -20,6 +20,7 @@ class Fault(enum.StrEnum):
     UNAVAILABLE_BEFORE = "503_before"  # 503 not_processed, nothing saved
     UNAVAILABLE_AFTER_COMMIT = "503_after_commit"  # execute, answer 503 (saved, replayed)
     RATE_LIMITED = "429"  # 429 with Retry-After, before the idempotency layer
+    FORBIDDEN = "403"  # 403 permission_error (a key not allowed to do this), nothing saved
     BUSINESS_REJECT = "business_reject"  # execute as a business refusal (saved, replayed)
     MISMATCHED_RECEIPT = "mismatched_receipt"  # execute; the receipt echoes a wrong field
     HOLD_BEFORE_COMMIT = "hold_before_commit"  # key in flight, held before executing

@@ -1,6 +1,7 @@
 """What the fault drawn for a request does to it, phase by phase (README.md, "Faults").
 
-- before the idempotency layer, saving nothing: ``429``, ``503_before``, ``reset_before``;
+- before the idempotency layer, saving nothing: ``429``, ``403``, ``503_before``,
+  ``reset_before``;
 - with the key in flight, before executing: ``hold_before_commit``;
 - in the execution, saved and replayed: ``business_reject``, ``mismatched_receipt``,
   ``503_after_commit``;
@@ -24,6 +25,8 @@ from settled.simulator.messages import Answer, Connection, Response, error
 from settled.simulator.state import Simulator
 
 DEFAULT_HOLD_SECONDS = 30.0
+#: ``code`` of the ``403`` fault's permission error.
+PERMISSION_DENIED = "permission_denied"
 
 _UNSCRIPTED = Scripted()
 
@@ -39,7 +42,8 @@ class Injection:
         self.rule = rule
 
     def before_idempotency(self) -> None:
-        """``429``, ``503_before``: answer at once; ``reset_before``: reset. Nothing is saved."""
+        """``429``, ``403``, ``503_before``: answer at once; ``reset_before``: reset. Nothing is
+        saved."""
         rule = self.rule
         if rule is None:
             return
@@ -53,6 +57,11 @@ class Injection:
                     "too many requests",
                     {wire.RETRY_AFTER: rule.retry_after or "1"},
                 )
+            )
+        if rule.fault is Fault.FORBIDDEN:
+            self._sim.note_injected(rule.fault)
+            raise Answer(
+                error(403, wire.PERMISSION_ERROR, PERMISSION_DENIED, "this key may not do this")
             )
         if rule.fault is Fault.UNAVAILABLE_BEFORE:
             self._sim.note_injected(rule.fault)

@@ -86,9 +86,11 @@ def create_refund(sim: Simulator, request: Request, connection: Connection) -> R
 
 
 def list_refunds(sim: Simulator, request: Request, connection: Connection) -> Response:
-    """``GET /v1/refunds?payment_intent=...``: the intent's refunds, newest first.
+    """``GET /v1/refunds?payment_intent=...``: the intent's refunds, newest first, a page at a
+    time as Stripe pages them (``limit`` 1-100, default 10; ``starting_after`` the last refund
+    id of the page before; ``has_more`` where more follow).
 
-    The list is a lookup of every key it could show (each saved refund on the intent, the
+    Every page is a lookup of every key it could show (each saved refund on the intent, the
     intent itself where there is none): each is counted as a lookup request, and the first
     ``lookup_unavailable`` fault drawn for any of them answers 503. Refunds are listed for as
     long as the ledger holds them (the key retention does not apply; the visibility delay does).
@@ -96,6 +98,9 @@ def list_refunds(sim: Simulator, request: Request, connection: Connection) -> Re
     tenant = authenticate(sim, request)
     query = dict(parse_qsl(request.query))
     intent = query.get("payment_intent") or query.get("charge") or ""
+    limit = _limit(query.get("limit"))
+    if limit is None:
+        return _invalid("parameter_invalid_integer", "limit")
     saved = [
         (created, outcome)
         for created, outcome in sim.ledger.outcomes(tenant)
@@ -106,14 +111,39 @@ def list_refunds(sim: Simulator, request: Request, connection: Connection) -> Re
         number = sim.count_request("lookup", tenant, key, None)
         rule = sim.faults.pick("lookup", tenant, _REFUND.name, key, number)
         Injection(sim, rule, connection).on_lookup()
-    refunds = [
-        refund_object(outcome)
-        for created, outcome in saved
-        if outcome.get("status") == "succeeded"
-        and sim.now() - created >= sim.switches.lookup_visibility_delay
-    ]
-    body = {"object": "list", "url": "/v1/refunds", "has_more": False, "data": refunds}
+    visible = sorted(
+        (
+            (created, outcome)
+            for created, outcome in saved
+            if outcome.get("status") == "succeeded"
+            and sim.now() - created >= sim.switches.lookup_visibility_delay
+        ),
+        key=lambda shown: (-shown[0], str(shown[1]["id"])),  # newest first, ties by id
+    )
+    refunds = [refund_object(outcome) for _, outcome in visible]
+    after = query.get("starting_after")
+    if after is not None:
+        ids = [refund["id"] for refund in refunds]
+        if after not in ids:
+            return _invalid("resource_missing", "starting_after")
+        refunds = refunds[ids.index(after) + 1 :]
+    page, has_more = refunds[:limit], len(refunds) > limit
+    body = {"object": "list", "url": "/v1/refunds", "has_more": has_more, "data": page}
     return Response(200, body, {})
+
+
+def _limit(text: str | None) -> int | None:
+    """A list's ``limit``: Stripe's 1 to 100, 10 when absent (None: not one)."""
+    if text is None:
+        return 10
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 100:
+        return None
+    return int(text)
+
+
+def _invalid(code: str, param: str) -> Response:
+    """Stripe's 400 for a request parameter (answered as is: no ``as_stripe`` mapping)."""
+    return stripe_error(400, "invalid_request_error", code, param, param=param)
 
 
 def _intent(sim: Simulator, tenant: str, form: Mapping[str, str]) -> dict[str, Any]:
@@ -172,6 +202,10 @@ def as_stripe(response: Response) -> Response:
         return stripe_error(status, "invalid_request_error", stripe_code, code, headers, param)
     if error.get("type") == wire.IDEMPOTENCY_ERROR:
         return stripe_error(response.status, "idempotency_error", code, code, headers)
+    if error.get("type") == wire.PERMISSION_ERROR:
+        # A restricted key without the permission: Stripe's 403 has no code.
+        message = "the key does not have the required permissions for this request"
+        return stripe_error(403, "invalid_request_error", "", message, headers)
     kind = "api_error" if response.status >= 500 else "invalid_request_error"
     return stripe_error(response.status, kind, _CODES.get(code, code), code, headers)
 

@@ -4,7 +4,7 @@
 1. authenticate (401);
 2. require an ``Idempotency-Key`` (400);
 3. count the request and draw a fault (rules first, then the seeded schedule);
-4. the faults before the idempotency layer: ``429``, ``503_before``, ``reset_before``;
+4. the faults before the idempotency layer: ``429``, ``403``, ``503_before``, ``reset_before``;
 5. validate the body as an intent of the kind (400);
 6. the idempotency layer: replay, ``idempotency_key_reused``, ``409 idempotency_key_in_use``;
    else mark the key in flight (``hold_before_commit`` holds here);

@@ -190,6 +190,17 @@ def test_wrong_api_key_is_permission_denied_and_never_retried(rig: Rig) -> None:
     assert (rig.op(op_id).state, rig.op(op_id).reason) == ("rejected", "permission_denied")
 
 
+def test_403_permission_error_is_permission_denied_and_never_retried(rig: Rig) -> None:
+    op_id = rig.enqueue()
+    rig.control.add_rule("403")  # every request: a retry would be refused again, and counted
+    assert rig.executor().execute([op_id]) == {op_id: State.REJECTED}
+    assert (rig.op(op_id).state, rig.op(op_id).reason) == ("rejected", "permission_denied")
+    rig.make_due(op_id)
+    assert rig.executor().execute([op_id]) == {}  # terminal: nothing claims it again
+    assert rig.sends(op_id) == 1 and rig.effects(op_id) == 0
+    assert rig.reviews(op_id) == []
+
+
 def test_mismatched_receipt_is_unknown_with_a_review_item(rig: Rig) -> None:
     op_id = rig.enqueue()
     rig.control.add_rule("mismatched_receipt")
@@ -306,6 +317,7 @@ def test_abandoned_send_is_queried_never_resent(rig: Rig) -> None:
 
     gateway.submit(
         tenant="acme",
+        op_id=rig.op(op_id).op_id,
         kind=reg().get("refund"),
         idempotency_key=key,
         params=GOOD,

@@ -40,6 +40,7 @@ class TakeOverDuring:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -47,6 +48,7 @@ class TakeOverDuring:
     ) -> SubmitOutcome:
         outcome = self.inner.submit(
             tenant=tenant,
+            op_id=op_id,
             kind=kind,
             idempotency_key=idempotency_key,
             params=params,

@@ -122,6 +122,7 @@ def test_accepted_submit_settles_succeeded_with_the_fakes_receipt(world: World) 
     row = world.op(op)
     (call,) = world.fake.calls
     assert (call.method, call.tenant, call.kind) == ("submit", "acme", "refund")
+    assert call.op_id == row.op_id  # the operation's identity reaches the port
     assert (call.idempotency_key, dict(call.params)) == (row.idempotency_key, PARAMS)
     assert isinstance(call.deadline, Deadline) and call.deadline.at <= row.deadline
     assert row.receipt is not None and row.receipt["params"] == PARAMS
@@ -150,7 +151,10 @@ def test_unknown_then_found_by_lookup_settles_succeeded_with_one_effect(world: W
     assert row.state == "succeeded" and row.lookups == 1
     assert row.receipt is not None
     assert row.downstream_ref == row.receipt["reference"]
-    assert [c.method for c in world.fake.calls] == ["submit", "lookup"]
+    assert [(c.method, c.op_id) for c in world.fake.calls] == [
+        ("submit", row.op_id),
+        ("lookup", row.op_id),
+    ]
     assert world.fake.effects("acme", row.idempotency_key) == 1
     assert world.path(op) == [*SENT, ("submitted", "unknown"), ("unknown", "succeeded")]
 

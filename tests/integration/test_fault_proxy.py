@@ -24,11 +24,13 @@ from workers.http_client import HttpGateway
 REFUND = default_registry().get("refund")
 PARAMS = {"order_id": "A1", "amount_minor": 2500, "currency": "CNY", "payee": "P1"}
 KEY = "stl_proxy_key_1"
+OP_ID = "op-1"
 
 
 def submit(gw: HttpGateway) -> SubmitOutcome:
     return gw.submit(
         tenant="acme",
+        op_id=OP_ID,
         kind=REFUND,
         idempotency_key=KEY,
         params=PARAMS,
@@ -39,6 +41,7 @@ def submit(gw: HttpGateway) -> SubmitOutcome:
 def lookup(gw: HttpGateway) -> LookupOutcome:
     return gw.lookup(
         tenant="acme",
+        op_id=OP_ID,
         kind=REFUND,
         idempotency_key=KEY,
         params=PARAMS,
@@ -107,6 +110,7 @@ def test_refuse_also_ends_open_connections_so_nothing_is_sent_on_them(
     sim_proxy.refuse()
     outcome = proxied_gateway.submit(
         tenant="acme",
+        op_id=OP_ID,
         kind=REFUND,
         idempotency_key="stl_proxy_key_2",
         params=PARAMS,

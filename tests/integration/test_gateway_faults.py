@@ -38,6 +38,7 @@ REGISTRY = default_registry()
 REFUND = REGISTRY.get("refund")
 PARAMS = {"order_id": "A1", "amount_minor": 2500, "currency": "CNY", "payee": "P1"}
 KEY = "stl_fault_key_1"
+OP_ID = "op-1"
 
 
 def deadline(seconds: float = 30.0) -> datetime:
@@ -46,13 +47,23 @@ def deadline(seconds: float = 30.0) -> datetime:
 
 def submit(gw: HttpGateway, key: str = KEY, params: Mapping[str, Any] = PARAMS) -> SubmitOutcome:
     return gw.submit(
-        tenant="acme", kind=REFUND, idempotency_key=key, params=params, deadline=deadline()
+        tenant="acme",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=key,
+        params=params,
+        deadline=deadline(),
     )
 
 
 def lookup(gw: HttpGateway, key: str = KEY, params: Mapping[str, Any] = PARAMS) -> LookupOutcome:
     return gw.lookup(
-        tenant="acme", kind=REFUND, idempotency_key=key, params=params, deadline=deadline()
+        tenant="acme",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=key,
+        params=params,
+        deadline=deadline(),
     )
 
 
@@ -129,6 +140,7 @@ def test_503_before_is_not_executed_when_the_contract_documents_it(
     sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, KEY, times=1)
     outcome = sim_gateway.submit(
         tenant="acme",
+        op_id=OP_ID,
         kind=kind.get("refund"),
         idempotency_key=KEY,
         params=PARAMS,
@@ -317,7 +329,7 @@ def test_deadline_reaches_the_downstream_in_the_header(
 ) -> None:
     when = deadline(CLIENT_TIMEOUT / 2)  # comes before the client's own timeout
     sim_gateway.submit(
-        tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=when
+        tenant="acme", op_id=OP_ID, kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=when
     )
     (row,) = sim_control.ledger()["requests"]
     assert row["last_deadline"] == wire.format_deadline(when)
@@ -328,7 +340,12 @@ def test_the_header_deadline_is_the_client_timeout_when_that_comes_first(
 ) -> None:
     before = datetime.now(UTC)
     sim_gateway.submit(
-        tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline(3600)
+        tenant="acme",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=PARAMS,
+        deadline=deadline(3600),
     )
     (row,) = sim_control.ledger()["requests"]
     told = wire.parse_deadline(row["last_deadline"])
@@ -342,6 +359,7 @@ def test_passed_deadline_sends_nothing(
 ) -> None:
     outcome = sim_gateway.submit(
         tenant="acme",
+        op_id=OP_ID,
         kind=REFUND,
         idempotency_key=KEY,
         params=PARAMS,

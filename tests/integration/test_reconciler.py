@@ -170,6 +170,7 @@ def test_worker_died_mid_send_is_found_by_the_reconciler(rig: Rig) -> None:
     rig.start_send(op)
     rig.gateway().submit(
         tenant="acme",
+        op_id=rig.op(op).op_id,
         kind=default_registry().get("refund"),
         idempotency_key=rig.op(op).idempotency_key,
         params=rig.op(op).params,

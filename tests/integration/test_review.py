@@ -20,6 +20,7 @@ from outbox.states import State
 from reconciler.review import ReviewQueue
 from reconciler.staff import Staff
 from settled.cli import main
+from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
 from tests.support.rig import GOOD as GOOD_REFUND
 from tests.support.rig import HOLD, Rig
 
@@ -205,6 +206,10 @@ def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> An
         "SETTLED_STAFF_ID": staff,
         "SETTLED_STAFF_ROLE": role,
     }
+    if rig.stripe:  # refunds through the Stripe gateway, configured as an operator does
+        env["SETTLED_DOWNSTREAM_PROVIDERS"] = json.dumps({"refund": "stripe"})
+        env["SETTLED_STRIPE_API_KEYS"] = env["SETTLED_DOWNSTREAM_API_KEYS"]
+        env["SETTLED_STRIPE_API_BASE"] = rig.url + STRIPE_PREFIX
     return CliRunner().invoke(main, ["review", *args], env=env, catch_exceptions=False)
 
 

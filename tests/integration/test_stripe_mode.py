@@ -1,6 +1,7 @@
-"""The executor's and the reconciler's guarantee tests, run again against the simulator's Stripe
-mode through the Stripe gateway (the official SDK over ``api_base``): one effect per key and
-truthful states, with the same faults and the same ledger as the wire protocol's runs.
+"""The executor's, the reconciler's and the review queue's guarantee tests, run again against the
+simulator's Stripe mode through the Stripe gateway (the official SDK over ``api_base``): one
+effect per key and truthful states, with the same faults and the same ledger as the wire
+protocol's runs; what nobody can settle goes to review, and staff resolve it.
 
 Each test here is an existing test, run on ``stripe_rig`` (a rig whose gateways speak Stripe),
 so the guarantees are stated once and checked in both modes.
@@ -10,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import httpx
 import pytest
 
+from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
 from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
+from tests.integration import test_review as review_tests
+from tests.integration import test_review_reasons as reason_tests
 from tests.support.rig import Rig
+from workers.stripe_gateway import LIST_LIMIT
 
 GUARANTEES: list[Callable[[Rig], None]] = [
     executor_tests.test_happy_path_records_the_receipt,
@@ -26,6 +32,7 @@ GUARANTEES: list[Callable[[Rig], None]] = [
     executor_tests.test_429_retry_after_inside_the_deadline_schedules_the_retry,
     executor_tests.test_business_refusal_is_rejected_with_reason,
     executor_tests.test_wrong_api_key_is_permission_denied_and_never_retried,
+    executor_tests.test_403_permission_error_is_permission_denied_and_never_retried,
     executor_tests.test_mismatched_receipt_is_unknown_with_a_review_item,
     executor_tests.test_past_key_retention_nothing_is_sent,
     executor_tests.test_abandoned_send_is_queried_never_resent,
@@ -50,3 +57,59 @@ def test_unknown_from_either_side_of_the_commit_ends_succeeded_once(
     reconciler_tests.test_unknown_from_either_side_of_the_commit_ends_succeeded_once(
         stripe_rig, fault
     )
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_lookup_pages_past_a_hundred_refunds_on_the_payment_intent(stripe_rig: Rig) -> None:
+    stripe_rig.control.add_rule("commit_then_reset", times=1)  # done; the answer lost
+    op = stripe_rig.enqueue()
+    stripe_rig.executor().execute([op])
+    assert stripe_rig.op(op).state == "unknown"
+    others = LIST_LIMIT + 20  # newer than ours: it is on the second page, newest first
+    key = stripe_rig.tenant.api_key.get_secret_value()
+    with httpx.Client(
+        base_url=stripe_rig.url + STRIPE_PREFIX, headers={"Authorization": f"Bearer {key}"}
+    ) as api:
+        for i in range(others):
+            form = {"payment_intent": "A1042", "amount": "1", "metadata[settled_op_id]": f"x{i}"}
+            made = api.post("/v1/refunds", data=form, headers={"Idempotency-Key": f"other-{i}"})
+            assert made.status_code == 200, made.text
+    assert stripe_rig.reconciler().run_once().outcomes == {"found": 1}
+    row = stripe_rig.op(op)
+    assert row.state == "succeeded" and row.lookups == 1
+    assert stripe_rig.effects(op) == 1 and stripe_rig.sends(op) == 1
+    # one lookup read two pages (each page is a lookup of every key on the intent)
+    assert stripe_rig.control.requests("acme", row.idempotency_key, phase="lookup") == 2
+
+
+#: The review queue's tests that ask the downstream (lookups behind staff's resolutions and
+#: requeries, the CLI built from settings): an operation nobody can settle lands in review, a
+#: mismatched receipt does too, and staff resolve them against the downstream's record.
+REVIEWS: list[Callable[[Rig], None]] = [
+    review_tests.test_resolve_as_succeeded_is_verified_by_lookup_and_recorded,
+    review_tests.test_a_resolution_that_contradicts_the_lookup_is_refused,
+    review_tests.test_rejected_needs_a_justification_and_not_found_evidence,
+    review_tests.test_requery_settles_when_the_lookup_is_back,
+    review_tests.test_review_cli_end_to_end,
+    reason_tests.test_a_receipt_mismatch_is_stored_as_what_the_downstream_did,
+]
+#: Review reasons the Stripe gateway meets on the wire (the others are scripted outcomes,
+#: whatever the gateway).
+REASONS = [
+    "receipt_mismatch",
+    "past_key_retention",
+    "no_lookup_replay_cannot_settle",
+]
+
+
+# Once, on PostgreSQL: the wire format is what differs here, not the database.
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("review", REVIEWS, ids=lambda test: test.__name__[5:])
+def test_review_works_in_stripe_mode(stripe_rig: Rig, review: Callable[[Rig], None]) -> None:
+    review(stripe_rig)
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("reason", REASONS)
+def test_review_reason_has_a_way_out_in_stripe_mode(stripe_rig: Rig, reason: str) -> None:
+    reason_tests.way_out(stripe_rig, reason)

@@ -115,7 +115,7 @@ def test_a_fully_refunded_intent_answers_charge_already_refunded(
     assert error["code"] == "charge_already_refunded"
 
 
-def test_a_wrong_key_is_401_and_a_rate_limit_429_in_stripes_shape(
+def test_a_wrong_key_is_401_a_forbidden_one_403_and_a_rate_limit_429_in_stripes_shape(
     simulator: SimulatorHandle, stripe_api: httpx.Client, sim_control: SimulatorControl
 ) -> None:
     wrong = httpx.post(
@@ -128,6 +128,10 @@ def test_a_wrong_key_is_401_and_a_rate_limit_429_in_stripes_shape(
     limited = _refund(stripe_api)
     assert limited.status_code == 429 and _error(limited)["code"] == "rate_limit"
     assert limited.headers["Retry-After"] == "3"
+    sim_control.add_rule("403", times=1)
+    forbidden = _refund(stripe_api)
+    assert forbidden.status_code == 403 and _error(forbidden)["type"] == "invalid_request_error"
+    assert _error(forbidden)["code"] is None  # Stripe's permission error has no code
     assert _refund(stripe_api).status_code == 200  # nothing was saved for the key
     assert sim_control.effects("acme", "k-1") == 1
 
@@ -154,3 +158,32 @@ def test_a_list_is_a_lookup_of_each_key_it_could_show(
     down = stripe_api.get("/v1/refunds", params={"payment_intent": "pi_1"})
     assert down.status_code == 503
     assert sim_control.requests("acme", "k-1", phase="lookup") == 1
+
+
+def test_the_list_pages_like_stripe_newest_first(stripe_api: httpx.Client) -> None:
+    created = [_refund(stripe_api, key=f"k-{i}", amount="10").json()["id"] for i in range(13)]
+    newest_first = created[::-1]
+    first = stripe_api.get("/v1/refunds", params={"payment_intent": "pi_1"}).json()
+    assert [r["id"] for r in first["data"]] == newest_first[:10]  # Stripe's default limit
+    assert first["has_more"] is True
+    rest = stripe_api.get(
+        "/v1/refunds",
+        params={"payment_intent": "pi_1", "limit": 5, "starting_after": newest_first[9]},
+    ).json()
+    assert [r["id"] for r in rest["data"]] == newest_first[10:] and rest["has_more"] is False
+    exact = stripe_api.get("/v1/refunds", params={"payment_intent": "pi_1", "limit": 13}).json()
+    assert len(exact["data"]) == 13 and exact["has_more"] is False
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [({"limit": "0"}, "limit"), ({"limit": "101"}, "limit"), ({"starting_after": "re_x"}, None)],
+    ids=["limit_0", "limit_101", "unknown_starting_after"],
+)
+def test_a_bad_page_request_is_stripes_400(
+    stripe_api: httpx.Client, query: dict[str, str], param: str | None
+) -> None:
+    _refund(stripe_api)
+    answer = stripe_api.get("/v1/refunds", params={"payment_intent": "pi_1", **query})
+    assert answer.status_code == 400 and _error(answer)["type"] == "invalid_request_error"
+    assert _error(answer)["param"] == (param or "starting_after")

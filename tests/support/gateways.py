@@ -30,6 +30,7 @@ class Interposed:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -40,6 +41,7 @@ class Interposed:
             hook(idempotency_key)
         outcome = self.inner.submit(
             tenant=tenant,
+            op_id=op_id,
             kind=kind,
             idempotency_key=idempotency_key,
             params=params,
@@ -51,6 +53,7 @@ class Interposed:
         self,
         *,
         tenant: str,
+        op_id: str,
         kind: Kind,
         idempotency_key: str,
         params: Mapping[str, Any],
@@ -58,6 +61,7 @@ class Interposed:
     ) -> LookupOutcome:
         found = self.inner.lookup(
             tenant=tenant,
+            op_id=op_id,
             kind=kind,
             idempotency_key=idempotency_key,
             params=params,

@@ -164,6 +164,7 @@ class Rig:
         where the record differs from the intent."""
         found = self.gateway().lookup(
             tenant="acme",
+            op_id=self.op(op_id).op_id,
             kind=self.outbox.registry.get("refund"),
             idempotency_key=self.op(op_id).idempotency_key,
             params=self.op(op_id).params,

@@ -31,12 +31,24 @@ LATER = datetime.now(UTC) + timedelta(days=365)
 
 
 def submit(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
-    args: dict[str, Any] = {"tenant": "acme", "params": PARAMS, "deadline": LATER, **kw}
+    args: dict[str, Any] = {
+        "tenant": "acme",
+        "op_id": "op-1",
+        "params": PARAMS,
+        "deadline": LATER,
+        **kw,
+    }
     return fake.submit(kind=REFUND, idempotency_key=key, **args)
 
 
 def lookup(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
-    args: dict[str, Any] = {"tenant": "acme", "params": PARAMS, "deadline": LATER, **kw}
+    args: dict[str, Any] = {
+        "tenant": "acme",
+        "op_id": "op-1",
+        "params": PARAMS,
+        "deadline": LATER,
+        **kw,
+    }
     return fake.lookup(kind=REFUND, idempotency_key=key, **args)
 
 

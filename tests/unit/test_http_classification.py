@@ -36,6 +36,7 @@ NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 DEADLINE = NOW + timedelta(seconds=60)
 API_KEY = "sk_live_very_secret_51Hx"
 KEY = "stl_abc123"
+OP_ID = "op-1"
 REFUND = default_registry().get("refund")
 PARAMS: dict[str, Any] = {
     "order_id": "A1042",
@@ -90,6 +91,7 @@ def submit(respond: Handler, kind: Kind = REFUND, **kw: Any) -> Any:
     with gateway(respond) as gw:
         return gw.submit(
             tenant=kw.get("tenant", "acme"),
+            op_id=OP_ID,
             kind=kind,
             idempotency_key=KEY,
             params=kw.get("params", PARAMS),
@@ -101,6 +103,7 @@ def lookup(respond: Handler, **kw: Any) -> Any:
     with gateway(respond) as gw:
         return gw.lookup(
             tenant=kw.get("tenant", "acme"),
+            op_id=OP_ID,
             kind=REFUND,
             idempotency_key=kw.get("key", KEY),
             params=PARAMS,
@@ -305,6 +308,7 @@ def test_attempt_timeout_is_bounded_by_what_is_left_of_the_deadline(
     with gateway(recorder, timeout=configured) as gw:
         gw.submit(
             tenant="acme",
+            op_id=OP_ID,
             kind=REFUND,
             idempotency_key=KEY,
             params=PARAMS,
@@ -344,7 +348,12 @@ def test_requests_carry_exactly_what_the_gateway_sets_and_no_cookies() -> None:
     with gateway(recorder) as gw:
         for _ in range(2):
             gw.submit(
-                tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=DEADLINE
+                tenant="acme",
+                op_id=OP_ID,
+                kind=REFUND,
+                idempotency_key=KEY,
+                params=PARAMS,
+                deadline=DEADLINE,
             )
     first, second = recorder.requests
     assert "Cookie" not in second.headers  # nothing learnt from one answer rides on the next
@@ -368,9 +377,21 @@ def test_base_url_path_is_kept_in_front_of_every_endpoint() -> None:
         transport=httpx.MockTransport(recorder),
         clock=lambda: NOW,
     ) as gw:
-        gw.submit(tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=DEADLINE)
+        gw.submit(
+            tenant="acme",
+            op_id=OP_ID,
+            kind=REFUND,
+            idempotency_key=KEY,
+            params=PARAMS,
+            deadline=DEADLINE,
+        )
         gw.lookup(
-            tenant="acme", kind=REFUND, idempotency_key="a/b", params=PARAMS, deadline=DEADLINE
+            tenant="acme",
+            op_id=OP_ID,
+            kind=REFUND,
+            idempotency_key="a/b",
+            params=PARAMS,
+            deadline=DEADLINE,
         )
     assert [r.url.raw_path for r in recorder.requests] == [
         b"/api/v1/refunds",
@@ -553,7 +574,12 @@ def test_each_phase_gets_only_what_is_left_of_the_whole_attempt() -> None:
     deadline = Deadline(NOW + timedelta(seconds=8), mono.t + 8.0, mono)
     with gateway(respond) as gw:
         outcome = gw.submit(
-            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+            tenant="acme",
+            op_id=OP_ID,
+            kind=REFUND,
+            idempotency_key=KEY,
+            params=PARAMS,
+            deadline=deadline,
         )
     assert isinstance(outcome, Accepted)
     assert seen == {"connect": 8.0, "write": 5.0, "read": 1.0}
@@ -572,7 +598,12 @@ def test_a_body_still_arriving_at_the_deadline_is_an_unknown_outcome() -> None:
     deadline = Deadline(NOW + timedelta(seconds=5), mono.t + 5.0, mono)
     with gateway(lambda r: httpx.Response(200, stream=Drip())) as gw:
         outcome = gw.submit(
-            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+            tenant="acme",
+            op_id=OP_ID,
+            kind=REFUND,
+            idempotency_key=KEY,
+            params=PARAMS,
+            deadline=deadline,
         )
     assert outcome == Unknown("ReadTimeout")
 
@@ -585,10 +616,20 @@ def test_a_database_time_deadline_ignores_the_process_wall_clock() -> None:
     deadline = Deadline(NOW + timedelta(seconds=5), mono.t + 5.0, mono)
     with gateway(recorder, now=NOW + timedelta(seconds=15)) as gw:
         outcome = gw.submit(
-            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+            tenant="acme",
+            op_id=OP_ID,
+            kind=REFUND,
+            idempotency_key=KEY,
+            params=PARAMS,
+            deadline=deadline,
         )
         found = gw.lookup(
-            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+            tenant="acme",
+            op_id=OP_ID,
+            kind=REFUND,
+            idempotency_key=KEY,
+            params=PARAMS,
+            deadline=deadline,
         )
     assert isinstance(outcome, Accepted)
     assert isinstance(found, Found)
@@ -603,7 +644,12 @@ def test_a_deadline_passed_on_the_monotonic_clock_sends_nothing() -> None:
     deadline = Deadline(NOW + timedelta(seconds=5), mono.t - 0.001, mono)
     with gateway(recorder) as gw:
         outcome = gw.submit(
-            tenant="acme", kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=deadline
+            tenant="acme",
+            op_id=OP_ID,
+            kind=REFUND,
+            idempotency_key=KEY,
+            params=PARAMS,
+            deadline=deadline,
         )
     assert isinstance(outcome, NotSent)
     assert recorder.requests == []

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
     Found,
@@ -27,11 +28,13 @@ from outbox.downstream import (
 )
 from outbox.kinds import default_registry
 from outbox.states import RejectReason
-from workers.stripe_gateway import API_VERSION, StripeGateway
+from tests.support.gateways import FakeMonotonic
+from workers.stripe_gateway import API_VERSION, LIST_LIMIT, StripeGateway
 
 REFUND = default_registry().get("refund")
 INTENT = {"order_id": "pi_3Nx", "amount_minor": 1500, "currency": "EUR", "payee": "P-7"}
 KEY = "stl_key_1"
+OP_ID = "op-1"
 
 
 def _error(type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -51,7 +54,12 @@ def _refund(**changes: Any) -> dict[str, Any]:
         "currency": "eur",
         "payment_intent": "pi_3Nx",
         "status": "succeeded",
-        "metadata": {"settled_tenant": "acme", "settled_idempotency_key": KEY, "payee": "P-7"},
+        "metadata": {
+            "settled_tenant": "acme",
+            "settled_op_id": OP_ID,
+            "settled_idempotency_key": KEY,
+            "payee": "P-7",
+        },
     }
     return {**refund, **changes}
 
@@ -79,14 +87,24 @@ def _gateway(handler: Callable[[httpx.Request], httpx.Response]) -> StripeGatewa
 def _submit(gateway: StripeGateway) -> Any:
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     return gateway.submit(
-        tenant="acme", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+        tenant="acme",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=INTENT,
+        deadline=deadline,
     )
 
 
 def _lookup(gateway: StripeGateway) -> Any:
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     return gateway.lookup(
-        tenant="acme", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+        tenant="acme",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=INTENT,
+        deadline=deadline,
     )
 
 
@@ -162,6 +180,7 @@ def test_a_refund_that_fits_the_intent_is_accepted_and_the_request_says_so() -> 
         "payment_intent": "pi_3Nx",
         "amount": "1500",
         "metadata[settled_tenant]": "acme",
+        "metadata[settled_op_id]": OP_ID,
         "metadata[settled_idempotency_key]": KEY,
         "metadata[payee]": "P-7",
     }
@@ -216,9 +235,14 @@ def test_connection_errors_are_split_by_phase_and_sent_once(
     assert len(calls) == 1  # no retry by the SDK, even for errors it would call retryable
 
 
-def test_lookup_finds_the_refund_by_the_key_in_its_metadata_without_sending_again() -> None:
-    other = _refund(id="re_other", metadata={"settled_idempotency_key": "stl_someone_else"})
-    served = Served(200, {"object": "list", "has_more": False, "data": [other, _refund()]})
+def test_lookup_finds_the_refund_by_the_operation_in_its_metadata_without_sending_again() -> None:
+    ours = _refund()["metadata"]
+    others = [
+        _refund(id="re_other_op", metadata={**ours, "settled_op_id": "op-2"}),
+        _refund(id="re_other_tenant", metadata={**ours, "settled_tenant": "globex"}),
+        _refund(id="re_no_metadata", metadata={}),
+    ]
+    served = Served(200, {"object": "list", "has_more": False, "data": [*others, _refund()]})
     gateway = _gateway(served)
     got = _lookup(gateway)
     gateway.close()
@@ -228,6 +252,15 @@ def test_lookup_finds_the_refund_by_the_key_in_its_metadata_without_sending_agai
     assert request.url.params["payment_intent"] == "pi_3Nx"
 
 
+def test_a_refund_of_the_operation_with_another_key_is_not_taken_as_ours() -> None:
+    theirs = _refund(metadata={**_refund()["metadata"], "settled_idempotency_key": "stl_other"})
+    gateway = _gateway(Served(200, {"object": "list", "has_more": False, "data": [theirs]}))
+    got = _lookup(gateway)
+    gateway.close()
+    assert isinstance(got, LookupMisuse) and got.code == "receipt_key_mismatch"
+    assert got.record is None  # not ours: nothing of it may settle the operation
+
+
 @pytest.mark.parametrize(
     ("listed", "outcome"),
     [
@@ -235,7 +268,7 @@ def test_lookup_finds_the_refund_by_the_key_in_its_metadata_without_sending_agai
         ({"object": "list", "has_more": True, "data": []}, Unavailable),
         ({"object": "list", "has_more": False, "data": [_refund(status="failed")]}, Found),
     ],
-    ids=["none", "not_on_the_first_page", "failed_refund"],
+    ids=["none", "has_more_without_a_page_to_follow", "failed_refund"],
 )
 def test_lookup_says_only_what_the_list_proves(listed: dict[str, Any], outcome: type) -> None:
     gateway = _gateway(Served(200, listed))
@@ -244,6 +277,111 @@ def test_lookup_says_only_what_the_list_proves(listed: dict[str, Any], outcome: 
     assert type(got) is outcome, got
     if isinstance(got, Found):
         assert got.reason is RejectReason.BUSINESS_REJECTED and got.code == "refund_failed"
+
+
+class Paged:
+    """An in-memory Stripe list of ``refunds`` (newest first), paged as Stripe pages it:
+    ``limit``, ``starting_after``, ``has_more``; ``after_each`` runs after every page."""
+
+    def __init__(self, refunds: list[dict[str, Any]], after_each: Callable[[], None] = list):
+        self.refunds, self.after_each = refunds, after_each
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        limit = int(request.url.params["limit"])
+        ids = [refund["id"] for refund in self.refunds]
+        after = request.url.params.get("starting_after")
+        rest = self.refunds[ids.index(after) + 1 :] if after is not None else self.refunds
+        body = {"object": "list", "has_more": len(rest) > limit, "data": rest[:limit]}
+        self.after_each()
+        return httpx.Response(200, json=body)
+
+
+def _others(n: int) -> list[dict[str, Any]]:
+    """``n`` refunds of other operations on the same payment intent."""
+    ours = _refund()["metadata"]
+    return [
+        _refund(id=f"re_other_{i}", metadata={**ours, "settled_op_id": f"op-other-{i}"})
+        for i in range(n)
+    ]
+
+
+def test_lookup_reads_the_next_pages_until_it_finds_the_operation() -> None:
+    paged = Paged([*_others(LIST_LIMIT + 50), _refund()])  # ours is the oldest
+    gateway = _gateway(paged)
+    got = _lookup(gateway)
+    gateway.close()
+    assert isinstance(got, Found) and got.receipt.reference == "re_3Nx1"
+    first, second = paged.requests
+    assert first.url.params["limit"] == str(LIST_LIMIT) and "starting_after" not in first.url.params
+    assert second.url.params["starting_after"] == f"re_other_{LIST_LIMIT - 1}"
+
+
+def test_an_operation_on_no_page_is_not_found_after_the_last_page() -> None:
+    paged = Paged(_others(2 * LIST_LIMIT + 1))
+    gateway = _gateway(paged)
+    got = _lookup(gateway)
+    gateway.close()
+    assert isinstance(got, NotFound)
+    assert len(paged.requests) == 3
+
+
+def test_a_deadline_passed_between_pages_is_unavailable_not_not_found() -> None:
+    clock = FakeMonotonic()
+    paged = Paged(_others(LIST_LIMIT + 1), after_each=lambda: clock.advance(10.0))
+    gateway = _gateway(paged)
+    deadline = Deadline(datetime.now(UTC) + timedelta(seconds=5), clock.t + 5.0, clock)
+    got = gateway.lookup(
+        tenant="acme", op_id=OP_ID, kind=REFUND, idempotency_key=KEY, params=INTENT,
+        deadline=deadline,
+    )  # fmt: skip
+    gateway.close()
+    assert isinstance(got, Unavailable) and "deadline" in got.detail
+    assert len(paged.requests) == 1  # nothing more was asked once the deadline had passed
+
+
+# a refund's status -> what a create answering it proves, and what a lookup finding it proves
+STATUSES: list[tuple[str, type, type, str | None]] = [
+    ("succeeded", Accepted, Found, None),
+    ("pending", Unknown, Unavailable, None),  # taken on, not made: it may still fail
+    ("requires_action", Unknown, Unavailable, None),
+    ("failed", Refused, Found, "refund_failed"),  # not made, for good: not done
+    ("canceled", Refused, Found, "refund_canceled"),
+    ("something_new", Unknown, Unavailable, None),  # not read as proof of anything
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "created", "found", "code"), STATUSES, ids=[row[0] for row in STATUSES]
+)
+def test_a_refund_proves_what_its_status_says(
+    status: str, created: type, found: type, code: str | None
+) -> None:
+    gateway = _gateway(Served(200, _refund(status=status)))
+    sent = _submit(gateway)
+    gateway.close()
+    assert type(sent) is created, sent
+    listed = _gateway(
+        Served(200, {"object": "list", "has_more": False, "data": [_refund(status=status)]})
+    )
+    looked = _lookup(listed)
+    listed.close()
+    assert type(looked) is found, looked
+    if isinstance(sent, Refused):
+        assert (sent.reason, sent.code) == (RejectReason.BUSINESS_REJECTED, code)
+    if isinstance(looked, Found) and code is not None:
+        assert looked.receipt.status == "rejected"
+        assert (looked.reason, looked.code) == (RejectReason.BUSINESS_REJECTED, code)
+
+
+def test_a_pending_refund_that_does_not_fit_offers_no_record_to_settle_by() -> None:
+    odd = _refund(status="pending", amount=1499)
+    gateway = _gateway(Served(200, {"object": "list", "has_more": False, "data": [odd]}))
+    looked = _lookup(gateway)
+    gateway.close()
+    assert isinstance(looked, LookupMisuse) and looked.code == "receipt_mismatch"
+    assert looked.record is None  # a pending refund settles nothing, not even as it differs
 
 
 def test_a_failing_list_is_unavailable_not_not_found() -> None:
@@ -257,7 +395,12 @@ def test_a_tenant_without_a_key_is_refused_locally_and_nothing_is_sent() -> None
     gateway = _gateway(served)
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     got = gateway.submit(
-        tenant="other", kind=REFUND, idempotency_key=KEY, params=INTENT, deadline=deadline
+        tenant="other",
+        op_id=OP_ID,
+        kind=REFUND,
+        idempotency_key=KEY,
+        params=INTENT,
+        deadline=deadline,
     )
     gateway.close()
     assert isinstance(got, Refused) and got.reason is RejectReason.PERMISSION_DENIED

@@ -1,0 +1,153 @@
+"""A Stripe refund that is ``pending`` when created settles later: the real executor and
+reconciler on a real database (PostgreSQL and SQLite), through the Stripe gateway, against an
+in-memory Stripe whose refund the test moves from ``pending`` to where Stripe takes it.
+
+``pending`` proves the refund was taken on, not made (it may still fail): the operation stays
+uncertain and is looked up, never sent again, until the refund is ``succeeded`` (done) or
+``failed`` / ``canceled`` (not done: rejected). The simulator's Stripe mode makes every refund
+at once, so this in-memory Stripe stands in for the refund's later life.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.intake import Outbox
+from outbox.models import Operation, OperationEvent, ReviewItem
+from outbox.states import State
+from reconciler.reconcile import Reconciler
+from workers.executor import Executor
+from workers.stripe_gateway import StripeGateway
+
+PARAMS = {"order_id": "pi_3Nx", "amount_minor": 1500, "currency": "EUR", "payee": "P-7"}
+
+
+class PendingStripe:
+    """Stripe's refunds API in memory: one refund per idempotency key, created ``pending``."""
+
+    def __init__(self) -> None:
+        self.refunds: dict[str, dict[str, Any]] = {}  # by idempotency key
+        self.creates = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            self.creates += 1
+            key = request.headers["Idempotency-Key"]
+            form = dict(httpx.QueryParams(request.content.decode()))
+            metadata = {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[")}
+            refund = self.refunds.setdefault(
+                key,
+                {
+                    "id": f"re_{len(self.refunds) + 1}",
+                    "object": "refund",
+                    "amount": int(form["amount"]),
+                    "currency": "eur",
+                    "payment_intent": form["payment_intent"],
+                    "metadata": metadata,
+                    "status": "pending",
+                },
+            )
+            return httpx.Response(200, json=refund)
+        listed = list(self.refunds.values())
+        return httpx.Response(200, json={"object": "list", "has_more": False, "data": listed})
+
+    def settle(self, status: str) -> None:
+        for refund in self.refunds.values():
+            refund["status"] = status
+
+
+@pytest.fixture
+def stripe() -> PendingStripe:
+    return PendingStripe()
+
+
+@pytest.fixture
+def gateway(stripe: PendingStripe) -> Iterator[StripeGateway]:
+    gateway = StripeGateway(
+        {"acme": SecretStr("sk_test_abc")},
+        api_base="http://stripe.test",
+        transport=httpx.MockTransport(stripe),
+    )
+    yield gateway
+    gateway.close()
+
+
+@pytest.mark.parametrize(
+    ("settled_as", "state", "reason"),
+    [
+        ("succeeded", State.SUCCEEDED, None),
+        ("failed", State.REJECTED, "business_rejected"),
+        ("canceled", State.REJECTED, "business_rejected"),
+    ],
+)
+def test_a_pending_refund_stays_uncertain_until_stripe_settles_it(
+    engine: Engine,
+    outbox: Outbox,
+    stripe: PendingStripe,
+    gateway: StripeGateway,
+    settled_as: str,
+    state: State,
+    reason: str | None,
+) -> None:
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    with sessions.begin() as s:
+        op = outbox.enqueue(s, tenant="acme", op_id="op-1", kind="refund", params=PARAMS)
+        op_id = op.operation.id
+    executor = Executor(
+        sessions=sessions,
+        gateway=gateway,
+        registry=outbox.registry,
+        fingerprinter=outbox.fingerprinter,
+        worker="w1",
+        rand=lambda: 0.0,
+    )
+    reconciler = Reconciler(
+        sessions=sessions, gateway=gateway, registry=outbox.registry, worker="r1"
+    )
+    assert executor.execute([op_id]) == {op_id: State.UNKNOWN}  # taken on, not made
+    assert executor.execute([op_id]) == {}  # uncertain blocks every new send
+    _make_due(sessions, op_id)
+    assert reconciler.run_once().outcomes == {"lookup_unavailable": 1}  # still pending
+    assert _row(sessions, op_id).state == "unknown"
+    stripe.settle(settled_as)
+    _make_due(sessions, op_id)
+    assert reconciler.run_once().outcomes == {"found": 1}
+    row = _row(sessions, op_id)
+    assert (row.state, row.reason) == (state.value, reason)
+    assert row.receipt is not None and row.receipt["reference"] == "re_1"
+    assert stripe.creates == 1  # looked up, never sent again
+    with sessions() as s:
+        path = s.execute(
+            select(OperationEvent.from_state, OperationEvent.to_state)
+            .where(OperationEvent.operation_id == op_id)
+            .order_by(OperationEvent.id)
+        ).all()
+        assert s.scalars(select(ReviewItem)).all() == []
+    assert [tuple(step) for step in path][-2:] == [
+        ("unknown", "unknown"),
+        ("unknown", state.value),
+    ]
+
+
+def _make_due(sessions: sessionmaker[Session], op_id: int) -> None:
+    with sessions.begin() as s:
+        s.execute(
+            update(Operation)
+            .where(Operation.id == op_id)
+            .values(next_attempt_at=datetime.now(UTC) - timedelta(seconds=1))
+        )
+
+
+def _row(sessions: sessionmaker[Session], op_id: int) -> Operation:
+    with sessions() as s:
+        row = s.get(Operation, op_id)
+        assert row is not None
+        return row
