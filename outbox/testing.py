@@ -149,18 +149,8 @@ class FakeGateway:
         """Send one attempt (in memory); see the module docstring for what it answers."""
         with self._lock:
             outcome = self._submit(tenant, idempotency_key, params, deadline)
-            self.calls.append(
-                Call(
-                    "submit",
-                    tenant,
-                    op_id,
-                    kind.name,
-                    idempotency_key,
-                    dict(params),
-                    deadline,
-                    outcome,
-                )
-            )
+            args = (tenant, op_id, kind.name, idempotency_key, dict(params), deadline, outcome)
+            self.calls.append(Call("submit", *args))
             return outcome
 
     def lookup(
@@ -176,18 +166,8 @@ class FakeGateway:
         """Ask what happened to ``idempotency_key``; a record is checked against ``params``."""
         with self._lock:
             outcome = self._lookup(tenant, idempotency_key, params, deadline)
-            self.calls.append(
-                Call(
-                    "lookup",
-                    tenant,
-                    op_id,
-                    kind.name,
-                    idempotency_key,
-                    dict(params),
-                    deadline,
-                    outcome,
-                )
-            )
+            args = (tenant, op_id, kind.name, idempotency_key, dict(params), deadline, outcome)
+            self.calls.append(Call("lookup", *args))
             return outcome
 
     # -- inside the lock ----------------------------------------------------------------------
