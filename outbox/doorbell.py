@@ -16,9 +16,16 @@ those is answered later, and its claim then sees the operation. A claim that com
 may have left due operations behind: it rings again, and so on, until a claim comes back short,
 which means it took every due operation it could see (``SKIP LOCKED`` skips only rows another
 claim holds, and that claim is itself full or has taken them). What the argument does not
-cover (a hint lost with its ring, a worker killed between the answer and the claim, a Redis
-that lost the count) costs latency only: a ring counts for ``ring_seconds`` at most, and the
-sweeper re-hints every due operation each period, as for any lost hint.
+cover costs latency only, at most a sweeper period: a hint lost with its ring, a worker killed
+between the answer and the claim, a claim that fails after the answer (the task ends, its hint
+is acknowledged), a Redis that lost the count; a ring counts for ``ring_seconds`` at most, and
+the sweeper re-hints every due operation each period, as for any lost hint. Operations that
+become due later (a retry's backoff, a ``Retry-After``, one held back) are the sweeper's, with
+the doorbell or without.
+
+A worker answers doorbell hints whatever its own settings say: an app may ring while the
+workers' ``SETTLED_HINT_DOORBELL`` or ``SETTLED_CLAIM_BATCH`` is 0 (their defaults are used for
+those hints).
 
 The count is a Redis sorted set on the broker (ring id -> Redis time in ms), changed by one
 script per ring, so concurrent producers cannot both take the last place. Any Redis error

@@ -150,28 +150,39 @@ DELIVERY: dict[str, Any] = {
 
 
 class SettledCelery(Celery):  # type: ignore[misc]  # Celery has no type hints
-    """A Celery app that knows its doorbell (``outbox.doorbell``; None when it is off)."""
+    """A Celery app that knows its doorbell (``outbox.doorbell``): ``doorbell`` rings for the
+    app's relay (None when off), ``bell`` answers id-less hints in a worker (None when the
+    broker is not Redis)."""
 
     doorbell: Doorbell | None = None
+    bell: Doorbell | None = None
 
 
-def doorbell(settings: Settings) -> Doorbell | None:
-    """The doorbell ``SETTLED_HINT_DOORBELL`` asks for, on the broker's Redis; None when it is
-    off (it is with ``SETTLED_CLAIM_BATCH`` 0: a doorbell hint would claim nothing) or the
-    broker is not Redis. A ring counts for one sweeper period at most."""
-    redis_broker = settings.broker_url.startswith(("redis://", "rediss://"))
-    if not (settings.hint_doorbell and settings.claim_batch and redis_broker):
+def _bell(settings: Settings) -> Doorbell | None:
+    """The broker's doorbell count; None when the broker is not Redis. A worker answers the
+    id-less hints an app rang for whatever its own settings say (the app's may differ): with
+    the doorbell or extra claims off here, it uses their defaults for those hints."""
+    if not settings.broker_url.startswith(("redis://", "rediss://")):
         return None
     client = redis.Redis.from_url(
         settings.broker_url, socket_timeout=2.0, socket_connect_timeout=2.0
     )
     return Doorbell(
         client,
-        pending=settings.hint_doorbell,
+        pending=settings.hint_doorbell or Settings.model_fields["hint_doorbell"].default,
         ring_seconds=settings.sweep_seconds,
-        claims=settings.claim_batch,
+        claims=settings.claim_batch or Settings.model_fields["claim_batch"].default,
         key=f"settled:doorbell:{QUEUE}",
     )
+
+
+def doorbell(settings: Settings) -> Doorbell | None:
+    """The doorbell an app rings (``SETTLED_HINT_DOORBELL``), on the broker's Redis; None when
+    it is off (it is with ``SETTLED_CLAIM_BATCH`` 0) or the broker is not Redis. A ring counts
+    for one sweeper period at most."""
+    if not (settings.hint_doorbell and settings.claim_batch):
+        return None
+    return _bell(settings)
 
 
 def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
@@ -181,7 +192,8 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     pool), and their hints are worked in shared batches (``workers.coalesce``).
     """
     app = SettledCelery("settled", broker=settings.broker_url, set_as_current=False)
-    app.doorbell = doorbell(settings)
+    app.bell = _bell(settings)
+    app.doorbell = app.bell if settings.hint_doorbell and settings.claim_batch else None
     observe.install()  # identities in log lines; traces when the environment asks for them
     app.conf.update(
         **DELIVERY,
@@ -219,12 +231,12 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
         ):
             log.warning("malformed hint dropped")  # the sweeper finds due operations anyway
             return
-        if not ids and app.doorbell is not None:
+        if not ids and app.bell is not None:
             # A doorbell hint: its ring leaves the count, and it claims the oldest due
             # operations; a full claim rings again for the next batch (``outbox.doorbell``).
-            app.doorbell.answer()
-            again = ring_again(ids_publisher(app), app.doorbell)
-            runtime(settings).executor.execute(ids, when_full=again)
+            app.bell.answer()
+            again = ring_again(ids_publisher(app), app.bell)
+            runtime(settings).executor.execute(ids, when_full=again, claims=app.bell.claims)
         elif coalesce:
             runtime(settings).coalescer().execute(ids)
         else:

@@ -112,20 +112,25 @@ class Executor:
         return self.storage.step(work)
 
     def execute(
-        self, ids: Sequence[int], *, when_full: Callable[[], None] | None = None
+        self,
+        ids: Sequence[int],
+        *,
+        when_full: Callable[[], None] | None = None,
+        claims: int | None = None,
     ) -> dict[int, State]:
         """Claim, send and record the hinted operations; returns the states written.
 
-        No ids (a doorbell hint, ``outbox.doorbell``): claim up to ``batch_extra`` due
-        operations, and call ``when_full`` right after a claim that took that many (due
-        operations may be left), before anything is sent.
+        No ids (a doorbell hint, ``outbox.doorbell``): claim up to ``claims`` due operations
+        (default ``batch_extra``), and call ``when_full`` right after a claim that took that
+        many (due operations may be left), before anything is sent.
         """
         unique = list(dict.fromkeys(ids))
         size = max(1, self.max_batch)
         chunks = [unique[i : i + size] for i in range(0, len(unique), size)] or [[]]
         written: dict[int, State] = {}
         for n, chunk in enumerate(chunks):
-            extra = min(self.batch_extra, size - len(chunk)) if n == 0 else 0
+            wanted = self.batch_extra if chunk or claims is None else claims
+            extra = min(wanted, size - len(chunk)) if n == 0 else 0
             written.update(self._execute_batch(chunk, extra, when_full if not chunk else None))
         return written
 
@@ -136,13 +141,14 @@ class Executor:
         # database's, never behind (outbox.clock).
         mono = self.monotonic()
         claims = self._claim(ids, extra)
-        if when_full is not None and extra and len(claims.claimed) + len(claims.written) >= extra:
-            when_full()
+        full = extra > 0 and len(claims.claimed) + len(claims.written) >= extra
         to_send, to_recover, written = claims.send, claims.recover, claims.written
         held = [c for c, _ in to_send] + to_recover
         # Renewed while this worker works on them (a slow outcome write, a lookup); if the
         # worker dies they are free a short lease later (``outbox.leases``).
         with self.keeper.holding(held):
+            if full and when_full is not None:
+                when_full()  # under the renewal: a slow broker must not eat these leases
             if claims.blocked:
                 written.update(self._hold(claims.blocked))
             failpoint("after_claim")

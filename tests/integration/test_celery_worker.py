@@ -471,12 +471,28 @@ def test_paused_worker_cannot_overwrite_the_newer_claims_result(
     assert sim_control.requests("acme", key) == 1
 
 
+@pytest.mark.parametrize(
+    "worker_env",
+    [
+        {"SETTLED_HINT_DOORBELL": "2", "SETTLED_CLAIM_BATCH": "4"},
+        # a worker whose own settings turn the doorbell and the extra claims off still answers
+        # the app's doorbell hints (with the defaults), instead of leaving them to the sweeper
+        {"SETTLED_HINT_DOORBELL": "0", "SETTLED_CLAIM_BATCH": "0"},
+    ],
+    ids=["same-settings", "worker-off"],
+)
 def test_with_the_doorbell_a_backlog_of_one_op_commits_is_worked_from_two_hints(
-    stack: Stack, pg: Engine, outbox: Outbox, broker_url: str, sim_control: SimulatorControl
+    stack: Stack,
+    pg: Engine,
+    outbox: Outbox,
+    broker_url: str,
+    sim_control: SimulatorControl,
+    worker_env: dict[str, str],
 ) -> None:
     """120 transactions of one operation each publish two doorbell hints (the limit); the
-    worker, with no beat and so no sweeper, claims 4 at a time and rings again after each full
-    claim: every operation is worked, once. Without the ringing again it would stop at 8."""
+    worker, with no beat and so no sweeper, claims a batch at a time and rings again after each
+    full claim: every operation is worked, once. Without the ringing again it would stop at the
+    first two batches."""
     # Rings last 30 s on the app's side: none ages out while the backlog is committed.
     app = App(stack, pg, outbox, hint_doorbell=2, claim_batch=4, sweep_seconds=30)
     client = redis.Redis.from_url(broker_url)
@@ -485,9 +501,7 @@ def test_with_the_doorbell_a_backlog_of_one_op_commits_is_worked_from_two_hints(
         messages = [json.loads(m) for m in client.lrange("settled", 0, -1)]
         carried = [json.loads(base64.b64decode(m["body"]))[0][0] for m in messages]
         assert carried == [[], []]
-        stack.start_worker(
-            pool="prefork", concurrency=2, SETTLED_HINT_DOORBELL="2", SETTLED_CLAIM_BATCH="4"
-        )
+        stack.start_worker(pool="prefork", concurrency=2, **worker_env)
         assert set(wait_settled(app, stack, ids).values()) == {"succeeded"}
         assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 120
         # Then producers in threads commit while the worker works: none is left behind.

@@ -142,6 +142,14 @@ def test_a_doorbell_hint_claims_the_oldest_due_and_rings_again_only_when_full(ri
     assert [rig.sends(i) for i in ids] == [1] * 5
 
 
+def test_a_doorbell_hint_claims_as_many_as_it_is_told_whatever_the_extra_claims(rig: Rig) -> None:
+    ids = enqueue_many(rig, 3)
+    executor = rig.executor(batch_extra=0)  # this worker's own SETTLED_CLAIM_BATCH=0
+    assert executor.execute([]) == {}
+    assert executor.execute([], claims=2) == dict.fromkeys(ids[:2], State.SUCCEEDED)
+    assert executor.execute([ids[2]], claims=2) == {ids[2]: State.SUCCEEDED}  # ids: as hinted
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("engine", ["postgresql"], indirect=True)  # backend pids: PostgreSQL
 def test_a_dead_pooled_connection_costs_one_retry_not_the_operation(

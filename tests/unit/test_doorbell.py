@@ -4,6 +4,7 @@ that age out, and the relay's publish failing open."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -11,7 +12,7 @@ import redis
 
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.settings import Settings
-from settled.celery_app import doorbell
+from settled.celery_app import create_app, doorbell
 
 
 @pytest.fixture
@@ -156,3 +157,12 @@ def test_the_app_rings_only_when_a_doorbell_hint_can_claim(
     assert (bell is not None) == on
     if bell is not None:
         assert (bell.pending, bell.claims) == (4, 2)
+
+
+def test_a_worker_answers_doorbell_hints_whatever_its_own_settings(tmp_path: Path) -> None:
+    app = create_app(Settings(hint_doorbell=0, claim_batch=0))
+    assert app.doorbell is None  # this process does not ring
+    assert app.bell is not None and (app.bell.pending, app.bell.claims) == (4, 8)
+    assert (
+        create_app(Settings(broker_url="filesystem://", broker_folder=str(tmp_path))).bell is None
+    )
