@@ -115,9 +115,12 @@ class NotFound:
 
 @dataclass(frozen=True)
 class Unavailable:
-    """The lookup could not be answered (down, timed out, no lookup API)."""
+    """The lookup could not be answered (down, timed out, no lookup API); or, with ``pending``,
+    it found the operation taken on but not finished (a Stripe refund ``pending``): it may still
+    succeed or fail, so nobody may settle it, not even a supervisor's override, until it does."""
 
     detail: str
+    pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ def lookup_name(lookup: LookupOutcome | None) -> str:
     """The one name of a lookup's result in evidence, events and messages (None: no lookup)."""
     if lookup is None:
         return "none"
+    if isinstance(lookup, Unavailable) and lookup.pending:
+        return "pending"
     return {
         Found: "found",
         NotFound: "not_found",

@@ -151,11 +151,12 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
             code="requeued",
         )
     assert isinstance(lookup, Unavailable)
+    # "pending": the downstream took it on and has not finished; recorded as such, so that
+    # staff are offered no resolution while it is (``reconciler.evidence``).
+    name = lookup_name(lookup)
     if s.overdue:
-        return _review(s, "lookup_unavailable", {"lookup": "unavailable", "detail": lookup.detail})
-    return Change.look(
-        "lookup_unavailable", recheck_at=backoff(s), evidence={"lookup": "unavailable"}
-    )
+        return _review(s, "lookup_unavailable", {"lookup": name, "detail": lookup.detail})
+    return Change.look("lookup_unavailable", recheck_at=backoff(s), evidence={"lookup": name})
 
 
 def _review(s: Situation, reason: str, evidence: dict[str, Any]) -> Change:

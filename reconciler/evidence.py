@@ -16,6 +16,7 @@ its record, other params (mismatch)         its record, marked as       its reco
 not found, proven (quiet, key retained)     contradicted                proven: not executed
 not found, unproven                         override: statement         override: statement
 unavailable                                 override: statement         override: statement
+taken on, not finished (pending)            refused                     refused
 a record not ours or not storable           override: statement         override: statement
 ==========================================  ==========================  =======================
 """
@@ -32,11 +33,18 @@ from outbox.downstream import (
     NotFound,
     Receipt,
     Settlement,
+    Unavailable,
     lookup_name,
     settlement,
 )
 from outbox.errors import ReviewConflict
 from outbox.states import State
+
+#: Why no resolution can be stored while the downstream holds the operation unfinished.
+PENDING = (
+    "the downstream has taken this on and not finished it (pending): it may still succeed or "
+    "fail, so nothing can be resolved, not even by an override; requery once it has settled"
+)
 
 #: Why a lookup cannot settle a resolution yet, as staff read it.
 UNPROVEN = {
@@ -88,6 +96,10 @@ def weigh(
     """
     if lookup is None:
         return Weighed(None)  # no lookup API: the staff's evidence is all there is
+    if isinstance(lookup, Unavailable) and lookup.pending:
+        # Taken on and not finished: whatever staff wrote could be undone by the downstream
+        # (a "rejected" here, a new refund by the app, and then this one completes).
+        raise ReviewConflict(PENDING, code="downstream_pending", why="downstream_pending")
     if isinstance(lookup, Found):
         return Weighed(_agreeing(lookup.receipt, to, reference, lookup), settles=settlement(lookup))
     if isinstance(lookup, LookupMisuse) and lookup.record is not None:
@@ -162,4 +174,6 @@ def allowed_choices(
         return (*plain, *overrides)  # as its record says, if it can be stored
     if lookup == "not_found":
         return (Choice("rejected"), *overrides)
+    if lookup == "pending":
+        return ()  # the downstream has not finished it: requery later
     return overrides  # unavailable, or not asked yet

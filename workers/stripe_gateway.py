@@ -249,7 +249,7 @@ def _find(
             )
         if receipt.status == PENDING:
             # Not made yet and it may still fail: uncertain until Stripe settles it.
-            return Unavailable(f"the refund is {refund.get('status')} at Stripe")
+            return Unavailable(f"the refund is {refund.get('status')} at Stripe", pending=True)
         if receipt.status == "succeeded":
             return Found(receipt)
         return Found(receipt, RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}")

@@ -20,13 +20,17 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.errors import ReviewConflict
 from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent, ReviewItem
 from outbox.states import State
 from reconciler.reconcile import Reconciler
+from reconciler.review import ReviewQueue
+from reconciler.staff import Staff
 from workers.executor import Executor
 from workers.stripe_gateway import StripeGateway
 
+BOSS = Staff.parse("bob", "supervisor")
 PARAMS = {"order_id": "pi_3Nx", "amount_minor": 1500, "currency": "EUR", "payee": "P-7"}
 
 
@@ -151,3 +155,45 @@ def _row(sessions: sessionmaker[Session], op_id: int) -> Operation:
         row = s.get(Operation, op_id)
         assert row is not None
         return row
+
+
+def test_a_refund_pending_past_the_review_time_cannot_be_resolved_by_anyone_until_it_settles(
+    engine: Engine, outbox: Outbox, stripe: PendingStripe, gateway: StripeGateway
+) -> None:
+    """Staff who marked a pending refund rejected would let the app refund again, and then
+    Stripe completes the first: review offers nothing, and refuses even a supervisor's
+    override, until Stripe has settled it; then requery settles it by its record."""
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    with sessions.begin() as s:
+        op_id = outbox.enqueue(s, tenant="acme", op_id="op-1", kind="refund", params=PARAMS)
+        op_id = op_id.operation.id
+    executor = Executor(
+        sessions=sessions, gateway=gateway, registry=outbox.registry,
+        fingerprinter=outbox.fingerprinter, worker="w1", rand=lambda: 0.0,
+    )  # fmt: skip
+    reconciler = Reconciler(
+        sessions=sessions, gateway=gateway, registry=outbox.registry, worker="r1",
+        review_after=0.001,
+    )  # fmt: skip
+    assert executor.execute([op_id]) == {op_id: State.UNKNOWN}
+    _make_due(sessions, op_id)
+    reconciler.run_once()
+    with sessions() as s:
+        (item,) = s.scalars(select(ReviewItem)).all()
+    queue = ReviewQueue(sessions, gateway, outbox.registry)
+    shown = queue.show(BOSS, item.id)
+    assert (shown["last_lookup"], shown["choices"]) == ("pending", [])
+    for outcome in ("rejected", "succeeded"):
+        with pytest.raises(ReviewConflict) as refused:
+            queue.resolve(
+                BOSS, item.id, outcome=outcome, version=shown["item"]["version"],
+                reference="re_1", justification="the customer says it never arrived",
+                override=True,
+            )  # fmt: skip
+        assert refused.value.code == "downstream_pending"
+    assert _row(sessions, op_id).state == "unknown"
+    stripe.settle("failed")
+    assert queue.requery(BOSS, item.id)["lookup"] == "found"
+    row = _row(sessions, op_id)
+    assert (row.state, row.reason) == ("rejected", "business_rejected")
+    assert stripe.creates == 1

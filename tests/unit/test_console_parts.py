@@ -67,6 +67,7 @@ OS, OR = Choice("succeeded", True), Choice("rejected", True)
         ("not_found", None, True, (R, OS, OR)),
         ("unavailable", None, False, ()),
         ("unavailable", None, True, (OS, OR)),
+        ("pending", None, True, ()),  # taken on, not finished: not even an override
         (None, None, True, (OS, OR)),
     ],
 )
