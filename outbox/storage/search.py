@@ -12,7 +12,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy import Select, bindparam, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from outbox.models import Operation, Proposal, ReviewItem, Run
@@ -58,25 +58,6 @@ WAITING_PROPOSALS = (
 WAITING_COUNT = select(func.count()).select_from(Proposal).where(Proposal.status == "proposed")
 PROPOSAL_BY_ID = select(Proposal).where(Proposal.id == bindparam("proposal_id"))
 MAX_ON_ORDERS = 500
-#: Proposals and operations on some orders (narrowed to exact tenant and order pairs after).
-PROPOSALS_ON_ORDERS = (
-    select(Proposal)
-    .where(
-        Proposal.tenant.in_(bindparam("tenants", expanding=True)),
-        Proposal.order_ref.in_(bindparam("orders", expanding=True)),
-    )
-    .order_by(Proposal.id)
-    .limit(MAX_ON_ORDERS)
-)
-OPERATIONS_ON_ORDERS = (
-    select(Operation)
-    .where(
-        Operation.tenant.in_(bindparam("tenants", expanding=True)),
-        Operation.params["order_id"].as_string().in_(bindparam("orders", expanding=True)),
-    )
-    .order_by(Operation.id)
-    .limit(MAX_ON_ORDERS)
-)
 BY_OP_ID = (
     select(Operation)
     .where(Operation.tenant == bindparam("tenant"), Operation.op_id == bindparam("op_id"))
@@ -194,20 +175,21 @@ def on_orders(
     session: Session, orders: Collection[tuple[str, str]]
 ) -> tuple[list[Proposal], list[Operation]]:
     """The proposals and the operations (of any kind, however made) on the orders
-    ``(tenant, order id)``, oldest first, at most ``MAX_ON_ORDERS`` of each."""
+    ``(tenant, order id)``, oldest first: the newest ``MAX_ON_ORDERS`` of each."""
     if not orders:
         return [], []
-    wanted = set(orders)
-    params: dict[str, Any] = {
-        "tenants": sorted({t for t, _ in wanted}),
-        "orders": sorted({o for _, o in wanted}),
-    }
-    proposals = [
-        p for p in session.scalars(PROPOSALS_ON_ORDERS, params) if (p.tenant, p.order_ref) in wanted
-    ]
-    operations = [
-        op
-        for op in session.scalars(OPERATIONS_ON_ORDERS, params)
-        if (op.tenant, op.params.get("order_id")) in wanted
-    ]
-    return proposals, operations
+    pairs = sorted(set(orders))
+    order_of = Operation.params["order_id"].as_string()
+    proposals = session.scalars(
+        select(Proposal)
+        .where(tuple_(Proposal.tenant, Proposal.order_ref).in_(pairs))
+        .order_by(Proposal.id.desc())
+        .limit(MAX_ON_ORDERS)
+    ).all()
+    operations = session.scalars(
+        select(Operation)
+        .where(tuple_(Operation.tenant, order_of).in_(pairs))
+        .order_by(Operation.id.desc())
+        .limit(MAX_ON_ORDERS)
+    ).all()
+    return list(reversed(proposals)), list(reversed(operations))

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from outbox.errors import Forbidden, NotFound
 from outbox.models import Operation
 from outbox.proposals import Proposals
+from outbox.storage import search
 from reconciler.approvals import Approvals
 from reconciler.staff import Staff
 from tests.support.rig import GOOD, Rig
@@ -86,3 +87,20 @@ def test_the_first_decision_wins_and_the_second_is_told_who_made_it(rig: Rig) ->
     assert approvals.show(BOB, globex)["other_proposals"] == []
     declined = approvals.decline(GIL, globex)
     assert declined.won and declined.proposal["op_id"] is None and len(op_ids(rig)) == 2
+
+
+def test_what_else_is_on_an_order_is_found_by_exact_pairs_newest_kept(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Orders of several tenants at once: rows of another pairing (acme's B2001, asked for
+    globex only) never take the place of the ones asked for, and the cap keeps the newest."""
+    monkeypatch.setattr(search, "MAX_ON_ORDERS", 2)
+    for n in range(3):  # older, on acme's B2001: not asked for
+        rig.enqueue(f"op-b{n}", {**GOOD, "order_id": "B2001"})
+    first = rig.enqueue("op-a0")
+    latest = rig.enqueue("op-a1", {**GOOD, "amount_minor": 500})
+    newest = rig.enqueue("op-a2", {**GOOD, "amount_minor": 600})
+    with rig.sessions() as s:
+        _, operations = search.on_orders(s, [("acme", "A1042"), ("globex", "B2001")])
+    assert [op.id for op in operations] == [latest, newest]  # oldest first, the newest two
+    assert first not in [op.id for op in operations]
