@@ -245,7 +245,9 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
             "customer_request, pickup_failed, duplicate. This is a new operation: it happens "
             "only after approval (the user is asked, or staff approve it), it can fail too, "
             "and it is reported by its own receipt: nothing is reversed until request_status "
-            "says so. A refund cannot be compensated here. " + WRITE_RULES
+            "says so. A request is compensated once: asking again, with any cause, answers "
+            "with the first compensation. It works on a cancelled request too. A refund cannot "
+            "be compensated here. " + WRITE_RULES
         ),
         annotations=ToolAnnotations(
             readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=True
