@@ -10,7 +10,12 @@ Approval binds the exact parameters (the proposal's keyed fingerprint): a change
 payee is another proposal. A request that repeats a live one (proposed or approved) for the
 same order within the repeat window is not made again: the answer is the existing proposal.
 A different request for the same order (a second partial refund) is a new proposal, and its
-approval shows the earlier ones. Like intake, nothing here commits.
+approval shows the earlier ones. A compensation is different: one original is compensated
+once, so any live request to compensate it (whatever its cause, however old; not one whose
+operation was rejected or cancelled) is the repeat, and approval refuses when the original
+already has a compensation that was not rejected or cancelled. An approved compensation gets
+a run of its own, linked to the original: stopping either never stops the other. Like intake,
+nothing here commits.
 
 A proposal nobody decides within its time to live (``ttl``) expires: approval checks its age
 by the database's clock in the same conditional UPDATE that approves it, so an expired
@@ -35,12 +40,12 @@ from outbox.intake import Outbox
 from outbox.kinds import Intent, Kind, default_registry
 from outbox.models import Operation, Proposal
 from outbox.report import Report
-from outbox.runs import compensate, open_run, run_report
+from outbox.runs import open_run, run_report
 from outbox.settings import Settings
 from outbox.states import State
 from outbox.storage import proposals as store
 from outbox.storage import storage_for
-from outbox.storage.operations import find_operation
+from outbox.storage.operations import compensations_of, find_operation
 from outbox.storage.runs import run as run_by_id
 
 HANDLE_PREFIX = "prp_"
@@ -67,6 +72,8 @@ COMPENSATIONS: Mapping[str, tuple[str, Callable[[Mapping[str, Any], str], dict[s
 }
 #: an operation in one of these states has nothing to offset yet, or never will have
 _NOTHING_DONE = frozenset({State.PLANNED.value, State.REJECTED.value, State.CANCELLED.value})
+#: a compensation in one of these states undid nothing: another may be approved after it
+_UNDID_NOTHING = frozenset({State.REJECTED.value, State.CANCELLED.value})
 
 
 def new_handle() -> str:
@@ -176,9 +183,10 @@ class Proposals:
     ) -> Proposed:
         """A proposal to compensate what approved proposal ``handle`` did: a new operation
         (for a ticket, its cancellation with ``cause``) that waits for approval like any other
-        request; approved, it is enqueued linked to the original (``outbox.runs.compensate``)
-        and reported by its own receipt. A repeat answers with the live one. Bad input, or an
-        original with nothing to offset, raises an InvalidInput subclass; nothing is written."""
+        request; approved, it is enqueued in a run of its own, linked to the original, and
+        reported by its own receipt. Any live request to compensate the same original is the
+        repeat (whatever its cause or age): the answer is that one. Bad input, or an original
+        with nothing to offset, raises an InvalidInput subclass; nothing is written."""
         tenant = validate_tenant(tenant)
         reason = validate_label(reason, field="reason", max_length=MAX_REASON)
         if correlation_id is not None:
@@ -235,7 +243,16 @@ class Proposals:
                 return without(p.params, minted) == asked
             return fp.matches(spec.name, intent, p.fingerprint_key_version, p.fingerprint)
 
-        repeated = repeat_of(earlier, same_params)
+        if compensates is None:
+            repeated = repeat_of(earlier, same_params)
+        else:
+            # One original is compensated once: any live request to compensate it is the
+            # repeat, whatever its cause, however long ago it was made.
+            # (An approved one whose operation was rejected or cancelled undid nothing.)
+            repeated = repeat_of(
+                store.compensating(session, compensates.id),
+                lambda p: not self._undid_nothing(session, p),
+            )
         live = tuple(p for p in earlier if p.status in LIVE and p is not repeated)
         if repeated is not None:
             return Proposed(repeated, created=False, earlier=live)
@@ -255,6 +272,14 @@ class Proposals:
             },
         )
         return Proposed(row, created=True, earlier=live)
+
+    @staticmethod
+    def _undid_nothing(session: Session, proposal: Proposal) -> bool:
+        """Whether approved ``proposal``'s operation ended rejected or cancelled."""
+        if proposal.status != APPROVED or proposal.op_id is None:
+            return False
+        op = find_operation(session, proposal.tenant, proposal.op_id)
+        return op is not None and op.state in _UNDID_NOTHING
 
     def _operation_to_offset(self, session: Session, original: Proposal) -> Operation:
         """The operation of approved proposal ``original``, if it may have done something to
@@ -315,36 +340,42 @@ class Proposals:
         session.expire(proposal)
         return proposal
 
-    def _enqueue(self, session: Session, proposal: Proposal, op_id: str) -> int | None:
-        """Enqueue an approved proposal's exact parameters under ``op_id``: in a run of its own,
-        or (a compensation) linked to the original operation, in its run; that run's id."""
-        if proposal.compensates_id is None:
-            run = open_run(
-                session, tenant=proposal.tenant, title=f"agent proposal {proposal.handle}"
-            )
-            self.outbox.enqueue(
-                session,
-                tenant=proposal.tenant,
-                op_id=op_id,
-                kind=proposal.kind,
-                params=proposal.params,
-                run=run,
-                correlation_id=proposal.correlation_id,
-            )
-            return run.id
-        original = session.get(Proposal, proposal.compensates_id)
-        assert original is not None  # a foreign key holds it
-        op = self._operation_to_offset(session, original)
-        got = compensate(
-            self.outbox,
+    def _enqueue(self, session: Session, proposal: Proposal, op_id: str) -> int:
+        """Enqueue an approved proposal's exact parameters under ``op_id`` in a run of its own
+        (a compensation: linked to the original operation, which must have no compensation
+        that could still undo it); that run's id."""
+        offsets: Operation | None = None
+        if proposal.compensates_id is not None:
+            original = session.get(Proposal, proposal.compensates_id)
+            assert original is not None  # a foreign key holds it
+            offsets = self._operation_to_offset(session, original)
+            self._refuse_if_compensated(session, offsets)
+        run = open_run(session, tenant=proposal.tenant, title=f"agent proposal {proposal.handle}")
+        self.outbox.enqueue(
             session,
-            op,
+            tenant=proposal.tenant,
             op_id=op_id,
             kind=proposal.kind,
             params=proposal.params,
+            run=run,
             correlation_id=proposal.correlation_id,
+            compensates=offsets,
         )
-        return got.operation.run_id
+        return run.id
+
+    @staticmethod
+    def _refuse_if_compensated(session: Session, op: Operation) -> None:
+        """InvalidInput (``already_compensated``) when ``op`` already has a compensation that
+        was not rejected or cancelled. Two approvals at once take turns on a lock, so the
+        second sees the first's compensation."""
+        storage_for(session).serialize(session, f"compensate:{op.tenant}:{op.id}")
+        if any(c.state not in _UNDID_NOTHING for c in compensations_of(session, op.tenant, op.id)):
+            raise InvalidInput(
+                "this request already has a compensation; it is compensated once "
+                "(follow the earlier compensation with request_status)",
+                code="already_compensated",
+                field="handle",
+            )
 
     def decline(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
         """Decline a proposal still waiting (never committed); declining a declined one is

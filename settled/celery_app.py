@@ -245,7 +245,12 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     @app.task(name=SWEEP, ignore_result=True, shared=False)
     def sweep_task() -> None:
         sessions = runtime(settings).sessions
-        expire_proposals(sessions, timedelta(seconds=settings.agent_proposal_ttl_seconds))
+        try:
+            expire_proposals(sessions, timedelta(seconds=settings.agent_proposal_ttl_seconds))
+        except Exception:
+            # The re-hinting below is the safety net for lost hints: an expiry error must
+            # never stop it (the next beat tries the expiry again).
+            log.exception("proposal expiry failed; sweeping anyway")
         sweep(sessions, ids_publisher(app), per_message=settings.hint_batch)
 
     @app.task(name=RECONCILE, ignore_result=True, shared=False)

@@ -83,7 +83,9 @@ NOUNS = {"refund": "refund", "after_sales_ticket": "ticket", "ticket_cancel": "c
 #: tool's ``problem``: the tool's ``reason`` is the free-text why)
 FIELD_NAMES = {"after_sales_ticket": {"reason": "problem"}, "ticket_cancel": {"reason": "cause"}}
 #: bad input no other value of a field fixes: explained to the user, not corrected
-NOTHING_TO_DO = frozenset({"not_compensable", "nothing_to_compensate", "run_cancelled"})
+NOTHING_TO_DO = frozenset(
+    {"not_compensable", "nothing_to_compensate", "run_cancelled", "already_compensated"}
+)
 REPEAT_NOTES = {
     "refund": "This repeats an earlier request for the same order, amount, currency and payee: "
     "no new refund was made. Do not ask again; follow this handle with refund_status.",
@@ -243,7 +245,9 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
             "customer_request, pickup_failed, duplicate. This is a new operation: it happens "
             "only after approval (the user is asked, or staff approve it), it can fail too, "
             "and it is reported by its own receipt: nothing is reversed until request_status "
-            "says so. A refund cannot be compensated here. " + WRITE_RULES
+            "says so. A request is compensated once: asking again, with any cause, answers "
+            "with the first compensation. It works on a cancelled request too. A refund cannot "
+            "be compensated here. " + WRITE_RULES
         ),
         annotations=ToolAnnotations(
             readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=True
@@ -601,21 +605,37 @@ async def _decided(
             ),
         )
     if outcome is not None and outcome.action in ("accept", "decline"):
-        await desk.in_transaction(
-            lambda s: desk.proposals.decline(s, tenant, handle, by="user:elicitation")
-        )
-        return refusal(
-            "business_rejected",
-            f"The user declined this {NOUNS[ask.kind]}. Tell the user; do not ask again "
-            "unless they do.",
-            handle=handle,
-        )
+        return await _guarded(desk, lambda s: _declined(desk, s, ask), noun="request")
     status_tool = "refund_status" if ask.kind == "refund" else "request_status"
     return refusal(
         "pending",
         f"The {NOUNS[ask.kind]} waits for approval by support staff. Do not retry: check "
         f"{status_tool} with this handle later.",
         handle=handle,
+    )
+
+
+def _declined(desk: AgentDesk, session: Session, ask: Ask) -> CallToolResult:
+    """Decline as the human answered; if staff approved it (or it expired) while the question
+    was open, the proposal as it now stands instead: the model must not say nothing happens
+    when something will."""
+    try:
+        desk.proposals.decline(session, ask.tenant, ask.handle, by="user:elicitation")
+    except ProposalConflict:
+        session.expire_all()  # decided by another transaction: read it as it now is
+        proposal = desk.proposals.find(session, ask.tenant, ask.handle)
+        status = _describe(desk, session, proposal, "en")
+        status["note"] = (
+            f"The user declined, but this {NOUNS[ask.kind]} was already {status['status']} "
+            f"({proposal.decided_by or 'expiry'}) before the answer arrived. Tell the user "
+            "exactly this status."
+        )
+        return answer(status)
+    return refusal(
+        "business_rejected",
+        f"The user declined this {NOUNS[ask.kind]}. Tell the user; do not ask again "
+        "unless they do.",
+        handle=ask.handle,
     )
 
 

@@ -33,6 +33,9 @@ FOR_ORDER = (
     )
     .order_by(Proposal.id)
 )
+COMPENSATING = (
+    select(Proposal).where(Proposal.compensates_id == bindparam("p_id")).order_by(Proposal.id)
+)
 WAITING = select(Proposal).where(Proposal.status == "proposed").order_by(Proposal.id)
 WAITING_OF_TENANT = WAITING.where(Proposal.tenant == bindparam("tenant"))
 PAST = select(Proposal.id).where(
@@ -86,6 +89,12 @@ def recent_for_order(
     since = db_time(session) - window
     params = {"tenant": tenant, "kind": kind, "order_ref": order_ref, "since": since}
     return list(session.scalars(FOR_ORDER, params))
+
+
+def compensating(session: Session, proposal_id: int) -> list[Proposal]:
+    """Every proposal to compensate proposal ``proposal_id``, whatever its status or age,
+    oldest first."""
+    return list(session.scalars(COMPENSATING, {"p_id": proposal_id}))
 
 
 def expiry_cutoff(session: Session, ttl: timedelta) -> datetime:

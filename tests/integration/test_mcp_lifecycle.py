@@ -11,11 +11,14 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from mcp_types import ElicitResult
 from sqlalchemy import func, select
 
-from outbox.errors import ProposalConflict
-from outbox.models import Run
+from outbox.errors import InvalidInput, ProposalConflict
+from outbox.ids import new_op_id
+from outbox.models import Operation, Run
 from outbox.proposals import Proposals
+from outbox.runs import compensate
 from tests.support.agents import (
     REFUND,
     Human,
@@ -215,7 +218,8 @@ def test_a_compensation_is_an_approved_operation_that_restores_only_with_its_rec
     assert undo["status"] == "approved" and undo["kind"] == "ticket_cancel"
     assert undo["op_id"] != ticket["op_id"] and undo["order_id"] == "A1042"
     original, compensation = operations(rig)
-    assert compensation.compensates_id == original.id and compensation.run_id == original.run_id
+    # linked to the original, in a run of its own: stopping either never stops the other
+    assert compensation.compensates_id == original.id and compensation.run_id != original.run_id
     assert ticket_status(rig, ticket["ticket_id"]) == "open"  # nothing reversed yet
     execute_all(rig)
     assert ticket_status(rig, ticket["ticket_id"]) != "open"
@@ -228,6 +232,150 @@ def test_a_compensation_is_an_approved_operation_that_restores_only_with_its_rec
         assert f"Restored by compensation {undo['op_id']} (receipt {receipt})." in after["text"]
 
     converse(server(rig), check)
+
+
+def cancellations(rig: Rig, ticket_id: str) -> int:
+    """How many ticket cancellations the downstream did for ``ticket_id`` (its ledger)."""
+    effects = rig.control.ledger()["effects"]
+    return sum(
+        1 for e in effects if e["kind"] == "ticket_cancel" and e["params"]["ticket_id"] == ticket_id
+    )
+
+
+def test_a_second_compensation_with_another_cause_is_the_same_request(rig: Rig) -> None:
+    ticket = ticket_done(rig)
+    human = Human(("accept", True), ("accept", True))
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        for cause in ("customer_request", "duplicate", "pickup_failed"):
+            got = await call(
+                client, "request_compensation", handle=ticket["handle"], reason="x", cause=cause
+            )
+            seen.append(got)
+
+    converse(server(rig), model, human)
+    first, second, third = seen
+    assert first["status"] == "approved" and len(human.prompts) == 1  # asked once only
+    assert second["repeat"] is True and second["handle"] == first["handle"]
+    assert third["repeat"] is True and third["handle"] == first["handle"]
+    assert [o.kind for o in operations(rig)] == ["after_sales_ticket", "ticket_cancel"]
+    assert [p.kind for p in proposals(rig)] == ["after_sales_ticket", "ticket_cancel"]
+    execute_all(rig)
+    assert cancellations(rig, ticket["ticket_id"]) == 1
+
+
+def test_a_compensation_whose_operation_was_cancelled_may_be_asked_again(rig: Rig) -> None:
+    ticket = ticket_done(rig)
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        undo = await call(client, "request_compensation", handle=ticket["handle"], reason="x")
+        stopped = await call(client, "cancel_request", handle=undo["handle"])
+        assert stopped["state"] == "cancelled"
+        seen.append(await call(client, "request_compensation", handle=ticket["handle"], reason="y"))
+        seen.append(undo)
+
+    converse(server(rig), model, Human(("accept", True), ("accept", True)))
+    again, undo = seen
+    assert again["status"] == "approved" and again["handle"] != undo["handle"]
+    original, cancelled, compensation = operations(rig)
+    assert cancelled.state == "cancelled" and compensation.compensates_id == original.id
+    with rig.sessions() as s:  # stopping the compensation never stopped the original's run
+        assert s.get(Run, original.run_id).cancel_requested_at is None  # type: ignore[union-attr]
+    execute_all(rig)
+    assert cancellations(rig, ticket["ticket_id"]) == 1
+    assert ticket_status(rig, ticket["ticket_id"]) != "open"
+
+
+def test_approval_is_refused_when_the_original_already_has_a_compensation(rig: Rig) -> None:
+    ticket = ticket_done(rig)
+    waiting: list[str] = []
+
+    async def ask(client: Client) -> None:  # no elicitation: it waits for staff
+        got = await call(client, "request_compensation", handle=ticket["handle"], reason="x")
+        waiting.append(got["error"]["handle"])
+
+    converse(server(rig), ask)
+    with rig.sessions.begin() as s:  # meanwhile the app compensates it directly
+        original = s.scalars(select(Operation).where(Operation.op_id == ticket["op_id"])).one()
+        compensate(
+            rig.outbox,
+            s,
+            original,
+            op_id=new_op_id(),
+            kind="ticket_cancel",
+            params={"ticket_id": ticket["ticket_id"], "reason": "duplicate"},
+        )
+    before = (len(operations(rig)), runs(rig))
+    with rig.sessions.begin() as s, pytest.raises(InvalidInput) as err:
+        Proposals(rig.outbox).approve(s, "acme", waiting[0], by="staff:mei")
+    assert err.value.code == "already_compensated"
+    assert (len(operations(rig)), runs(rig)) == before  # the refused approval wrote nothing
+    assert proposals(rig)[-1].status == "proposed"
+    execute_all(rig)
+    assert cancellations(rig, ticket["ticket_id"]) == 1
+
+
+def test_cancel_then_compensate_cancels_the_ticket_once(rig: Rig) -> None:
+    ticket = ticket_done(rig)
+    seen: list[dict[str, Any]] = []
+
+    async def model(client: Client) -> None:
+        stopped = await call(client, "cancel_request", handle=ticket["handle"])
+        assert stopped["stopped"] is True and stopped["outcome"] == "done"
+        seen.append(await call(client, "request_compensation", handle=ticket["handle"], reason="a"))
+
+    human = Human(("accept", True))
+    converse(server(rig), model, human)
+    (undo,) = seen
+    assert undo["status"] == "approved" and undo["stopped"] is False
+    assert len(human.prompts) == 1
+    execute_all(rig)
+    assert cancellations(rig, ticket["ticket_id"]) == 1
+    assert ticket_status(rig, ticket["ticket_id"]) != "open"
+
+    async def check(client: Client) -> None:
+        own = await call(client, "request_status", handle=undo["handle"])
+        assert own["outcome"] == "done" and own["state"] == "succeeded"
+        after = await call(client, "request_status", handle=ticket["handle"])
+        receipt = own["evidence"]["reference"]
+        assert f"Restored by compensation {undo['op_id']} (receipt {receipt})." in after["text"]
+
+    converse(server(rig), check)
+
+
+@pytest.mark.parametrize("meanwhile", ["staff_approved", "expired"])
+def test_a_decline_after_the_proposal_was_decided_says_how_it_stands(
+    rig: Rig, meanwhile: str
+) -> None:
+    out: list[dict[str, Any]] = []
+
+    async def human(context: Any, params: Any) -> ElicitResult:
+        (p,) = proposals(rig)
+        if meanwhile == "staff_approved":
+            with rig.sessions.begin() as s:
+                Proposals(rig.outbox).approve(s, "acme", p.handle, by="staff:mei")
+        else:
+            age_proposal(rig, p.handle, DAY + 5)
+        return ElicitResult(action="decline")
+
+    async def model(client: Client) -> None:
+        out.append(await call(client, "request_refund", **REFUND))
+
+    converse(server(rig), model, human)
+    (got,) = out
+    if meanwhile == "staff_approved":
+        assert got["status"] == "approved" and got["decided_by"] == "staff:mei"
+        assert "already approved" in got["note"]
+    else:
+        assert got["status"] == "expired" and "nothing was sent" in got["text"]
+    assert [p.status for p in proposals(rig)] == [
+        "approved" if meanwhile == "staff_approved" else "proposed"  # expired, not yet marked
+    ]
+    execute_all(rig)
+    expected = 10000 if meanwhile == "staff_approved" else 0
+    assert rig.control.refunded("acme", "A1042") == expected
 
 
 def test_a_failed_compensation_says_nothing_was_reversed(rig: Rig) -> None:

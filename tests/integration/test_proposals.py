@@ -10,14 +10,18 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
+import pytest
 from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import Outbox
 from outbox.models import Proposal
 from outbox.proposals import Proposals, Proposed
+from outbox.settings import Settings
 from tests.support.rig import GOOD
+from tests.support.services import wait_until
 from workers.sweeper import expire_proposals
 
 
@@ -55,8 +59,7 @@ def test_two_identical_requests_at_once_make_one_proposal(engine: Engine, outbox
         racer = threading.Thread(target=request_again)
         racer.start()
         # The second request is waiting on the first's lock before the first commits.
-        while not (_waiting_on_a_lock(engine) or second.done()):
-            pass
+        assert wait_until(lambda: _waiting_on_a_lock(engine) or second.done(), timeout=30)
         assert not second.done(), "the second request did not wait for the first"
     racer.join(timeout=30)
     created, again = second.result(timeout=0)
@@ -99,3 +102,28 @@ def test_the_sweepers_expiry_marks_only_undecided_proposals_past_their_time_to_l
         "approved": "approved",
         "declined": "declined",
     }
+
+
+def test_the_sweep_task_rehints_due_operations_even_when_expiry_fails(
+    engine: Engine,
+    outbox: Outbox,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from settled import celery_app
+
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    with sessions.begin() as s:
+        due = outbox.enqueue(s, tenant="acme", op_id="op-due", kind="refund", params=GOOD)
+    hints: list[list[int]] = []
+
+    def expiry_fails(*_: object) -> int:
+        raise RuntimeError("the proposals table is locked")
+
+    monkeypatch.setattr(celery_app, "runtime", lambda settings: SimpleNamespace(sessions=sessions))
+    monkeypatch.setattr(celery_app, "expire_proposals", expiry_fails)
+    app = celery_app.create_app(Settings())
+    monkeypatch.setattr(app, "send_task", lambda name, args, queue: hints.append(args[0]))
+    app.tasks[celery_app.SWEEP].run()
+    assert hints == [[due.operation.id]]  # the lost-hint safety net still ran
+    assert "proposal expiry failed" in caplog.text
