@@ -47,6 +47,7 @@ from outbox.storage import proposals as store
 from outbox.storage import storage_for
 from outbox.storage.operations import compensations_of, find_operation
 from outbox.storage.runs import run as run_by_id
+from outbox.storage.search import on_orders
 
 HANDLE_PREFIX = "prp_"
 HANDLE_RE = re.compile(r"prp_[A-Za-z0-9_-]{32}")
@@ -104,13 +105,19 @@ def repeat_of(
     return None
 
 
-def auto_approvable(limit: int | None, amount: int | None, earlier: Sequence[Proposal]) -> bool:
+def auto_approvable(
+    limit: int | None,
+    amount: int | None,
+    earlier: Sequence[Proposal],
+    others: Sequence[Operation] = (),
+) -> bool:
     """Whether a tenant's policy approves a new proposal by itself: an amount at most the
-    tenant's limit, and no other live proposal for the same order (a second refund on one
-    order always needs a person's explicit approval, which shows the first)."""
+    tenant's limit, no other live proposal for the same order, however old, and no operation
+    of the kind on it that the app made itself and that did something or may (a second refund
+    on one order always needs a person's explicit approval, which shows the first)."""
     if limit is None or amount is None or amount > limit:
         return False
-    return not any(p.status in LIVE for p in earlier)
+    return not any(p.status in LIVE for p in earlier) and not others
 
 
 # -- the service ---------------------------------------------------------------------------
@@ -124,6 +131,9 @@ class Proposed:
     proposal: Proposal
     created: bool
     earlier: tuple[Proposal, ...]
+    #: operations of the kind on the order that no proposal made (the app's own), not
+    #: rejected or cancelled
+    others: tuple[Operation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,9 +263,23 @@ class Proposals:
                 store.compensating(session, compensates.id),
                 lambda p: not self._undid_nothing(session, p),
             )
-        live = tuple(p for p in earlier if p.status in LIVE and p is not repeated)
+        # What an approval must show, and what keeps the policy from approving by itself:
+        # every live proposal on the order however old (the window only bounds repeats), and
+        # the operations of the kind the app made on it itself.
+        ever = store.recent_for_order(
+            session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=None
+        )
+        live = tuple(p for p in ever if p.status in LIVE and p is not repeated)
+        proposed_ops = {p.op_id for p in ever if p.op_id is not None}
+        others = tuple(
+            op
+            for op in on_orders(session, [(tenant, order_ref)])[1]
+            if op.kind == spec.name
+            and op.op_id not in proposed_ops
+            and op.state not in _UNDID_NOTHING
+        )
         if repeated is not None:
-            return Proposed(repeated, created=False, earlier=live)
+            return Proposed(repeated, created=False, earlier=live, others=others)
         row = store.add_proposal(
             session,
             {
@@ -271,7 +295,7 @@ class Proposals:
                 "compensates_id": compensates.id if compensates is not None else None,
             },
         )
-        return Proposed(row, created=True, earlier=live)
+        return Proposed(row, created=True, earlier=live, others=others)
 
     @staticmethod
     def _undid_nothing(session: Session, proposal: Proposal) -> bool:

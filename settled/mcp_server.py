@@ -546,7 +546,9 @@ async def _propose(
         got = make(session)
         p = got.proposal
         limit = desk.auto_approve_minor.get(tenant)
-        auto = got.created and auto_approvable(limit, p.params.get("amount_minor"), got.earlier)
+        auto = got.created and auto_approvable(
+            limit, p.params.get("amount_minor"), got.earlier, got.others
+        )
         if auto:
             desk.proposals.approve(session, tenant, p.handle, by="policy:auto_approve")
             return answer(_describe(desk, session, p, "en"))

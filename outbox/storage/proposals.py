@@ -8,7 +8,7 @@ The rules (what a repeat is, who may approve) are ``outbox.proposals``.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Table, bindparam, select, update
@@ -23,6 +23,8 @@ proposals: Table = Proposal.__table__  # type: ignore[assignment]
 FIND = select(Proposal).where(
     Proposal.tenant == bindparam("tenant"), Proposal.handle == bindparam("handle")
 )
+#: Before any proposal (``recent_for_order`` with no window).
+EVER = datetime(2000, 1, 1, tzinfo=UTC)
 FOR_ORDER = (
     select(Proposal)
     .where(
@@ -82,11 +84,11 @@ def find_proposal(session: Session, tenant: str, handle: str) -> Proposal | None
 
 
 def recent_for_order(
-    session: Session, *, tenant: str, kind: str, order_ref: str, window: timedelta
+    session: Session, *, tenant: str, kind: str, order_ref: str, window: timedelta | None
 ) -> list[Proposal]:
     """The proposals of ``tenant`` for ``kind`` on one order made within ``window`` (database
-    time), oldest first."""
-    since = db_time(session) - window
+    time; None: ever), oldest first."""
+    since = EVER if window is None else db_time(session) - window
     params = {"tenant": tenant, "kind": kind, "order_ref": order_ref, "since": since}
     return list(session.scalars(FOR_ORDER, params))
 

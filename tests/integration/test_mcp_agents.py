@@ -19,6 +19,7 @@ from outbox.proposals import Proposals
 from tests.support.agents import (
     REFUND,
     Human,
+    age_proposal,
     call,
     converse,
     execute_all,
@@ -26,7 +27,7 @@ from tests.support.agents import (
     proposals,
     server,
 )
-from tests.support.rig import HOLD, Rig
+from tests.support.rig import GOOD, HOLD, Rig
 
 
 def test_a_regenerated_request_after_a_timeout_is_answered_with_the_first(rig: Rig) -> None:
@@ -108,6 +109,36 @@ def test_a_second_partial_refund_is_its_own_approved_operation(rig: Rig) -> None
     assert len({op.op_id for op in operations(rig)}) == 2
     execute_all(rig)
     assert rig.control.refunded("acme", "A1042") == 5000
+
+
+def test_the_policy_never_approves_a_second_refund_on_an_order_however_old_the_first(
+    rig: Rig,
+) -> None:
+    """The repeat window (an hour here) bounds what counts as the same request, not what an
+    approval must show: a refund approved long ago, or one the app made itself, keeps the
+    policy from approving another on the order by itself."""
+    seen: list[dict[str, Any]] = []
+
+    async def first(client: Client) -> None:
+        seen.append(await call(client, "request_refund", **{**REFUND, "amount_minor": 3000}))
+
+    async def second(client: Client) -> None:
+        seen.append(await call(client, "request_refund", **{**REFUND, "amount_minor": 2000}))
+        seen.append(
+            await call(
+                client, "request_refund", **{**REFUND, "order_id": "B7", "amount_minor": 1000}
+            )
+        )
+
+    srv = server(rig, limits={"acme": 5000})
+    converse(srv, first)
+    age_proposal(rig, seen[0]["handle"], 3 * 3600)  # far past the repeat window
+    rig.control.create_order("acme", "B7", 100000)
+    rig.enqueue("op-app-b7", {**GOOD, "order_id": "B7"})  # the app's own refund
+    converse(srv, second)  # a client without elicitation: a person must approve
+    assert seen[0]["decided_by"] == "policy:auto_approve"
+    assert [s["error"]["kind"] for s in seen[1:]] == ["pending", "pending"]
+    assert [op.op_id for op in operations(rig)][-1] == "op-app-b7"  # nothing else enqueued
 
 
 def test_declined_and_cancelled_elicitations_send_nothing(rig: Rig) -> None:
