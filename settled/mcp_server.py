@@ -48,7 +48,7 @@ from outbox.errors import (
     NotFound,
     ProposalConflict,
 )
-from outbox.models import Proposal
+from outbox.models import Operation, Proposal
 from outbox.proposals import (
     APPROVED,
     PROPOSED,
@@ -556,6 +556,9 @@ async def _propose(
         if got.created or (continuing and waiting):
             # only those made before it: the same prompt on every round of one call
             earlier = [_summary(e) for e in got.earlier if e.id < p.id]
+            # and the app's own (one made between two rounds changes the question: the human
+            # is asked again, now shown it)
+            earlier += [_made(op) for op in got.others]
             return Ask(tenant, p.handle, p.kind, _prompt(p, earlier))
         status = _describe(desk, session, p, "en")
         status["repeat"] = True
@@ -678,6 +681,11 @@ def _amount(minor: int, currency: str) -> str:
 
 def _summary(p: Proposal) -> dict[str, Any]:
     return {"handle": p.handle, "status": p.status, **p.params}
+
+
+def _made(op: Operation) -> dict[str, Any]:
+    """An operation the app made itself on the order, as the prompt lists it."""
+    return {"status": op.state, **op.params}
 
 
 async def _guarded(

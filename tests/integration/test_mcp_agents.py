@@ -140,6 +140,14 @@ def test_the_policy_never_approves_a_second_refund_on_an_order_however_old_the_f
     assert [s["error"]["kind"] for s in seen[1:]] == ["pending", "pending"]
     assert [op.op_id for op in operations(rig)][-1] == "op-app-b7"  # nothing else enqueued
 
+    async def third(client: Client) -> None:
+        await call(client, "request_refund", **{**REFUND, "order_id": "B7", "amount_minor": 1500})
+
+    human = Human(("decline", None))
+    converse(srv, third, human)  # the human is shown both earlier refunds of the order
+    assert "Earlier on this order: 100.00 CNY to P-7 (planned)." in human.prompts[0]
+    assert "Earlier on this order: 10.00 CNY to P-7 (proposed)." in human.prompts[0]
+
 
 def test_declined_and_cancelled_elicitations_send_nothing(rig: Rig) -> None:
     human = Human(("decline", None), ("cancel", None), ("accept", False))
