@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from settled.cli.common import TEXT, Text
+from settled.cli.common import TEXT, Text, in_transaction
 
 PORT = click.IntRange(1, 65535)
 HANDLE = Text(max_length=64)
@@ -74,37 +74,27 @@ def _hinting_sessions(settings: Any, engine: Any) -> Any:
 def _in_transaction(action: Any) -> Any:
     """Run ``action(proposals_service, session)`` in one transaction on the configured
     database, with the MCP server's rules (the configured contracts, the repeat window)."""
-    from sqlalchemy.orm import Session
-
-    from outbox.db import make_engine
     from outbox.proposals import Proposals
     from outbox.settings import Settings
 
-    settings = Settings()
-    engine = make_engine(settings.database_url)
-    # Not the MCP server's module (its SDK takes seconds to import), the same service.
-    service = Proposals.from_settings(settings)
-    # No hint from a one-shot command: a broker that is down would hold it in the publish's
+    # Not the MCP server's module (its SDK takes seconds to import), the same service. No
+    # hint from a one-shot command: a broker that is down would hold it in the publish's
     # retries, and the sweeper picks the approved operation up within SETTLED_SWEEP_SECONDS.
-    try:
-        with Session(engine, expire_on_commit=False) as session, session.begin():
-            return action(service, session)
-    finally:
-        engine.dispose()
+    service = Proposals.from_settings(Settings())
+    return in_transaction(lambda session: action(service, session))
+
+
+#: What a line of ``settled proposals`` shows of a proposal, in this order.
+FIELDS = (
+    "handle", "tenant", "kind", "params", "reason", "status", "decided_by", "op_id", "created_at",
+)  # fmt: skip
 
 
 def _row(p: Any) -> dict[str, Any]:
-    return {
-        "handle": p.handle,
-        "tenant": p.tenant,
-        "kind": p.kind,
-        "params": p.params,
-        "reason": p.reason,
-        "status": p.status,
-        "decided_by": p.decided_by,
-        "op_id": p.op_id,
-        "created_at": p.created_at.isoformat(),
-    }
+    from reconciler.approvals import proposal_row
+
+    shown = proposal_row(p)
+    return {name: shown[name] for name in FIELDS}
 
 
 @proposals.command("list")
