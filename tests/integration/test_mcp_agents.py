@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
 
 from outbox.proposals import Proposals
 from tests.support.agents import (
@@ -208,7 +209,8 @@ def test_staff_approval_of_a_waiting_proposal_then_status_says_done(rig: Rig) ->
     assert rig.control.refunded("acme", "A1042") == 10000
 
 
-def test_status_spam_during_commit_then_timeout_says_pending_confirmation(rig: Rig) -> None:
+def uncertain_refund(rig: Rig) -> tuple[MCPServer, list[str]]:
+    """A refund the policy approved whose send committed and then timed out: uncertain."""
     handle: list[str] = []
 
     async def ask(client: Client) -> None:
@@ -218,6 +220,11 @@ def test_status_spam_during_commit_then_timeout_says_pending_confirmation(rig: R
     converse(srv, ask)
     rig.control.add_rule("commit_then_timeout", hold_seconds=HOLD)
     execute_all(rig)
+    return srv, handle
+
+
+def test_status_spam_during_commit_then_timeout_says_pending_confirmation(rig: Rig) -> None:
+    srv, handle = uncertain_refund(rig)
 
     async def spam(client: Client) -> None:
         for _ in range(5):
@@ -250,15 +257,7 @@ def test_cancel_mid_run_stops_what_was_not_sent_and_never_claims_a_reversal(rig:
 
 
 def test_cancel_after_an_uncertain_send_says_it_is_still_pending_confirmation(rig: Rig) -> None:
-    handle: list[str] = []
-
-    async def ask(client: Client) -> None:
-        handle.append((await call(client, "request_refund", **REFUND))["handle"])
-
-    srv = server(rig, limits={"acme": 50000})
-    converse(srv, ask)
-    rig.control.add_rule("commit_then_timeout", hold_seconds=HOLD)
-    execute_all(rig)
+    srv, handle = uncertain_refund(rig)
 
     async def stop(client: Client) -> None:
         got = await call(client, "cancel_refund", handle=handle[0])
