@@ -47,7 +47,7 @@ from outbox.storage import proposals as store
 from outbox.storage import storage_for
 from outbox.storage.operations import compensations_of, find_operation
 from outbox.storage.runs import run as run_by_id
-from outbox.storage.search import on_orders
+from outbox.storage.search import operations_on_orders
 
 HANDLE_PREFIX = "prp_"
 HANDLE_RE = re.compile(r"prp_[A-Za-z0-9_-]{32}")
@@ -273,7 +273,7 @@ class Proposals:
         proposed_ops = {p.op_id for p in ever if p.op_id is not None}
         others = tuple(
             op
-            for op in on_orders(session, [(tenant, order_ref)])[1]
+            for op in operations_on_orders(session, [(tenant, order_ref)])
             if op.kind == spec.name
             and op.op_id not in proposed_ops
             and op.state not in _UNDID_NOTHING

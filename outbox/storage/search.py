@@ -176,20 +176,21 @@ def on_orders(
 ) -> tuple[list[Proposal], list[Operation]]:
     """The proposals and the operations (of any kind, however made) on the orders
     ``(tenant, order id)``, oldest first: the newest ``MAX_ON_ORDERS`` of each."""
-    if not orders:
-        return [], []
-    pairs = sorted(set(orders))
+    return proposals_on_orders(session, orders), operations_on_orders(session, orders)
+
+
+def proposals_on_orders(session: Session, orders: Collection[tuple[str, str]]) -> list[Proposal]:
+    """The proposals on the orders ``(tenant, order id)``, oldest first (the newest
+    ``MAX_ON_ORDERS``)."""
+    pairs = tuple_(Proposal.tenant, Proposal.order_ref).in_(sorted(set(orders)))
+    stmt = select(Proposal).where(pairs).order_by(Proposal.id.desc()).limit(MAX_ON_ORDERS)
+    return list(reversed(session.scalars(stmt).all())) if orders else []
+
+
+def operations_on_orders(session: Session, orders: Collection[tuple[str, str]]) -> list[Operation]:
+    """The operations (of any kind, however made) on the orders ``(tenant, order id)``,
+    oldest first (the newest ``MAX_ON_ORDERS``)."""
     order_of = Operation.params["order_id"].as_string()
-    proposals = session.scalars(
-        select(Proposal)
-        .where(tuple_(Proposal.tenant, Proposal.order_ref).in_(pairs))
-        .order_by(Proposal.id.desc())
-        .limit(MAX_ON_ORDERS)
-    ).all()
-    operations = session.scalars(
-        select(Operation)
-        .where(tuple_(Operation.tenant, order_of).in_(pairs))
-        .order_by(Operation.id.desc())
-        .limit(MAX_ON_ORDERS)
-    ).all()
-    return list(reversed(proposals)), list(reversed(operations))
+    pairs = tuple_(Operation.tenant, order_of).in_(sorted(set(orders)))
+    stmt = select(Operation).where(pairs).order_by(Operation.id.desc()).limit(MAX_ON_ORDERS)
+    return list(reversed(session.scalars(stmt).all())) if orders else []
