@@ -4,7 +4,6 @@ no key, no tools; another tenant's handle answers exactly as a made-up one."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -22,9 +21,9 @@ from mcp_types import ElicitResult, InputRequiredResult
 from outbox.apikeys import create_api_key
 from outbox.proposals import Proposals
 from settled.mcp_server import AgentDesk, build_server
-from tests.integration.test_mcp_agents import REFUND, call, execute_all, operations
-from tests.support.agents import NEWER, Human, proposals
+from tests.support.agents import NEWER, REFUND, Human, call, execute_all, operations, proposals
 from tests.support.rig import Rig
+from tests.support.services import wait_until
 
 
 @pytest.fixture
@@ -41,10 +40,7 @@ def mcp_url(rig: Rig) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the MCP server did not start"
-        time.sleep(0.01)  # polling for a condition, with a deadline
+    assert wait_until(lambda: server.started, 10), "the MCP server did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}/mcp"
     server.should_exit = True
