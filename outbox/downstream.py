@@ -60,11 +60,32 @@ class Refused:
     proof: Proof = Proof.NOT_DONE
 
 
+class SendPhase(enum.StrEnum):
+    """Where a send that left nothing stopped (``NotSent.phase``, in the attempt's detail)."""
+
+    #: not said (a scripted or older outcome)
+    UNSPECIFIED = "unspecified"
+    #: a check before any I/O: the deadline or the lease had passed
+    BEFORE = "before"
+    #: waiting for a connection of the pool
+    POOL = "pool"
+    #: resolving the downstream's name
+    RESOLVE = "resolve"
+    #: the TCP connect
+    CONNECT = "connect"
+    #: the TLS handshake
+    TLS = "tls"
+    #: the request's first byte, refused because the attempt's bound had passed
+    WRITE = "write"
+
+
 @dataclass(frozen=True)
 class NotSent:
-    """Nothing reached the downstream (connection refused, DNS failure)."""
+    """Nothing reached the downstream (connection refused, DNS failure, the bound passed
+    before the request's first byte); ``phase`` says where the attempt stopped."""
 
     detail: str
+    phase: SendPhase = SendPhase.UNSPECIFIED
     proof: Proof = Proof.NOT_SENT
 
 

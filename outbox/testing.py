@@ -45,6 +45,7 @@ from outbox.downstream import (
     NotSent,
     Receipt,
     Refused,
+    SendPhase,
     SubmitOutcome,
     Unavailable,
     receipt_matches,
@@ -176,7 +177,7 @@ class FakeGateway:
         self, tenant: str, key: str, params: Mapping[str, Any], deadline: Deadline | datetime
     ) -> SubmitOutcome:
         if _left(deadline) <= 0:
-            return NotSent("deadline passed before sending")
+            return NotSent("deadline passed before sending", SendPhase.BEFORE)
         scripted = self._next(self._submits, key)
         if scripted is None:
             stored = self._records.get((tenant, key))

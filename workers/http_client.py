@@ -1,9 +1,11 @@
 """The downstream over HTTP: one attempt per call, classified into the gateway's outcome values.
 
 Never retries (the executor owns retries), never spends past the operation's deadline, and
-splits transport errors by phase: nothing sent (connect, pool) vs maybe sent (read, write,
-protocol). The protocol is documented in README.md, "Wire protocol"; what a response that came
-back proves is ``workers.http_classify``.
+splits transport errors by phase: nothing sent (pool, resolve, connect, TLS, the first byte
+refused once the bound passed: ``workers.transport``) vs maybe sent (read, write, protocol).
+No byte of a request leaves after its attempt's bound (``workers.transport``). The protocol
+is documented in README.md, "Wire protocol"; what a response that came back proves is
+``workers.http_classify``.
 
 Connections are kept alive in a pool shared by the threads that send a batch, and what does not
 change between calls (endpoint URLs, the tenants' Authorization values) is built once. An
@@ -31,6 +33,7 @@ from outbox.downstream import (
     LookupOutcome,
     NotSent,
     Refused,
+    SendPhase,
     SubmitOutcome,
     Unavailable,
     Unknown,
@@ -38,6 +41,13 @@ from outbox.downstream import (
 from outbox.kinds import Kind
 from outbox.states import RejectReason
 from workers.http_classify import classify_lookup, classify_submit
+from workers.transport import (
+    NOT_SENT_ERRORS,
+    BoundedTransport,
+    bound_request,
+    error_name,
+    not_sent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +67,6 @@ KEEPALIVE_EXPIRY_SECONDS = 5.0
 #: timeout, and end as PoolTimeout: not sent).
 MAX_CONNECTIONS = 64
 
-#: Nothing left the client: the request provably never reached the downstream.
-_NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: The request may have reached the downstream: its outcome is unknown.
 _MAYBE_SENT_ERRORS = (
     httpx.ReadTimeout,
@@ -80,8 +88,10 @@ def _ms_since(started: float) -> float:
 
 class _Left(dict[str, float]):
     """httpcore's per-phase timeouts (pool, connect, write, read), each what is left of the
-    whole attempt when the phase starts, so that the phases together never outlive the
-    deadline (httpcore asks for a phase's timeout as the phase begins)."""
+    whole attempt when the phase starts (httpcore asks for a phase's timeout as the phase
+    begins). Not enough on its own: a phase is timed from its own start, and each read
+    separately; ``workers.transport`` bounds them by the whole attempt. This bounds the wait
+    for a pooled connection, and any other transport."""
 
     def __init__(self, deadline: Deadline) -> None:
         super().__init__()
@@ -122,8 +132,9 @@ class HttpGateway:
             max_keepalive_connections=POOL_SIZE,
             keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
         )
-        # Never redirects (no client follows them), never retries, no proxy from the environment.
-        self._transport = transport or httpx.HTTPTransport(retries=0, limits=limits)
+        # Never redirects (no client follows them), never retries, no proxy from the environment;
+        # nothing leaves after an attempt's bound (``workers.transport``).
+        self._transport = transport or BoundedTransport(limits=limits)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -159,7 +170,7 @@ class HttpGateway:
                 "submit not sent: deadline passed",
                 extra={"tenant": tenant, "kind": kind.name, "key": idempotency_key},
             )
-            return NotSent("deadline passed before sending")
+            return NotSent("deadline passed before sending", SendPhase.BEFORE)
         url = self._urls.get(kind.endpoint)
         if url is None:
             url = self._urls[kind.endpoint] = httpx.URL(self._base_url + kind.endpoint)
@@ -172,12 +183,19 @@ class HttpGateway:
         started = time.monotonic()
         try:
             response = self._send("POST", url, headers, body.encode(), until)
-        except _NOT_SENT_ERRORS as exc:
+        except NOT_SENT_ERRORS as exc:
+            unsent = not_sent(exc)
+            assert unsent is not None  # every one of NOT_SENT_ERRORS
             log.info(
                 "submit not sent",
-                extra={**fields, "error": type(exc).__name__, "duration_ms": _ms_since(started)},
+                extra={
+                    **fields,
+                    "error": unsent.detail,
+                    "phase": unsent.phase.value,
+                    "duration_ms": _ms_since(started),
+                },
             )
-            return NotSent(type(exc).__name__)
+            return unsent
         except _MAYBE_SENT_ERRORS as exc:
             log.warning(
                 "submit outcome unknown",
@@ -224,9 +242,9 @@ class HttpGateway:
         except httpx.TransportError as exc:
             log.info(
                 "lookup unavailable",
-                extra={**fields, "error": type(exc).__name__, "duration_ms": _ms_since(started)},
+                extra={**fields, "error": error_name(exc), "duration_ms": _ms_since(started)},
             )
-            return Unavailable(type(exc).__name__)
+            return Unavailable(error_name(exc))
         outcome = classify_lookup(response, params, idempotency_key=idempotency_key)
         log.info(
             "lookup answered",
@@ -263,8 +281,9 @@ class HttpGateway:
     ) -> httpx.Response:
         """One request exactly as built, its whole body read (errors reading it are raised).
 
-        Every phase gets what is left of ``deadline`` (see ``_Left``), and the body is read
-        only while time is left: the whole attempt, not each phase, is bounded.
+        The whole attempt, not each phase, is bounded by ``deadline``: the transport's every
+        phase (``bound_request``; httpcore's per-phase timeouts from ``_Left`` for any other
+        transport), and the body is read only while time is left.
         """
         request = httpx.Request(
             method,
@@ -273,17 +292,18 @@ class HttpGateway:
             content=content,
             extensions={"timeout": _Left(deadline)},
         )
-        response = self._transport.handle_request(request)
-        try:
-            if response.is_stream_consumed:  # read already (an in-memory transport)
-                return response
-            chunks = []
-            for chunk in response.iter_raw():
-                chunks.append(chunk)
-                if deadline.left() <= 0:
-                    raise httpx.ReadTimeout("the attempt's deadline passed", request=request)
-        finally:
-            response.close()  # back to the pool (or closed, after an error)
+        with bound_request(deadline):
+            response = self._transport.handle_request(request)
+            try:
+                if response.is_stream_consumed:  # read already (an in-memory transport)
+                    return response
+                chunks = []
+                for chunk in response.iter_raw():
+                    chunks.append(chunk)
+                    if deadline.left() <= 0:
+                        raise httpx.ReadTimeout("the attempt's deadline passed", request=request)
+            finally:
+                response.close()  # back to the pool (or closed, after an error)
         return httpx.Response(
             response.status_code,
             headers=response.headers,

@@ -3,7 +3,7 @@ values (DESIGN.md, "What an outcome proves"; README.md, "Pointing Settled at Str
 
 Pure: no I/O, no clock (``now`` is passed in). An error is read by its HTTP status and its
 documented error object (``{"error": {"type", "code", "message", "param"}}``), as the SDK
-raised it; a connection error by the phase its cause failed in (``workers.http_client``'s
+raised it; a connection error by the phase its cause failed in (``workers.transport``'s
 split for httpx, whose errors the Stripe gateway's HTTP client chains as the cause).
 """
 
@@ -13,14 +13,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-import httpx
 import stripe
 
 from outbox.downstream import (
     Accepted,
     Misuse,
     NotExecuted,
-    NotSent,
     Receipt,
     Refused,
     SubmitOutcome,
@@ -30,6 +28,7 @@ from outbox.downstream import (
 )
 from outbox.retry import parse_retry_after
 from outbox.states import RejectReason
+from workers.transport import not_sent
 
 #: Metadata names the gateway writes on every refund: it finds its refunds by the tenant and
 #: the op id (the operation's identity); the key is checked where a refund echoes it.
@@ -53,8 +52,6 @@ BUSINESS_CODES = frozenset(
         "payment_intent_unexpected_state",
     }
 )
-#: Nothing left the client: the request provably never reached Stripe.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: What a refund's ``status`` proves. ``succeeded``: the money went back (done). ``failed``
 #: (the refund could not be made; the amount went back to the balance) and ``canceled``: not
 #: done, for good. ``pending`` and ``requires_action``: Stripe took the refund on but has not
@@ -71,8 +68,9 @@ def classify_error(error: stripe.StripeError, *, now: datetime) -> SubmitOutcome
     """What a Stripe error raised by a refund's create proves."""
     if isinstance(error, stripe.APIConnectionError):
         cause = error.__cause__
-        if isinstance(cause, _NOT_SENT):
-            return NotSent(type(cause).__name__)
+        unsent = not_sent(cause) if cause is not None else None
+        if unsent is not None:  # nothing left the client: never reached Stripe
+            return unsent
         return Unknown(type(cause).__name__ if cause is not None else "connection error")
     status = error.http_status or 0
     kind, code = error_of(error)

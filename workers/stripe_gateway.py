@@ -4,9 +4,12 @@ HTTP gateway (README.md, "Pointing Settled at Stripe").
 One ``StripeClient`` per tenant key, the API version pinned, the SDK's own retries off
 (``max_network_retries=0``: the executor is the one retry owner; the SDK's defaults would
 multiply attempts). The HTTP client under the SDK is Settled's own (``DeadlineHttpClient``):
-each request's timeout is what is left of the operation's deadline, it makes exactly one
-request per call, and the httpx error of a failed request stays chained as the SDK error's
-cause, so a connection error is split by phase (nothing sent vs maybe sent).
+it makes exactly one request per call over the bounded transport (``workers.transport``), so the
+whole request, its answer included, ends by the operation's deadline and no byte of it leaves
+after (a single float timeout is applied by httpx per read: an answer trickling one byte per
+read held a send for as long as it liked), and the httpx error of a failed request stays
+chained as the SDK error's cause, so a connection error is split by phase (nothing sent vs
+maybe sent).
 
 A refund is created with the stored idempotency key as Stripe's ``Idempotency-Key`` and the
 tenant, the op id, the key and the payee in ``metadata``; the refund intent's ``order_id`` is
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -34,6 +38,7 @@ from outbox.downstream import (
     NotFound,
     NotSent,
     Refused,
+    SendPhase,
     SubmitOutcome,
     Unavailable,
 )
@@ -50,6 +55,7 @@ from workers.stripe_classify import (
     misfit,
     receipt_of,
 )
+from workers.transport import BoundedTransport, bound_request
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +66,22 @@ DEFAULT_API_BASE = "https://api.stripe.com"
 #: Refunds per page of a lookup's list (Stripe's largest page); a lookup reads the pages
 #: one after another until it finds the operation, the list ends, or its deadline passes.
 LIST_LIMIT = 100
+#: A request's bound where no deadline was given for the thread (``DeadlineHttpClient.within``).
+UNBOUNDED_SECONDS = 10.0
 
 
 class DeadlineHttpClient(stripe.HTTPClient):
-    """The SDK's HTTP client: one httpx request per call, timed out when the caller's
-    deadline passes, its transport errors chained as the cause of the SDK's error."""
+    """The SDK's HTTP client: one httpx request per call, over the bounded transport unless
+    given another, the whole request ended by the caller's deadline, its transport errors
+    chained as the cause of the SDK's error."""
 
     name = "settled-httpx"
 
     def __init__(self, transport: httpx.BaseTransport | None = None) -> None:
         super().__init__()
-        self._http = httpx.Client(transport=transport, trust_env=False, follow_redirects=False)
+        self._http = httpx.Client(
+            transport=transport or BoundedTransport(), trust_env=False, follow_redirects=False
+        )
         self._deadline = threading.local()
 
     def within(self, deadline: Deadline) -> None:
@@ -87,11 +98,22 @@ class DeadlineHttpClient(stripe.HTTPClient):
         _usage: list[str] | None = None,
     ) -> tuple[Any, int, Mapping[str, str]]:
         deadline: Deadline | None = getattr(self._deadline, "value", None)
-        timeout = max(deadline.left(), 0.001) if deadline is not None else 10.0
-        try:
-            response = self._http.request(
-                method, url, headers=dict(headers or {}), content=post_data, timeout=timeout
+        if deadline is None:
+            deadline = Deadline(
+                datetime.now(UTC) + timedelta(seconds=UNBOUNDED_SECONDS),
+                time.monotonic() + UNBOUNDED_SECONDS,
             )
+        try:
+            # The float is httpx's per-phase timeout (what is left now); the bound is what ends
+            # the whole request, the answer's every byte included.
+            with bound_request(deadline):
+                response = self._http.request(
+                    method,
+                    url,
+                    headers=dict(headers or {}),
+                    content=post_data,
+                    timeout=max(deadline.left(), 0.001),
+                )
         except httpx.TransportError as exc:
             message = f"connection error ({type(exc).__name__})"
             error = stripe.APIConnectionError(message, should_retry=False)  # type: ignore[no-untyped-call]
@@ -149,7 +171,7 @@ class StripeGateway:
             return Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0)
         until = self._within(deadline)
         if until.left() <= 0:
-            return NotSent("deadline passed before sending")
+            return NotSent("deadline passed before sending", SendPhase.BEFORE)
         form = {
             "payment_intent": params["order_id"],
             "amount": params["amount_minor"],

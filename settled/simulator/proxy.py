@@ -3,7 +3,8 @@
 Modes: ``pass`` forwards bytes both ways; ``refuse`` closes the listening socket and the open
 connections, so a client must connect anew and is refused (nothing is sent); ``delay`` holds the
 response for some seconds (the request has reached the downstream); ``cut`` forwards the first
-bytes of the response, then resets the client.
+bytes of the response, then resets the client; ``trickle`` forwards the response one byte at a
+time, a pause before each (a slow network, or a downstream answering byte by byte).
 
 Clients keep connections alive, so a mode applies to every response that starts after it is set,
 on open connections as on new ones. (The proxy does not parse HTTP: a response starts with the
@@ -21,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["pass", "delay", "cut"]
+Mode = Literal["pass", "delay", "cut", "trickle"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class _Setting:
     mode: Mode = "pass"
     delay_seconds: float = 0.0
     cut_after_bytes: int = 0
+    trickle_seconds: float = 0.0
 
 
 class FaultProxy:
@@ -61,6 +63,13 @@ class FaultProxy:
     def cut(self, after_bytes: int = 12) -> None:
         """Forward ``after_bytes`` of the response, then reset the client connection."""
         self._set(_Setting("cut", cut_after_bytes=after_bytes))
+
+    def trickle(self, every_seconds: float, cut_after_bytes: int = 0) -> None:
+        """Forward every response one byte each ``every_seconds``; with ``cut_after_bytes``,
+        reset the client after that many bytes."""
+        self._set(
+            _Setting("trickle", trickle_seconds=every_seconds, cut_after_bytes=cut_after_bytes)
+        )
 
     def refuse(self) -> None:
         """Stop listening and close the open connections: connects are refused until another
@@ -172,6 +181,16 @@ class FaultProxy:
                         if forwarded >= setting.cut_after_bytes:
                             _reset(client)
                             return
+                        continue
+                    if setting.mode == "trickle":
+                        for byte in data:
+                            if self._stopping.wait(setting.trickle_seconds):
+                                return
+                            client.sendall(bytes([byte]))
+                            forwarded += 1
+                            if forwarded == setting.cut_after_bytes:
+                                _reset(client)
+                                return
                         continue
                     client.sendall(data)
             except OSError:

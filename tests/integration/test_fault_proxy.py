@@ -11,6 +11,7 @@ from outbox.downstream import (
     Found,
     LookupOutcome,
     NotSent,
+    SendPhase,
     SubmitOutcome,
     Unavailable,
     Unknown,
@@ -65,7 +66,7 @@ def test_refused_connection_is_not_sent_and_nothing_reaches_the_downstream(
     proxied_gateway: HttpGateway, sim_proxy: FaultProxy, sim_control: SimulatorControl
 ) -> None:
     sim_proxy.refuse()
-    assert submit(proxied_gateway) == NotSent("ConnectError")
+    assert submit(proxied_gateway) == NotSent("ConnectError", SendPhase.CONNECT)
     assert sim_control.requests("acme", KEY) == 0
     sim_proxy.passthrough()
     assert isinstance(submit(proxied_gateway), Accepted)
@@ -116,5 +117,5 @@ def test_refuse_also_ends_open_connections_so_nothing_is_sent_on_them(
         params=PARAMS,
         deadline=datetime.now(UTC) + timedelta(seconds=30),
     )
-    assert outcome == NotSent("ConnectError")
+    assert outcome == NotSent("ConnectError", SendPhase.CONNECT)
     assert sim_control.requests("acme", "stl_proxy_key_2") == 0

@@ -24,6 +24,7 @@ from outbox.downstream import (
     NotFound,
     NotSent,
     Refused,
+    SendPhase,
     SubmitOutcome,
     Unavailable,
     Unknown,
@@ -320,7 +321,7 @@ def test_connection_refused_is_not_sent() -> None:
     with HttpGateway(
         f"http://127.0.0.1:{port}", {"acme": SecretStr("k")}, timeout=CLIENT_TIMEOUT
     ) as gw:
-        assert submit(gw) == NotSent("ConnectError")
+        assert submit(gw) == NotSent("ConnectError", SendPhase.CONNECT)
         assert lookup(gw) == Unavailable("ConnectError")
 
 

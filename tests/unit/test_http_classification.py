@@ -24,6 +24,7 @@ from outbox.downstream import (
     NotSent,
     Proof,
     Refused,
+    SendPhase,
     Unavailable,
     Unknown,
 )
@@ -252,10 +253,19 @@ def raising(exc: type[httpx.TransportError]) -> Handler:
     return respond
 
 
-@pytest.mark.parametrize("exc", [httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout])
-def test_errors_before_any_byte_was_sent_are_not_sent(exc: type[httpx.TransportError]) -> None:
+@pytest.mark.parametrize(
+    ("exc", "phase"),
+    [
+        (httpx.ConnectError, SendPhase.CONNECT),
+        (httpx.ConnectTimeout, SendPhase.CONNECT),
+        (httpx.PoolTimeout, SendPhase.POOL),
+    ],
+)
+def test_errors_before_any_byte_was_sent_are_not_sent(
+    exc: type[httpx.TransportError], phase: SendPhase
+) -> None:
     outcome = submit(raising(exc))
-    assert outcome == NotSent(exc.__name__)
+    assert outcome == NotSent(exc.__name__, phase)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,188 @@
+"""The bounded transport's rules, on a stream in memory and a clock the test moves: what an
+error proves, the first-byte check, and every later operation ended by the request's bound."""
+
+from __future__ import annotations
+
+import ssl
+from datetime import UTC, datetime, timedelta
+
+import httpcore
+import httpx
+import pytest
+
+from outbox.clock import Deadline
+from outbox.downstream import NotSent, SendPhase
+from tests.support.gateways import FakeMonotonic
+from workers.transport import (
+    BoundedStream,
+    NotSentError,
+    bound_request,
+    error_name,
+    not_sent,
+    user_timeout_ms,
+)
+
+
+class MemoryStream(httpcore.NetworkStream):
+    """A connection in memory: records what was written, with the timeout each call got."""
+
+    def __init__(self, tls_error: Exception | None = None) -> None:
+        self.writes: list[tuple[bytes, float | None]] = []
+        self.reads: list[float | None] = []
+        self.tls: list[float | None] = []
+        self.tls_error = tls_error
+        self.closed = False
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self.reads.append(timeout)
+        return b"x"
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.writes.append((buffer, timeout))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        self.tls.append(timeout)
+        if self.tls_error is not None:
+            raise self.tls_error
+        return self
+
+
+class Hook:
+    def __init__(self, clock: FakeMonotonic, jump: float = 0.0) -> None:
+        self.clock, self.jump, self.calls = clock, jump, 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.clock.advance(self.jump)
+
+
+def deadline(clock: FakeMonotonic, seconds: float) -> Deadline:
+    return Deadline(datetime.now(UTC) + timedelta(seconds=seconds), clock() + seconds, clock)
+
+
+@pytest.mark.parametrize(
+    ("left", "ms"), [(0.0, 1), (0.0004, 1), (0.0019, 1), (1.5, 1500), (2.9999, 2999)]
+)
+def test_the_kernels_timeout_is_whole_milliseconds_never_past_the_bound_never_zero(
+    left: float, ms: int
+) -> None:
+    assert user_timeout_ms(left) == ms
+
+
+@pytest.mark.parametrize(
+    ("error", "proved"),
+    [
+        (NotSentError(SendPhase.RESOLVE, "ResolveTimeout"), NotSent("ResolveTimeout", "resolve")),
+        (NotSentError(SendPhase.WRITE, "late"), NotSent("late", SendPhase.WRITE)),
+        (httpx.PoolTimeout("busy"), NotSent("PoolTimeout", SendPhase.POOL)),
+        (httpx.ConnectError("refused"), NotSent("ConnectError", SendPhase.CONNECT)),
+        (httpx.ConnectTimeout("slow"), NotSent("ConnectTimeout", SendPhase.CONNECT)),
+        (httpx.ReadTimeout("slow"), None),
+        (httpx.WriteTimeout("slow"), None),
+        (httpx.WriteError("reset"), None),
+        (httpx.RemoteProtocolError("cut"), None),
+        (ValueError("a bug"), None),
+    ],
+)
+def test_only_errors_before_the_first_byte_prove_not_sent(
+    error: Exception, proved: NotSent | None
+) -> None:
+    assert not_sent(error) == proved
+
+
+def test_a_not_sent_error_is_named_by_what_it_says() -> None:
+    assert error_name(NotSentError(SendPhase.TLS, "ConnectTimeout")) == "ConnectTimeout"
+    assert error_name(httpx.ReadTimeout("x")) == "ReadTimeout"
+    assert NotSentError(SendPhase.TLS, "x").phase is SendPhase.TLS
+
+
+def test_outside_a_bound_the_stream_keeps_httpcores_timeouts() -> None:
+    inner = MemoryStream()
+    stream = BoundedStream(inner, None)
+    stream.write(b"GET", timeout=7.0)
+    stream.read(10, timeout=8.0)
+    assert inner.writes == [(b"GET", 7.0)] and inner.reads == [8.0]
+
+
+def test_the_first_byte_after_the_bound_is_refused_and_nothing_is_written() -> None:
+    clock = FakeMonotonic()
+    hook = Hook(clock, jump=6.0)  # stalled right before the first byte, past the bound
+    inner = MemoryStream()
+    stream = BoundedStream(inner, hook)
+    with bound_request(deadline(clock, 5.0)), pytest.raises(NotSentError) as refused:
+        stream.write(b"POST /v1/refunds", timeout=5.0)
+    assert refused.value.phase is SendPhase.WRITE
+    assert hook.calls == 1 and inner.writes == []
+
+
+def test_after_the_first_byte_every_operation_ends_by_the_bound_and_proves_nothing() -> None:
+    clock = FakeMonotonic()
+    inner = MemoryStream()
+    stream = BoundedStream(inner, Hook(clock))
+    with bound_request(deadline(clock, 5.0)):
+        stream.write(b"headers", timeout=9.0)
+        clock.advance(2.0)
+        stream.read(10, timeout=9.0)  # httpcore's per-read timeout: cut to what is left
+        clock.advance(3.0)
+        with pytest.raises(httpcore.WriteTimeout):  # maybe sent: the headers left
+            stream.write(b"body", timeout=9.0)
+        with pytest.raises(httpcore.ReadTimeout):
+            stream.read(10, timeout=9.0)
+    assert inner.writes == [(b"headers", 5.0)]
+    assert inner.reads == [3.0]
+
+
+def test_every_request_on_a_kept_alive_connection_is_checked_before_its_first_byte() -> None:
+    clock = FakeMonotonic()
+    hook = Hook(clock)
+    inner = MemoryStream()
+    stream = BoundedStream(inner, hook)  # one connection, two requests
+    with bound_request(deadline(clock, 5.0)):
+        stream.write(b"first", timeout=None)
+        stream.write(b"first's body", timeout=None)
+    with bound_request(deadline(clock, 1.0)):
+        hook.jump = 2.0
+        with pytest.raises(NotSentError):
+            stream.write(b"second", timeout=None)
+    assert hook.calls == 2
+    assert [data for data, _ in inner.writes] == [b"first", b"first's body"]
+
+
+def test_the_handshake_gets_what_is_left_of_the_whole_attempt() -> None:
+    clock = FakeMonotonic()
+    inner = MemoryStream()
+    stream = BoundedStream(inner, None)
+    with bound_request(deadline(clock, 5.0)):
+        clock.advance(4.0)  # the name and the connect took most of it
+        tls = stream.start_tls(ssl.create_default_context(), "example.test", timeout=5.0)
+    assert inner.tls == [1.0]
+    assert isinstance(tls, BoundedStream)
+
+
+def test_a_handshake_after_the_bound_is_not_started() -> None:
+    clock = FakeMonotonic()
+    inner = MemoryStream()
+    stream = BoundedStream(inner, None)
+    with bound_request(deadline(clock, 1.0)):
+        clock.advance(1.0)
+        with pytest.raises(NotSentError) as refused:
+            stream.start_tls(ssl.create_default_context(), "example.test", timeout=5.0)
+    assert refused.value.phase is SendPhase.TLS
+    assert inner.tls == [] and inner.closed
+
+
+def test_a_handshake_that_fails_is_not_sent_in_the_tls_phase() -> None:
+    clock = FakeMonotonic()
+    inner = MemoryStream(tls_error=httpcore.ConnectTimeout("held"))
+    stream = BoundedStream(inner, None)
+    with bound_request(deadline(clock, 1.0)), pytest.raises(NotSentError) as refused:
+        stream.start_tls(ssl.create_default_context(), "example.test", timeout=5.0)
+    assert (refused.value.phase, refused.value.detail) == (SendPhase.TLS, "ConnectTimeout")
