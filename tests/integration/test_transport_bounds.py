@@ -82,7 +82,7 @@ class Recorder:
 
     def __init__(self, tls: ssl.SSLContext | None = None, hold_until: float = 0.0) -> None:
         self._tls = tls
-        self._hold_until = hold_until
+        self.hold_until = hold_until
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.02)
         self.port: int = self._listener.getsockname()[1]
@@ -121,7 +121,7 @@ class Recorder:
         got = b""
         try:
             if self._tls is not None:
-                if self._stopping.wait(max(0.0, self._hold_until - time.monotonic())):
+                if self._stopping.wait(max(0.0, self.hold_until - time.monotonic())):
                     return
                 conn.settimeout(5)
                 conn = self._tls.wrap_socket(conn, server_side=True)
@@ -224,13 +224,15 @@ def test_a_tls_handshake_held_past_the_deadline_is_not_sent_and_no_request_byte_
     server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_side.load_cert_chain(cert, key)
     client_side = ssl.create_default_context(cafile=str(cert))
-    # The name takes 0.6 s of the 1.5 s (the handshake starts late: per-phase timeouts would
-    # give it its own 1.5 s); the terminator completes the handshake a second after the bound.
-    deadline = Deadline(in_seconds(1.5), time.monotonic() + 1.5)
-    server = Recorder(tls=server_side, hold_until=deadline.expires + 1.0)
+    # The name takes 1.0 s of the 1.5 s, so the handshake starts late: timed from the connect's
+    # start (1.5 s, what was left then) it would run until 2.5 s. The terminator completes it
+    # half a second after the bound.
+    server = Recorder(tls=server_side)
     try:
-        resolver = SlowResolver(delay=0.6)
+        resolver = SlowResolver(delay=1.0)
         with http_gateway(server.url(HOST, "https"), resolver=resolver, verify=client_side) as gw:
+            deadline = Deadline(in_seconds(1.5), time.monotonic() + 1.5)
+            server.hold_until = deadline.expires + 0.5
             outcome = submit(gw, deadline)
         finished = time.monotonic()
         wait_until(lambda: server.finished() == 1, timeout=10, what="the terminator's connection")
