@@ -352,25 +352,24 @@ print(json.dumps({"outcome": type(outcome).__name__, "phase": getattr(outcome, "
 def test_a_process_stopped_before_its_first_byte_and_resumed_after_its_deadline_writes_nothing(
     recorder: Recorder,
 ) -> None:
-    child = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", STOPPED_SENDER, recorder.url(), "1.0"],
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()  # printed right before it stops itself
-        expires = json.loads(line)["expires"]
-        _, status = os.waitpid(child.pid, os.WUNTRACED)
-        assert os.WIFSTOPPED(status)
-        # CLOCK_MONOTONIC is the machine's: resume the child once its deadline has passed.
-        wait_until(lambda: time.monotonic() > expires + 0.2, timeout=5, what="the deadline")
-        os.kill(child.pid, signal.SIGCONT)
-        out, _ = child.communicate(timeout=20)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    ) as child:
+        try:
+            assert child.stdout is not None
+            line = child.stdout.readline()  # printed right before it stops itself
+            expires = json.loads(line)["expires"]
+            _, status = os.waitpid(child.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status)
+            # CLOCK_MONOTONIC is the machine's: resume the child once its deadline has passed.
+            wait_until(lambda: time.monotonic() > expires + 0.2, timeout=5, what="the deadline")
+            os.kill(child.pid, signal.SIGCONT)
+            out, _ = child.communicate(timeout=20)
+        except BaseException:
+            child.kill()  # a stopped child dies of SIGKILL too
+            raise
     assert child.returncode == 0
     assert json.loads(out.strip().splitlines()[-1]) == {"outcome": "NotSent", "phase": "write"}
     wait_until(lambda: recorder.finished() == 1, timeout=5, what="the connection to close")
