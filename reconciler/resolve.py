@@ -12,7 +12,7 @@ calls these, in this order, is ``reconciler.review`` (``ReviewQueue.resolve``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -110,6 +110,7 @@ def doubt_of(
     clock: DbClock,
     *,
     lookup_timeout: float,
+    clock_doubt_until: datetime | None = None,
 ) -> str | None:
     """Why the lookup's "not found" cannot prove that nothing ran (the reconciler's rule,
     ``reconciler.decide.not_found_doubt``), or None: it can, or it was no "not found"."""
@@ -130,6 +131,7 @@ def doubt_of(
             in_review=True,
             asked_at=clock.db_at,
             sends=facts.sends,
+            clock_doubt_until=clock_doubt_until,
         )
     )
 
