@@ -6,7 +6,9 @@ queries, never sends); and writes what the pure ``decide`` function concluded.
 
 A pass claims a few operations at a time, as many as its lookups can answer while their
 leases are renewed (``outbox.leases``). A "not found" is dated by the database time read
-before the question was asked (the claim's), never by when the answer came back. One
+before the question was asked (the claim's), never by when the answer came back, and proves
+nothing for a while after a step of the database's clock (each reading a pass takes is
+watched: ``outbox.clock_steps``). One
 operation that cannot be reconciled (a value the database refuses, a bug) is logged, put in
 review if it can be, and the pass goes on with the others.
 """

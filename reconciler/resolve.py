@@ -113,7 +113,8 @@ def doubt_of(
     clock_doubt_until: datetime | None = None,
 ) -> str | None:
     """Why the lookup's "not found" cannot prove that nothing ran (the reconciler's rule,
-    ``reconciler.decide.not_found_doubt``), or None: it can, or it was no "not found"."""
+    ``reconciler.decide.not_found_doubt``), or None: it can, or it was no "not found".
+    ``clock_doubt_until``: after a step of the database's clock (``outbox.clock_steps``)."""
     if not isinstance(lookup, LookupNotFound):
         return None
     return not_found_doubt(
