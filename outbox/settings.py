@@ -219,6 +219,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _step_distrust_outlasts_a_send(self) -> Settings:
+        window = self.clock_step_distrust_seconds
+        if window is not None and window < self.lease_seconds:
+            raise ValueError(
+                "SETTLED_CLOCK_STEP_DISTRUST_SECONDS must be at least SETTLED_LEASE_SECONDS: "
+                "after a step of the database's clock, every send in flight must be over"
+            )
+        return self
+
     @property
     def clock_step_window(self) -> float:
         """How long a "not found" is not trusted after a step of the database's clock."""
