@@ -65,6 +65,11 @@ ALLOWED = frozenset(
         "host",
         "port",
         "test_mode",
+        # a step of the database's clock (outbox.clock_steps)
+        "step_seconds",
+        "direction",
+        "distrust_until",
+        "detected_by",
         # tracing: the span a line was written in
         "trace_id",
         "span_id",

@@ -220,6 +220,23 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
 
 
+class ClockStep(Base):
+    """A step of the database's clock a process saw (``outbox.clock_steps``): every process
+    distrusts a "not found" until the newest one's ``distrust_until``."""
+
+    __tablename__ = "clock_steps"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    #: database time at the reading that showed the step (after it)
+    detected_at: Mapped[datetime]
+    #: how far the database's clock moved against the monotonic clock (> 0: forward)
+    step_seconds: Mapped[float]
+    direction: Mapped[str] = mapped_column(String(8))
+    distrust_until: Mapped[datetime]
+    #: the process that saw it (its worker or reconciler name)
+    detected_by: Mapped[str] = mapped_column(String(100))
+
+
 class StaffAccount(Base):
     """A member of staff who signs in to the console; only an argon2id hash of the password."""
 

@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     #: Largest difference assumed between the database's clock and the downstream's: a send
     #: must be over this long before its lease ends.
     clock_margin_seconds: float = Field(default=1.0, ge=0)
+    #: After a step of the database's clock (its advance off the monotonic clock's by more than
+    #: the clock margin), how long a "not found" is not trusted (the contract's processing time
+    #: is added): every send in flight at the step must be over. None: the lease, the longest
+    #: any send runs from its claim; set it to the longest lease of any worker if they differ.
+    clock_step_distrust_seconds: float | None = Field(default=None, gt=0)
     #: Automatic resends stop this long before the downstream's key retention ends.
     key_retention_margin_seconds: float = Field(default=3600.0, ge=0)
     #: Period of the sweeper, which re-hints every due operation (beat).
@@ -213,6 +218,23 @@ class Settings(BaseSettings):
                 "a send must end a clock margin before its lease does, so none could start"
             )
         return self
+
+    @model_validator(mode="after")
+    def _step_distrust_outlasts_a_send(self) -> Settings:
+        window = self.clock_step_distrust_seconds
+        if window is not None and window < self.lease_seconds:
+            raise ValueError(
+                "SETTLED_CLOCK_STEP_DISTRUST_SECONDS must be at least SETTLED_LEASE_SECONDS: "
+                "after a step of the database's clock, every send in flight must be over"
+            )
+        return self
+
+    @property
+    def clock_step_window(self) -> float:
+        """How long a "not found" is not trusted after a step of the database's clock."""
+        if self.clock_step_distrust_seconds is None:
+            return self.lease_seconds
+        return self.clock_step_distrust_seconds
 
     def development_secrets(self) -> list[str]:
         """The settings still holding a development value where they must not: against

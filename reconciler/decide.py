@@ -50,6 +50,9 @@ class Situation:
     #: per attempt: its start, and the latest it may have been on the wire
     #: (``outbox.storage.attempts.OperationFacts``)
     sends: tuple[tuple[datetime, datetime | None], ...] = ()
+    #: after a step of the database's clock, the latest a send in flight at the step may still
+    #: be sent by its sender (``outbox.clock_steps``); None: no step is known
+    clock_doubt_until: datetime | None = None
 
     @property
     def quiet_at(self) -> datetime:
@@ -81,6 +84,15 @@ class Situation:
         since = self.unknown_since or self.last_sent_at or self.now
         return self.now >= self.deadline or self.now - since >= self.review_after
 
+    @property
+    def clock_trusted_at(self) -> datetime | None:
+        """After a step of the database's clock, when a "not found" can be trusted again:
+        every send in flight at the step is over and what it did is visible (the slack
+        ``quiet_at`` allows after a send's end)."""
+        if self.clock_doubt_until is None:
+            return None
+        return self.clock_doubt_until + self.contract.processing_time
+
 
 def not_found_doubt(s: Situation) -> str | None:
     """Why a "not found" cannot prove that nothing ran, or None when it can.
@@ -89,6 +101,8 @@ def not_found_doubt(s: Situation) -> str | None:
     """
     if s.asked < s.quiet_at:
         return "not_quiet"  # a send may still be on the wire, or not yet visible
+    if s.clock_trusted_at is not None and s.asked < s.clock_trusted_at:
+        return "clock_step"  # the database's clock stepped: quiet_at may be off
     if s.past_retention:
         return "past_key_retention"  # the downstream may have forgotten the key
     return None
@@ -141,6 +155,17 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
                 "wait_quiescence",
                 recheck_at=max(s.quiet_at, s.now),
                 evidence={"lookup": "not_found"},
+            )
+        if doubt == "clock_step" and s.clock_trusted_at is not None:
+            # Bounded (about a lease), and its end settles it: waiting beats a review item
+            # staff could not resolve either (their "not found" has the same doubt).
+            return Change.look(
+                "wait_clock_step",
+                recheck_at=max(s.clock_trusted_at, s.now),
+                evidence={
+                    "lookup": "not_found",
+                    "clock_doubt_until": s.clock_trusted_at.isoformat(),
+                },
             )
         if doubt is not None:
             return _review(s, doubt, {"lookup": "not_found"})

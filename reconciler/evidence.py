@@ -52,6 +52,11 @@ UNPROVEN = {
         "the downstream has no record yet, but a send may still be landing: a 'not found' "
         "proves nothing until the operation is quiet; ask again later"
     ),
+    "clock_step": (
+        "the database's clock was stepped (set, not slewed) a moment ago, so a send may still "
+        "be landing although its lease looks over: a 'not found' proves nothing until every "
+        "send in flight at the step is over; ask again shortly"
+    ),
     "past_key_retention": (
         "the downstream may have forgotten this key (past its retention): a 'not found' "
         "proves nothing; a supervisor may override with a justification"

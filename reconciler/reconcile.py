@@ -6,7 +6,9 @@ queries, never sends); and writes what the pure ``decide`` function concluded.
 
 A pass claims a few operations at a time, as many as its lookups can answer while their
 leases are renewed (``outbox.leases``). A "not found" is dated by the database time read
-before the question was asked (the claim's), never by when the answer came back. One
+before the question was asked (the claim's), never by when the answer came back, and proves
+nothing for a while after a step of the database's clock (each reading a pass takes is
+watched: ``outbox.clock_steps``). One
 operation that cannot be reconciled (a value the database refuses, a bug) is logged, put in
 review if it can be, and the pass goes on with the others.
 """
@@ -25,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.change import Change
 from outbox.clock import DbClock, Monotonic
+from outbox.clock_steps import ClockWatch
 from outbox.downstream import Gateway, LookupOutcome, look_up, lookup_deadline
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
@@ -76,6 +79,8 @@ class Reconciler:
     batch: int = 100
     totals: Counter[str] = field(default_factory=Counter)
     monotonic: Monotonic = time.monotonic
+    #: this process's watch on the database's clock (shared with its other services)
+    clock_watch: ClockWatch = field(default_factory=ClockWatch)
 
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
@@ -127,6 +132,8 @@ class Reconciler:
                 claims = claim_unresolved(
                     session, worker=self.actor, lease_seconds=self.lease_seconds, limit=limit
                 )
+            if claims:
+                self._clock_read(claims[0].now, mono)
             claimed_total += len(claims)
             with self.keeper.holding(claims):  # renewed while the chunk is worked through
                 for claimed in claims:
@@ -136,7 +143,9 @@ class Reconciler:
                 break  # nothing more was due
         with self.sessions() as session:
             oldest = oldest_unknown_since(session)
+            before = self.monotonic()
             now = db_time(session)
+        self._clock_read(now, before)
         self.totals.update(outcomes)
         report = PassReport(
             claimed_total,
@@ -147,6 +156,17 @@ class Reconciler:
         if claimed_total:
             log.info("reconcile pass", extra=report.as_dict())
         return report
+
+    def _clock_read(self, db_at: datetime, before: float, session: Session | None = None) -> None:
+        """A reading of the database's clock taken from ``before``: a step it shows is logged
+        and recorded (in ``session``, else in a transaction of its own)."""
+        step = self.clock_watch.seen(db_at, before, self.monotonic(), by=self.actor)
+        if step is None:
+            return
+        if session is not None:
+            self.clock_watch.record(session, step, by=self.actor)
+        else:
+            self.clock_watch.record_now(self.sessions, step, by=self.actor)
 
     def _reconcile_safely(self, claimed: Claimed, clock: DbClock) -> str:
         """``_reconcile``, and whatever goes wrong stays with this operation."""
@@ -196,7 +216,9 @@ class Reconciler:
             lookup = look_up(self.gateway, claimed, kind, deadline=deadline)
         with self.sessions.begin() as session:
             facts = operation_facts(session, claimed.id)
+            before = self.monotonic()
             now = db_time(session)
+            self._clock_read(now, before, session)
             situation = Situation(
                 state=claimed.state,
                 contract=kind.contract,
@@ -212,6 +234,7 @@ class Reconciler:
                 # the claim's time: read before the lookup was asked
                 asked_at=claimed.now,
                 sends=facts.sends,
+                clock_doubt_until=self.clock_watch.doubt_until(session),
             )
             decision = decide(situation, lookup)
             self._write(session, claimed, decision, looked=lookup is not None, before=facts.lookups)

@@ -12,7 +12,7 @@ calls these, in this order, is ``reconciler.review`` (``ReviewQueue.resolve``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -110,9 +110,11 @@ def doubt_of(
     clock: DbClock,
     *,
     lookup_timeout: float,
+    clock_doubt_until: datetime | None = None,
 ) -> str | None:
     """Why the lookup's "not found" cannot prove that nothing ran (the reconciler's rule,
-    ``reconciler.decide.not_found_doubt``), or None: it can, or it was no "not found"."""
+    ``reconciler.decide.not_found_doubt``), or None: it can, or it was no "not found".
+    ``clock_doubt_until``: after a step of the database's clock (``outbox.clock_steps``)."""
     if not isinstance(lookup, LookupNotFound):
         return None
     return not_found_doubt(
@@ -130,6 +132,7 @@ def doubt_of(
             in_review=True,
             asked_at=clock.db_at,
             sends=facts.sends,
+            clock_doubt_until=clock_doubt_until,
         )
     )
 

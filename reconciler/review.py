@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import DbClock
+from outbox.clock_steps import ClockWatch
 from outbox.downstream import Found, Gateway, LookupOutcome, lookup_name, settlement
 from outbox.errors import InvalidInput, NotFound, ReviewConflict, SettledError
 from outbox.kinds import KindRegistry
@@ -44,6 +45,8 @@ audit = logging.getLogger("settled.audit")
 log = logging.getLogger(__name__)
 
 MAX_PAGE = 500
+#: Who saw a step of the database's clock, where staff's review queue saw it.
+_WATCHER = "review"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class ReviewQueue:
     gateway: Gateway
     registry: KindRegistry
     lookup_timeout: float = 10.0
+    #: this process's watch on the database's clock (shared with its other services)
+    clock_watch: ClockWatch = field(default_factory=ClockWatch)
 
     @property
     def storage(self) -> Storage:
@@ -209,11 +214,13 @@ class ReviewQueue:
             snapshot = _snapshot(op)
             facts = operation_facts(session, op.id)
             clock = self._clock(session)
+            clock_doubt = self.clock_watch.doubt_until(session)
         contract = self.registry.get(snapshot["kind"]).contract
         lookup = self._lookup(snapshot, clock)
         doubt = doubt_of(
-            lookup, snapshot, contract, facts, clock, lookup_timeout=self.lookup_timeout
-        )
+            lookup, snapshot, contract, facts, clock, lookup_timeout=self.lookup_timeout,
+            clock_doubt_until=clock_doubt,
+        )  # fmt: skip
         record = record_of(resolution, lookup, doubt=doubt)
         with self.sessions.begin() as session:
             write_resolution(self.storage, session, snapshot["id"], resolution, record)
@@ -247,8 +254,14 @@ class ReviewQueue:
             log.exception("could not record a refused staff action")
 
     def _clock(self, session: Session) -> DbClock:
+        """The database's time, read now; a step of its clock this shows is logged and
+        recorded for every process."""
         mono = time.monotonic()
-        return DbClock(db_time(session), mono)
+        clock = DbClock(db_time(session), mono)
+        step = self.clock_watch.seen(clock.db_at, mono, time.monotonic(), by=_WATCHER)
+        if step is not None:
+            self.clock_watch.record_now(self.sessions, step, by=_WATCHER)
+        return clock
 
     def _load(
         self, session: Session, staff: Staff, item_id: int, *, open_only: bool = False

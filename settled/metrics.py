@@ -9,7 +9,8 @@ without multiprocess bookkeeping. A scrape never reads the whole of a table:
   the age of the oldest unknown one, how long due work has waited for a worker or for the
   reconciler (it grows when no reconcile pass runs), the review queue depth;
 - counters read only the events written since the previous scrape, by primary key: attempts
-  by what their outcome proved, transitions by state, reconciler results. They count the
+  by what their outcome proved, transitions by state, reconciler results; and the steps of
+  the database's clock recorded (``outbox.clock_steps``), by a primary-key range. They count the
   events written since this process started (Prometheus' ``rate`` and ``increase`` expect
   counters that start at zero with the process; the first scrape reads back over the events
   since then). An event whose id is below one already counted but which was not yet
@@ -122,17 +123,46 @@ class EventCounters:
             del self._pending[i]
 
 
+class ClockStepCounter:
+    """Steps of the database's clock recorded since this process started, by direction (every
+    process that saw one recorded it: ``outbox.clock_steps``)."""
+
+    def __init__(self, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
+        self._born = monotonic()
+        #: steps up to this id came before this process
+        self._after: int | None = None
+
+    def read(self, session: Session, now: datetime) -> dict[str, int]:
+        """The steps recorded since this process started (``now``: database time)."""
+        if self._after is None:
+            since = now - timedelta(seconds=self.monotonic() - self._born)
+            self._after = scrape.last_clock_step_before(session, since)
+        return scrape.clock_steps_after(session, self._after)
+
+
 class SettledCollector(Collector):
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
         self.counters = EventCounters()
+        self.clock_steps = ClockStepCounter()
 
     def collect(self) -> Iterator[Metric]:
         with self.sessions() as s:
             live = scrape.live_counts(s)
             self.counters.advance(s, live.now)
+            steps = self.clock_steps.read(s, live.now)
         yield from self._gauges(live)
         yield from self._counters()
+        clock = CounterMetricFamily(
+            "settled_db_clock_steps",
+            "Steps of the database's clock (set, not slewed) seen by any process since this one "
+            "started, by direction; after each, a 'not found' is not trusted for a while.",
+            labels=["direction"],
+        )
+        for direction in ("backward", "forward"):
+            clock.add_metric([direction], steps.get(direction, 0))
+        yield clock
 
     def _gauges(self, live: scrape.LiveCounts) -> Iterator[Metric]:
         """What is live now: operations by state, the oldest waits, the review queue."""

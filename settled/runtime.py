@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.clock_steps import ClockWatch
 from outbox.db import make_engine
 from outbox.downstream import Gateway
 from outbox.errors import InvalidInput
@@ -122,6 +123,9 @@ def build_runtime(
     outbox = Outbox.from_settings(settings, registry)
     if gateway is None:
         gateway = build_gateway(settings, registry)
+    # One watch on the database's clock for the process: a step any service sees is honoured
+    # by all of them (and recorded for the other processes).
+    watch = ClockWatch(margin=settings.clock_margin_seconds, window=settings.clock_step_window)
     executor = Executor(
         sessions=sessions,
         gateway=gateway,
@@ -131,6 +135,7 @@ def build_runtime(
         lease_seconds=settings.lease_seconds,
         batch_extra=settings.claim_batch,
         clock_margin=settings.clock_margin_seconds,
+        clock_watch=watch,
     )
     reconciler = Reconciler(
         sessions=sessions,
@@ -140,8 +145,11 @@ def build_runtime(
         lease_seconds=settings.lease_seconds,
         client_timeout=settings.downstream_timeout,
         review_after=settings.review_after_seconds,
+        clock_watch=watch,
     )
-    review = ReviewQueue(sessions, gateway, registry, lookup_timeout=settings.downstream_timeout)
+    review = ReviewQueue(
+        sessions, gateway, registry, lookup_timeout=settings.downstream_timeout, clock_watch=watch
+    )
     return Runtime(
         settings, engine, sessions, registry, outbox, gateway, executor, reconciler, review
     )

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import logs, runs
 from outbox.apikeys import Principal, authenticate
+from outbox.clock_steps import ClockWatch
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.kinds import default_registry
@@ -309,7 +310,10 @@ def review_queue(sessions: sessionmaker[Session], settings: Settings) -> ReviewQ
     gateway = HttpGateway(
         settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
     )
-    return ReviewQueue(sessions, gateway, registry, lookup_timeout=settings.downstream_timeout)
+    watch = ClockWatch(margin=settings.clock_margin_seconds, window=settings.clock_step_window)
+    return ReviewQueue(
+        sessions, gateway, registry, lookup_timeout=settings.downstream_timeout, clock_watch=watch
+    )
 
 
 def _sessions_of(

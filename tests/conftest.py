@@ -22,7 +22,7 @@ pytest_plugins = ["tests.support.sim", "tests.support.rig"]
 
 TABLES = (
     "review_items, operation_events, attempts, operations, runs, api_keys,"
-    " staff_login_failures, staff_sessions, staff_accounts"
+    " staff_login_failures, staff_sessions, staff_accounts, clock_steps"
 )
 
 

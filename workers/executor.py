@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.change import Change
 from outbox.clock import DbClock, Deadline, Monotonic
+from outbox.clock_steps import ClockWatch
 from outbox.downstream import (
     Accepted,
     Gateway,
@@ -94,6 +95,8 @@ class Executor:
     clock_margin: float = 1.0
     rand: Callable[[], float] = random.random
     monotonic: Monotonic = time.monotonic
+    #: this process's watch on the database's clock (shared with its other services)
+    clock_watch: ClockWatch = field(default_factory=ClockWatch)
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
@@ -141,6 +144,7 @@ class Executor:
         # database's, never behind (outbox.clock).
         mono = self.monotonic()
         claims = self._claim(ids, extra)
+        self._clock_read(claims, mono)
         full = extra > 0 and len(claims.claimed) + len(claims.written) >= extra
         to_send, to_recover, written = claims.send, claims.recover, claims.written
         held = [c for c, _ in to_send] + to_recover
@@ -172,6 +176,18 @@ class Executor:
 
     def _clock(self, claimed: Claimed, mono: float) -> DbClock:
         return DbClock(claimed.now, mono, self.monotonic)
+
+    def _clock_read(self, claims: Claims, before: float) -> None:
+        """The claim's reading of the database's clock: a step it shows is logged and recorded
+        for the processes that trust a "not found" (this one trusts none)."""
+        claimed = claims.claimed
+        if not claimed:
+            return
+        first = claimed[0]
+        after = self.monotonic()
+        step = self.clock_watch.seen(first.now, before, after, by=self.worker)
+        if step is not None:
+            self.clock_watch.record_now(self.sessions, step, by=self.worker)
 
     def _claim(self, ids: Sequence[int], extra: int) -> Claims:
         claims = SendClaims(

@@ -18,6 +18,7 @@ module             what it holds
 ``apikeys``        the status API's keys: adding one, the live key of an id, revoking
 ``staff_accounts`` the console's staff accounts, sessions and failed sign-ins (hashes only)
 ``traces``         an operation's trace context (``operations.trace_context``)
+``clock_steps``    steps of the database's clock a process saw, the newest one's end
 ``schema``         the migrations (Alembic revisions) a database is at
 ``connection``     where a statement runs, the health check's ping, running a step again
 ``queries.sql``    the hand-written PostgreSQL statements, by name

@@ -18,13 +18,14 @@ from sqlalchemy import Integer, Table, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from outbox.db import db_now
-from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
+from outbox.models import Attempt, ClockStep, Operation, OperationEvent, ReviewItem
 from outbox.states import State
 
 ops: Table = Operation.__table__  # type: ignore[assignment]
 events: Table = OperationEvent.__table__  # type: ignore[assignment]
 attempts: Table = Attempt.__table__  # type: ignore[assignment]
 reviews: Table = ReviewItem.__table__  # type: ignore[assignment]
+clock_steps: Table = ClockStep.__table__  # type: ignore[assignment]
 
 PLANNED = select(func.count(), func.min(ops.c.next_attempt_at), db_now()).where(
     ops.c.state == State.PLANNED.value
@@ -83,6 +84,18 @@ OUTCOMES_OF = (
     select(events.c.id, attempts.c.proof)
     .select_from(_OUTCOMES)
     .where(events.c.id.in_(_IDS), _RECORDS_OUTCOME)
+)
+
+
+#: The last step of the database's clock recorded before ``since`` (once per process).
+LAST_CLOCK_STEP_BEFORE = select(func.max(clock_steps.c.id)).where(
+    clock_steps.c.detected_at < bindparam("since")
+)
+#: Steps of the database's clock recorded after id ``lo``, by direction (a primary-key range).
+CLOCK_STEPS_AFTER = (
+    select(clock_steps.c.direction, func.count())
+    .where(clock_steps.c.id > _LO)
+    .group_by(clock_steps.c.direction)
 )
 
 
@@ -149,3 +162,13 @@ def transitions_of(
 def outcomes_of(session: Session, ids: Collection[int]) -> Iterator[tuple[int, Any]]:
     """``(id, proof)`` of the attempt outcomes the events ``ids`` recorded."""
     yield from session.execute(OUTCOMES_OF, {"ids": list(ids)})
+
+
+def last_clock_step_before(session: Session, since: datetime) -> int:
+    """The id of the last step of the database's clock recorded before ``since`` (0: none)."""
+    return session.scalar(LAST_CLOCK_STEP_BEFORE, {"since": since}) or 0
+
+
+def clock_steps_after(session: Session, lo: int) -> dict[str, int]:
+    """Steps of the database's clock recorded after id ``lo``, by direction."""
+    return {direction: n for direction, n in session.execute(CLOCK_STEPS_AFTER, {"lo": lo})}

@@ -10,13 +10,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 
 from outbox import runs
+from outbox.clock import Step
 from outbox.errors import Forbidden, InvalidInput, ReviewConflict
 from outbox.kinds import default_registry
-from outbox.models import Operation, OperationEvent
+from outbox.models import ClockStep, Operation, OperationEvent
 from outbox.states import State
+from outbox.storage.clock_steps import record_clock_step
+from outbox.storage.operations import db_time
 from reconciler.review import ReviewQueue
 from reconciler.staff import Staff
 from settled.cli import main
@@ -44,6 +47,25 @@ def in_review(rig: Rig, fault: str = "commit_then_timeout") -> tuple[int, int]:
 
 def queue(rig: Rig, registry: Any = None) -> ReviewQueue:
     return ReviewQueue(rig.sessions, rig.gateway(), registry or default_registry())
+
+
+def test_rejected_on_a_not_found_waits_out_a_step_of_the_database_clock(rig: Rig) -> None:
+    """A step another process recorded: staff's "not found" proves nothing until it is over."""
+    op, item = in_review(rig, fault="reset_before")  # never executed downstream
+    rig.age_attempts(op, 60)  # quiet: a "not found" would prove it
+    with rig.sessions.begin() as s:
+        now = db_time(s)
+        record_clock_step(s, Step(30.0, now, now + timedelta(seconds=60)), by="w9")
+    q = queue(rig)
+    why = "downstream has no record after 1 h; customer informed"
+    with pytest.raises(ReviewConflict) as conflict:
+        q.resolve(ALICE, item, outcome="rejected", version=1, justification=why)
+    assert (conflict.value.code, conflict.value.data["why"]) == ("not_found_unproven", "clock_step")
+    assert rig.op(op).state == "unknown"
+    with rig.sessions.begin() as s:  # the window is over (moved back: no sleeping)
+        s.execute(update(ClockStep).values(distrust_until=db_time(s) - timedelta(seconds=10)))
+    q.resolve(ALICE, item, outcome="rejected", version=1, justification=why)
+    assert (rig.op(op).state, rig.effects(op)) == ("rejected", 0)
 
 
 def test_list_and_show_give_the_evidence(rig: Rig) -> None:

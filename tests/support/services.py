@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -126,14 +126,19 @@ def postgres_server() -> Iterator[str]:
 
 
 @contextmanager
-def throwaway_postgres() -> Iterator[str]:
+def throwaway_postgres(env: Mapping[str, str] | None = None) -> Iterator[str]:
     """A PostgreSQL server of the caller's own, stopped and deleted afterwards: the system's
-    ``initdb`` and ``pg_ctl`` where they are found, else the ``pgserver`` wheel."""
+    ``initdb`` and ``pg_ctl`` where they are found, else the ``pgserver`` wheel.
+
+    ``env``: variables the server runs with (``LD_PRELOAD`` of libfaketime, for a stepped
+    clock); only with the system's binaries (RuntimeError otherwise)."""
     initdb = system_binary("initdb")
     if initdb is not None and (initdb.parent / "pg_ctl").exists():
-        with _initdb_server(initdb.parent) as url:
+        with _initdb_server(initdb.parent, env or {}) as url:
             yield url
         return
+    if env:
+        raise RuntimeError("a server environment needs the system's initdb and pg_ctl")
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is not set (containers, CI), and falls back
         # to a folder of its own, which serves pgserver's lock file as well.
@@ -150,7 +155,7 @@ def throwaway_postgres() -> Iterator[str]:
 
 
 @contextmanager
-def _initdb_server(bin_dir: Path) -> Iterator[str]:
+def _initdb_server(bin_dir: Path, env: Mapping[str, str]) -> Iterator[str]:
     root = os.geteuid() == 0
     data = Path(tempfile.mkdtemp(prefix="settled-pg-"))
     run_as = ["runuser", "-u", "postgres", "--"] if root else []
@@ -159,13 +164,25 @@ def _initdb_server(bin_dir: Path) -> Iterator[str]:
     port = free_port()
     pgdata = data / "data"
     subprocess.run(
-        [*run_as, str(bin_dir / "initdb"), "-D", str(pgdata), "-U", "postgres", "-A", "trust"],
+        [
+            *run_as,
+            str(bin_dir / "initdb"),
+            "--no-sync",
+            "-D",
+            str(pgdata),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+        ],
         check=True,
         capture_output=True,
     )
     opts = f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off"
+    variables = [f"{name}={value}" for name, value in env.items()]
     subprocess.run(
-        [*run_as, str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-o", opts, "-w", "start",
+        [*run_as, "env", *variables, str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-o", opts,
+         "-w", "start",
          "-l", str(data / "log")],
         check=True,
         capture_output=True,

@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from outbox.downstream import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, Unavailable
+from outbox.errors import ReviewConflict
 from outbox.kinds import DownstreamContract
 from outbox.states import Event, RejectReason, State
-from reconciler.decide import MAX_RECHECK, Situation, decide
+from reconciler.decide import MAX_RECHECK, Situation, decide, not_found_doubt
+from reconciler.evidence import weigh
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 OK = Found(Receipt("re_1", "succeeded", {"amount_minor": 1}))
@@ -198,3 +200,56 @@ def test_not_found_inside_the_retention_margin_goes_to_review() -> None:
     )
     d = decide(s, NotFound())
     assert (d.code, d.review) == ("to_review", "past_key_retention")
+
+
+# -- after a step of the database's clock, a "not found" waits for every send in flight ------
+
+#: (timing, distrust until (s from NOW; None: no step), asked at (s from NOW; None: now),
+#:  in review) -> the code decided, and when it looks again (s from NOW) where it waits
+CLOCK_STEP = {
+    "no_step": ("quiet", None, None, False, "requeued", None),
+    "inside_the_window": ("quiet", 5, None, False, "wait_clock_step", 7),  # + processing 2 s
+    "window_over_but_processing_time_left": ("quiet", -1, None, False, "wait_clock_step", 1),
+    "window_and_processing_time_over": ("quiet", -2, None, False, "requeued", None),
+    "asked_inside_answered_after": ("quiet", -2.5, -1, False, "wait_clock_step", 0),
+    "overdue_still_waits": ("overdue", 5, None, False, "wait_clock_step", 7),
+    "past_deadline_still_waits": ("past_deadline", 5, None, False, "wait_clock_step", 7),
+    "in_review_waits_without_a_new_item": ("quiet", 5, None, True, "wait_clock_step", 7),
+    "not_quiet_first": ("fresh", 5, None, False, "wait_quiescence", None),
+    "before_the_retention_verdict": ("past_retention", 5, None, False, "wait_clock_step", 7),
+    "then_the_retention_verdict": ("past_retention", -10, None, False, "to_review", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLOCK_STEP))
+def test_a_not_found_is_not_trusted_until_sends_in_flight_at_a_clock_step_are_over(
+    case: str,
+) -> None:
+    timing, until, asked, in_review, code, recheck = CLOCK_STEP[case]
+    base = situation(State.UNKNOWN, "idempotent", timing, in_review=in_review)
+    s = Situation(
+        **{
+            **base.__dict__,
+            "clock_doubt_until": None if until is None else NOW + timedelta(seconds=until),
+            "asked_at": None if asked is None else NOW + timedelta(seconds=asked),
+        }
+    )
+    d = decide(s, NotFound())
+    assert d.code == code
+    if code == "wait_clock_step":
+        assert not_found_doubt(s) == "clock_step"
+        assert (d.event, d.review) == (None, None)  # stays unknown, no review item opened
+        assert d.next_attempt_at == NOW + timedelta(seconds=recheck)
+
+
+def test_a_receipt_found_settles_despite_a_clock_step() -> None:
+    s = quiet_case(clock_doubt_until=NOW + timedelta(seconds=30))
+    assert decide(s, OK).code == "found"
+
+
+def test_staff_cannot_resolve_rejected_on_a_not_found_inside_a_clock_step() -> None:
+    with pytest.raises(ReviewConflict) as refused:
+        weigh(NotFound(), State.REJECTED, None, doubt="clock_step")
+    assert (refused.value.code, refused.value.data["why"]) == ("not_found_unproven", "clock_step")
+    overridden = weigh(NotFound(), State.REJECTED, None, doubt="clock_step", override=True)
+    assert overridden.unproven == "clock_step"

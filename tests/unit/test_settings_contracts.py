@@ -149,3 +149,18 @@ def test_the_default_lease_is_short_and_outlasts_a_send() -> None:
     s = Settings()
     assert s.lease_seconds == 15.0
     assert s.lease_seconds > s.downstream_timeout + s.clock_margin_seconds
+
+
+def test_the_distrust_after_a_clock_step_lasts_a_lease_unless_set_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().clock_step_window == 15.0
+    monkeypatch.setenv("SETTLED_LEASE_SECONDS", "20")
+    assert Settings().clock_step_window == 20.0
+    monkeypatch.setenv("SETTLED_CLOCK_STEP_DISTRUST_SECONDS", "60")
+    assert Settings().clock_step_window == 60.0
+    monkeypatch.setenv("SETTLED_CLOCK_STEP_DISTRUST_SECONDS", "10")  # shorter than a send
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    line = settings_error(info.value)
+    assert "SETTLED_CLOCK_STEP_DISTRUST_SECONDS" in line and "SETTLED_LEASE_SECONDS" in line
