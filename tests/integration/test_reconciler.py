@@ -357,6 +357,42 @@ def test_lookups_the_lease_leaves_no_time_for_are_not_asked_and_not_recorded(
         assert rig.reviews(op) == []
 
 
+def test_a_dead_workers_send_the_lease_leaves_no_time_to_ask_about_stays_as_it_was(
+    rig: Rig,
+) -> None:
+    """A ``submitted`` operation (its worker died mid-send) the lease leaves no time to ask
+    about: nothing is written (released, it would never be looked at again); once the lease
+    lapses the next pass asks and settles it."""
+    ops = []
+    for i in range(2):
+        op = rig.enqueue(f"op-{i}")
+        claimed = rig.start_send(op)
+        rig.gateway().submit(
+            tenant="acme",
+            op_id=claimed.op_id,
+            kind=default_registry().get("refund"),
+            idempotency_key=claimed.idempotency_key,
+            params=claimed.params,
+            deadline=datetime.now(UTC) + timedelta(seconds=5),
+        )
+        rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+        ops.append(op)
+    before = {op: len(events_of(rig, op)) for op in ops}
+    reconciler, slow = slow_reconciler(rig, 1.0, client_timeout=1.5, lease_seconds=60.0)
+    slow.after = lambda number: slow.clock.advance(100.0) if number == 1 else None
+    assert reconciler.run_once().outcomes == {"found": 1, "not_asked": 1}
+    (left,) = [op for op in ops if rig.op(op).state == "submitted"]
+    assert (rig.op(left).lookups, lookups_asked(rig, left)) == (0, 0)
+    assert len(events_of(rig, left)) == before[left]
+    rig.set(left, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    assert rig.reconciler(client_timeout=1.5).run_once().outcomes == {"found": 1}
+    assert (rig.op(left).state, rig.op(left).lookups, lookups_asked(rig, left)) == (
+        "succeeded",
+        1,
+        1,
+    )
+
+
 def test_a_chunk_of_slow_lookups_over_http_outlasts_its_first_lease_and_settles_all(
     rig: Rig, sim_proxy: FaultProxy
 ) -> None:
