@@ -268,6 +268,7 @@ def lookup_deadline(
     if lease_until is None:
         return None
     lease = clock.deadline(lease_until)
-    if lease.left() < least or lease.left() <= 0:
+    left = lease.left()
+    if left <= 0 or left < least:
         return None
     return lease.capped(seconds)
