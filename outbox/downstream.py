@@ -207,13 +207,6 @@ class Addressed(Protocol):
     def params(self) -> Mapping[str, Any]: ...
 
 
-class Leased(Addressed, Protocol):
-    """An operation held under a lease (``outbox.storage.claims.Claimed``)."""
-
-    @property
-    def lease_until(self) -> datetime: ...
-
-
 class Gateway(Protocol):
     """The downstream, as workers and the reconciler see it."""
 
@@ -282,6 +275,21 @@ def look_up(
     )
 
 
-def lookup_deadline(clock: DbClock, claimed: Leased, seconds: float) -> Deadline:
-    """``seconds`` from the claim, and never past the claim's lease."""
-    return clock.after(seconds).earlier(clock.deadline(claimed.lease_until))
+def lookup_deadline(
+    clock: DbClock, lease_until: datetime | None, seconds: float, *, least: float
+) -> Deadline | None:
+    """A lookup's own time: ``seconds`` from now, when it starts, and never past the lease as
+    its holder holds it now (``lease_until``, database time: ``LeaseKeeper.lease_until``).
+
+    None when the lease is lost (``lease_until`` None) or leaves less than ``least`` seconds:
+    the lookup is not to be asked. A lookup never asked is no evidence of anything, not even
+    of an unavailable downstream: its operation is looked at again, and nothing is recorded
+    as its answer.
+    """
+    if lease_until is None:
+        return None
+    lease = clock.deadline(lease_until)
+    left = lease.left()
+    if left <= 0 or left < least:
+        return None
+    return lease.capped(seconds)

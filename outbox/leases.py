@@ -15,6 +15,10 @@ What renewal does not change (the fencing of ``outbox.storage.claims``):
 * an expired lease is never revived: once it lapsed it may already be another's;
 * a process stopped or frozen renews nothing (the thread stops with it), and renewal ends on
   its own ``longest`` seconds after the claim: a thread stuck forever holds nothing forever.
+
+Its holder asks ``lease_until`` how long a lease is held now (the claim's end, or the last
+renewal's): work that must be over while the lease is held, such as each lookup of a
+reconciler's chunk, is bounded by it, never by the claim's first lease alone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -59,6 +64,9 @@ class LeaseKeeper:
         self.monotonic = monotonic
         #: operation id -> (lease version, monotonic time of the claim)
         self._held: dict[int, tuple[int, float]] = {}
+        #: (operation id, lease version) -> the lease's end as last renewed (database time);
+        #: None: the database refused to renew it (it lapsed, or another holds it now)
+        self._renewed: dict[tuple[int, int], datetime | None] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -81,12 +89,20 @@ class LeaseKeeper:
         finally:
             with self._lock:
                 for op_id, version in held:
+                    self._renewed.pop((op_id, version), None)
                     if self._held.get(op_id, (None, 0.0))[0] == version:
                         del self._held[op_id]
 
     def held(self) -> set[int]:
         with self._lock:
             return set(self._held)
+
+    def lease_until(self, claimed: Claimed) -> datetime | None:
+        """When ``claimed``'s lease ends as held now (database time): the claim's own end, or
+        its last renewal's; None once the database refused to renew it (it lapsed, or another
+        holds it now). A lease no longer renewed (past ``longest``) keeps its last end."""
+        with self._lock:
+            return self._renewed.get((claimed.id, claimed.lease_version), claimed.lease_until)
 
     def renew_now(self) -> set[int]:
         """One round: renew what is held and still young enough; returns the ids renewed.
@@ -112,13 +128,18 @@ class LeaseKeeper:
             log.warning("could not renew leases", extra={"error": type(exc).__name__})
             return set()
         lost = {(i, v) for i, v in due if i not in renewed}
+        with self._lock:
+            for op_id, version in due:
+                if self._held.get(op_id, (None, 0.0))[0] != version:
+                    continue  # released meanwhile
+                if (op_id, version) in lost:
+                    del self._held[op_id]
+                    self._renewed[(op_id, version)] = None
+                else:
+                    self._renewed[(op_id, version)] = renewed[op_id]
         if lost:
-            with self._lock:
-                for op_id, version in lost:
-                    if self._held.get(op_id, (None, 0.0))[0] == version:
-                        del self._held[op_id]
             log.info("lease not renewed", extra={"operations": len(lost)})
-        return renewed
+        return set(renewed)
 
     def close(self) -> None:
         self._stop.set()

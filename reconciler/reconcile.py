@@ -5,12 +5,16 @@ ones whose worker died, with the same lease rules as workers; asks the downstrea
 queries, never sends); and writes what the pure ``decide`` function concluded.
 
 A pass claims a few operations at a time, as many as its lookups can answer while their
-leases are renewed (``outbox.leases``). A "not found" is dated by the database time read
-before the question was asked (the claim's), never by when the answer came back, and proves
-nothing for a while after a step of the database's clock (each reading a pass takes is
-watched: ``outbox.clock_steps``). One
-operation that cannot be reconciled (a value the database refuses, a bug) is logged, put in
-review if it can be, and the pass goes on with the others.
+leases are renewed (``outbox.leases``). The chunk's lookups run one after another, each with
+its own time counted from when it starts (never from the claim: a slow first answer must not
+eat the others' time), and never past the lease as renewed. A lookup the lease leaves no time
+for (the process stalled, the lease could not be kept) is not asked: it is no evidence, not
+even of an unavailable downstream, so nothing is decided, counted or put in review; the
+operation is due again at once. A "not found" is dated by the database time read before the
+question was asked (the claim's), never by when the answer came back, and proves nothing for
+a while after a step of the database's clock (each reading a pass takes is watched:
+``outbox.clock_steps``). One operation that cannot be reconciled (a value the database
+refuses, a bug) is logged, put in review if it can be, and the pass goes on with the others.
 """
 
 from __future__ import annotations
@@ -96,7 +100,10 @@ class Reconciler:
     def keeper(self) -> LeaseKeeper:
         if self._keeper is None:
             self._keeper = LeaseKeeper(
-                self.sessions, owner=self.actor, lease_seconds=self.lease_seconds
+                self.sessions,
+                owner=self.actor,
+                lease_seconds=self.lease_seconds,
+                monotonic=self.monotonic,
             )
         return self._keeper
 
@@ -111,8 +118,14 @@ class Reconciler:
 
     @property
     def lookup_seconds(self) -> float:
-        """Longest one lookup may take."""
+        """Longest one lookup may take, from its own start."""
         return min(self.client_timeout, 30.0)
+
+    @property
+    def lookup_least(self) -> float:
+        """Least time a lookup must have left on its lease to be asked: its whole time, or
+        half a lease where that is shorter (a lease renewed every third always has it)."""
+        return min(self.lookup_seconds, self.lease_seconds / 2)
 
     @property
     def chunk(self) -> int:
@@ -212,7 +225,10 @@ class Reconciler:
         kind = self.registry.get(claimed.kind)
         lookup: LookupOutcome | None = None
         if kind.contract.queryable:
-            deadline = lookup_deadline(clock, claimed, self.lookup_seconds)
+            lease = self.keeper.lease_until(claimed)  # as renewed while the chunk is worked
+            deadline = lookup_deadline(clock, lease, self.lookup_seconds, least=self.lookup_least)
+            if deadline is None:
+                return self._not_asked(claimed)
             lookup = look_up(self.gateway, claimed, kind, deadline=deadline)
         with self.sessions.begin() as session:
             facts = operation_facts(session, claimed.id)
@@ -240,6 +256,24 @@ class Reconciler:
             self._write(session, claimed, decision, looked=lookup is not None, before=facts.lookups)
         assert decision.code is not None
         return decision.code
+
+    def _not_asked(self, claimed: Claimed) -> str:
+        """The lease left no time to ask about ``claimed``: nothing is decided, recorded as a
+        lookup, counted or put in review. An unknown operation is released, due again at once,
+        with an event saying it was not asked; a submitted one is left under the lease it has,
+        which lapses (released, it would never be looked at)."""
+        log.warning(
+            "lookup not asked: the lease left no time for it",
+            extra={"operation_id": claimed.id},
+        )
+        if claimed.state is State.UNKNOWN:
+            evidence = {"asked": False, "why": "the lease left no time for the lookup"}
+            again = Transition.look(
+                claimed, note="not_asked", recheck_at=claimed.now, looked=False, evidence=evidence
+            )
+            with self.sessions.begin() as session:
+                self.storage.write_transition(session, again, actor=self.actor)
+        return "not_asked"
 
     def _write(
         self, session: Session, claimed: Claimed, change: Change, *, looked: bool, before: int

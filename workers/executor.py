@@ -351,14 +351,28 @@ class Executor:
         return done, instead
 
     def _recover(self, claimed: Claimed, clock: DbClock) -> dict[int, State]:
-        """The worker that sent this died before recording: ask, never re-send."""
+        """The worker that sent this died before recording: ask, never re-send.
+
+        The lookup has half a lease from its own start (after the batch's sends), within the
+        lease as renewed; one the lease leaves no time for is not asked, and nothing is
+        written: the operation stays ``submitted``, and is looked at again once this lease
+        lapses (never recorded "unavailable" for a question nobody asked).
+        """
         try:
             kind = self.registry.get(claimed.kind)
         except SettledError:
             log.error("cannot look up an unknown kind", extra={"operation_id": claimed.id})
             return {}
         if kind.contract.queryable:
-            deadline = lookup_deadline(clock, claimed, self.lease_seconds / 2)
+            half = self.lease_seconds / 2
+            lease = self.keeper.lease_until(claimed)
+            deadline = lookup_deadline(clock, lease, half, least=half)
+            if deadline is None:
+                log.warning(
+                    "recovery lookup not asked: the lease left no time for it",
+                    extra={"operation_id": claimed.id},
+                )
+                return {}
             found = look_up(self.gateway, claimed, kind, deadline=deadline)
             change = judge_recovery(found)
         else:

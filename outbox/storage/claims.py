@@ -136,7 +136,8 @@ CLAIM_UNRESOLVED = _claim_statement(
     ),
     ops.c.next_attempt_at,
 )
-#: Extends the leases still held (``held``: (id, lease version) pairs) by ``owner``.
+#: Extends the leases still held (``held``: (id, lease version) pairs) by ``owner``; returns
+#: each renewed lease's new end.
 RENEW_LEASES = (
     update(ops)
     .where(
@@ -145,7 +146,7 @@ RENEW_LEASES = (
         ops.c.lease_until >= db_now(),
     )
     .values(lease_until=db_now(bindparam("lease_seconds", type_=Float())))
-    .returning(ops.c.id)
+    .returning(ops.c.id, ops.c.lease_until)
 )
 DUE_PLANNED = (
     select(ops.c.id)
@@ -207,22 +208,24 @@ def claim_unresolved(bind: Bind, *, worker: str, lease_seconds: float, limit: in
 
 def renew_leases(
     bind: Bind, held: Sequence[tuple[int, int]], *, owner: str, lease_seconds: float
-) -> set[int]:
+) -> dict[int, datetime]:
     """Extend the leases ``owner`` still holds: ``held`` is (operation id, lease version).
 
     A lease is renewed only while it is the same claim (owner and version) and has not yet
     expired: an expired lease may already be another's to take, so it is never revived.
-    Returns the ids renewed. Renewing never bumps the version, and never moves a send's bound:
-    a send is bounded by the lease it was claimed with (``attempts.not_after``).
+    Returns the ids renewed, each with its lease's new end (database time). Renewing never
+    bumps the version, and never moves a send's bound: a send is bounded by the lease it was
+    claimed with (``attempts.not_after``).
     """
     if not held:
-        return set()
+        return {}
     params = {
         "held": [tuple(h) for h in held],
         "owner": owner,
         "lease_seconds": float(lease_seconds),
     }
-    return set(connection_of(bind).scalars(RENEW_LEASES, params))
+    rows = connection_of(bind).execute(RENEW_LEASES, params)
+    return {row.id: row.lease_until for row in rows}
 
 
 def due_ids(session: Session, *, limit: int) -> list[int]:

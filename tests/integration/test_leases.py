@@ -53,6 +53,26 @@ def test_a_held_lease_is_renewed_in_database_time_under_the_same_version(rig: Ri
     assert k.renew_now() == set()
 
 
+def test_the_holder_is_told_how_long_its_lease_is_held_now(rig: Rig) -> None:
+    """``lease_until``: the claim's end, then each renewal's (what the database wrote), and
+    None once the database refused to renew it; back to the claim's once released."""
+    rig.judged_by_ledger = False
+    op = rig.enqueue()
+    claimed = claim(rig, op, lease=5.0)
+    k = keeper(rig, lease=600.0)
+    with k.holding([claimed]):
+        assert k.lease_until(claimed) == claimed.lease_until
+        assert k.renew_now() == {op}
+        renewed = k.lease_until(claimed)
+        assert renewed is not None and renewed == lease_of(rig, op)[0]
+        assert (renewed - claimed.lease_until).total_seconds() > 500
+        with rig.sessions.begin() as s:
+            s.execute(update(Operation).where(Operation.id == op).values(lease_until=db_now(-1)))
+        assert k.renew_now() == set()
+        assert k.lease_until(claimed) is None  # lapsed: it may be another's already
+    assert k.lease_until(claimed) == claimed.lease_until  # nothing kept of a released claim
+
+
 def test_a_lapsed_lease_is_never_revived(rig: Rig) -> None:
     rig.judged_by_ledger = False
     op = rig.enqueue()

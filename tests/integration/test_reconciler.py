@@ -10,12 +10,15 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
+from outbox.db import db_now
 from outbox.kinds import default_registry
-from outbox.models import OperationEvent
+from outbox.models import Operation, OperationEvent
 from outbox.states import State
-from reconciler.reconcile import PassReport
+from reconciler.reconcile import PassReport, Reconciler
+from settled.simulator.proxy import FaultProxy
+from tests.support.gateways import FakeMonotonic, SlowLookups
 from tests.support.rig import HOLD, Rig
 
 
@@ -257,3 +260,158 @@ def test_unknown_from_either_side_of_the_commit_ends_succeeded_once(rig: Rig, fa
         rig.executor().execute([op])
     assert rig.op(op).state == "succeeded"
     assert rig.effects(op) == 1
+
+
+def done_but_unknown(rig: Rig, n: int) -> list[int]:
+    """``n`` operations the downstream carried out whose answers were lost, unknown for longer
+    than the review threshold: a lookup recorded "unavailable" now would put them in review."""
+    rig.control.add_rule("commit_then_reset", times=n)
+    ops = [rig.enqueue(f"op-{i}") for i in range(n)]
+    rig.executor().execute(ops)
+    assert {rig.op(o).state for o in ops} == {"unknown"}
+    for op in ops:
+        rig.set(op, unknown_since=datetime.now(UTC) - timedelta(seconds=700))
+    return ops
+
+
+def lookups_asked(rig: Rig, op: int) -> int:
+    """Lookups of the operation's key that reached the simulator."""
+    return rig.control.requests("acme", rig.op(op).idempotency_key, phase="lookup")
+
+
+def slow_reconciler(rig: Rig, seconds: float, **kw: object) -> tuple[Reconciler, SlowLookups]:
+    """A reconciler whose every lookup (to the simulator) answers ``seconds`` after it starts,
+    on a monotonic clock the test moves."""
+    mono = FakeMonotonic()
+    reconciler = rig.reconciler(monotonic=mono, **kw)
+    slow = SlowLookups(rig.gateway(timeout=10.0), mono, seconds)
+    reconciler.gateway = slow
+    return reconciler, slow
+
+
+def test_every_lookup_of_a_chunk_has_its_own_time_and_settles_its_operation(rig: Rig) -> None:
+    """Four lookups answering in 1.0 s of 1.5 s, one after another in one chunk: each has its
+    1.5 s from its own start (the lease, 15 s, holds them all), so each settles its operation
+    from its own answer; none is recorded "unavailable" and none reaches review."""
+    ops = done_but_unknown(rig, 4)
+    reconciler, slow = slow_reconciler(rig, 1.0, client_timeout=1.5)
+    assert reconciler.chunk >= 4  # one chunk, one claim
+    assert reconciler.run_once().outcomes == {"found": 4}
+    assert slow.asked == 4
+    for op in ops:
+        row = rig.op(op)
+        assert (row.state, row.lookups) == ("succeeded", 1)
+        assert lookups_asked(rig, op) == 1
+        assert rig.reviews(op) == []
+        assert rig.effects(op) == 1
+
+
+def events_of(rig: Rig, op: int) -> list[OperationEvent]:
+    with rig.sessions() as s:
+        stmt = select(OperationEvent).where(OperationEvent.operation_id == op)
+        return list(s.scalars(stmt.order_by(OperationEvent.id)))
+
+
+@pytest.mark.parametrize("how", ["stalled", "lease_lost"])
+def test_lookups_the_lease_leaves_no_time_for_are_not_asked_and_not_recorded(
+    rig: Rig, how: str
+) -> None:
+    """After the second lookup of a chunk the lease is over for the rest: the process stalled
+    past it ("stalled"), or the database would not renew it ("lease_lost"). The last two are
+    never asked: not recorded "unavailable", not counted, not in review, due again at once
+    with an event saying "not asked"; the next pass asks and settles them."""
+    ops = done_but_unknown(rig, 4)
+    reconciler, slow = slow_reconciler(rig, 1.0, client_timeout=1.5, lease_seconds=60.0)
+
+    def after(number: int) -> None:
+        if number != 2:
+            return
+        if how == "stalled":
+            slow.clock.advance(100.0)  # a GC pause, a frozen container: past the 60 s lease
+        else:
+            with rig.sessions.begin() as s:
+                gone = update(Operation).where(Operation.id.in_(ops))
+                s.execute(gone.values(lease_until=db_now(-1)))
+            assert reconciler.keeper.renew_now() == set()
+
+    slow.after = after
+    assert reconciler.run_once().outcomes == {"found": 2, "not_asked": 2}
+    assert slow.asked == 2
+    found = [o for o in ops if rig.op(o).state == "succeeded"]
+    left = [o for o in ops if o not in found]
+    assert len(found) == 2 and len(left) == 2
+    for op in left:
+        row = rig.op(op)
+        assert (row.state, row.lookups, row.lease_owner) == ("unknown", 0, None)
+        assert row.next_attempt_at is not None and row.next_attempt_at <= datetime.now(UTC)
+        assert lookups_asked(rig, op) == 0
+        assert rig.reviews(op) == []
+        last = events_of(rig, op)[-1]
+        assert last.reason == "not_asked" and "lookup" not in (last.evidence or {})
+    # The next pass asks them.
+    assert rig.reconciler(client_timeout=1.5).run_once().outcomes == {"found": 2}
+    for op in ops:
+        row = rig.op(op)
+        assert (row.state, row.lookups) == ("succeeded", 1)
+        assert lookups_asked(rig, op) == 1
+        assert rig.reviews(op) == []
+
+
+def test_a_dead_workers_send_the_lease_leaves_no_time_to_ask_about_stays_as_it_was(
+    rig: Rig,
+) -> None:
+    """A ``submitted`` operation (its worker died mid-send) the lease leaves no time to ask
+    about: nothing is written (released, it would never be looked at again); once the lease
+    lapses the next pass asks and settles it."""
+    ops = []
+    for i in range(2):
+        op = rig.enqueue(f"op-{i}")
+        claimed = rig.start_send(op)
+        rig.gateway().submit(
+            tenant="acme",
+            op_id=claimed.op_id,
+            kind=default_registry().get("refund"),
+            idempotency_key=claimed.idempotency_key,
+            params=claimed.params,
+            deadline=datetime.now(UTC) + timedelta(seconds=5),
+        )
+        rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+        ops.append(op)
+    before = {op: len(events_of(rig, op)) for op in ops}
+    reconciler, slow = slow_reconciler(rig, 1.0, client_timeout=1.5, lease_seconds=60.0)
+    slow.after = lambda number: slow.clock.advance(100.0) if number == 1 else None
+    assert reconciler.run_once().outcomes == {"found": 1, "not_asked": 1}
+    (left,) = [op for op in ops if rig.op(op).state == "submitted"]
+    assert (rig.op(left).lookups, lookups_asked(rig, left)) == (0, 0)
+    assert len(events_of(rig, left)) == before[left]
+    rig.set(left, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    assert rig.reconciler(client_timeout=1.5).run_once().outcomes == {"found": 1}
+    assert (rig.op(left).state, rig.op(left).lookups, lookups_asked(rig, left)) == (
+        "succeeded",
+        1,
+        1,
+    )
+
+
+def test_a_chunk_of_slow_lookups_over_http_outlasts_its_first_lease_and_settles_all(
+    rig: Rig, sim_proxy: FaultProxy
+) -> None:
+    """The real simulator behind a proxy that holds every answer 1.2 s; 2.25 s for each lookup
+    and a 4.5 s lease, renewed by the keeper while the chunk is worked. Counted from the claim,
+    the second lookup would time out and the last two never be asked; each counted from its own
+    start, within the lease as renewed (the four take longer than the claim's lease), all four
+    are answered."""
+    ops = done_but_unknown(rig, 4)
+    reconciler = rig.reconciler(client_timeout=2.25, lease_seconds=4.5)
+    assert reconciler.chunk == 4
+    reconciler.gateway = rig.gateway(url=sim_proxy.url, timeout=10.0)
+    sim_proxy.delay(1.2)
+    try:
+        assert reconciler.run_once().outcomes == {"found": 4}
+    finally:
+        reconciler.close()
+    for op in ops:
+        row = rig.op(op)
+        assert (row.state, row.lookups) == ("succeeded", 1)
+        assert lookups_asked(rig, op) == 1
+        assert rig.reviews(op) == []

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from outbox.clock import Deadline
-from outbox.downstream import Gateway, LookupOutcome, SubmitOutcome
+from outbox.downstream import Gateway, LookupOutcome, SubmitOutcome, Unavailable
 from outbox.kinds import Kind
 
 
@@ -85,3 +85,68 @@ class FakeMonotonic:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+
+@dataclass
+class SlowLookups:
+    """Sends and looks up through ``inner``; every lookup answers ``seconds`` after it starts,
+    on ``clock`` (a test's monotonic clock, moved instead of slept): one whose deadline leaves
+    less than that times out at its deadline (``Unavailable``; the question did reach
+    ``inner``). ``after`` runs with the lookup's number (from 1) once it has answered, before
+    its caller reads the answer. ``asked`` counts the lookups that reached ``inner``."""
+
+    inner: Gateway
+    clock: FakeMonotonic
+    seconds: float
+    after: Callable[[int], None] | None = None
+    asked: int = 0
+
+    def submit(
+        self,
+        *,
+        tenant: str,
+        op_id: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: Deadline | datetime,
+    ) -> SubmitOutcome:
+        return self.inner.submit(
+            tenant=tenant,
+            op_id=op_id,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            params=params,
+            deadline=deadline,
+        )
+
+    def lookup(
+        self,
+        *,
+        tenant: str,
+        op_id: str,
+        kind: Kind,
+        idempotency_key: str,
+        params: Mapping[str, Any],
+        deadline: Deadline | datetime,
+    ) -> LookupOutcome:
+        assert isinstance(deadline, Deadline)
+        left = deadline.left()
+        found = self.inner.lookup(
+            tenant=tenant,
+            op_id=op_id,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            params=params,
+            deadline=deadline,
+        )
+        if left <= 0:
+            return found  # not sent: ``inner`` saw the deadline gone
+        self.asked += 1
+        answer = found
+        if left < self.seconds:
+            answer = Unavailable("ReadTimeout")
+        self.clock.advance(min(left, self.seconds))
+        if self.after is not None:
+            self.after(self.asked)
+        return answer
