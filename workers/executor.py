@@ -19,7 +19,7 @@
 An operation found ``submitted`` with an expired lease may have been sent: it is only queried.
 Hints larger than ``max_batch`` are worked in consecutive batches, each claimed just before
 it is sent. A doorbell claim that came back full rings again (``when_full``) from a thread of
-its own while the batch is sent: a slow broker delays no send, and spends no lease.
+its own while the batch is sent: a slow broker delays no send, and spends no attempt.
 
 Each step (claim and start; record) runs as its database's ``Storage.step`` says: on
 PostgreSQL every write of a step is a single statement per batch; the claim step commits
