@@ -1,4 +1,9 @@
-"""The composition root of a worker, beat or web process: built once from settings."""
+"""The composition root of a worker, beat or web process: built once from settings.
+
+Every service is built here and nowhere else (``build_runtime``; the web process, which needs
+only the review queue of it, ``build_review``), so that the worker, beat, the console and the
+command line ask the same downstream of each kind (``build_gateway``).
+"""
 
 from __future__ import annotations
 
@@ -105,6 +110,33 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
     return GatewayByKind(http, dict.fromkeys(stripe_kinds, stripe))
 
 
+def build_review(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    *,
+    registry: KindRegistry | None = None,
+    gateway: Gateway | None = None,
+    watch: ClockWatch | None = None,
+) -> ReviewQueue:
+    """The review queue staff work (the console, ``settled review``) over ``sessions``: its
+    lookups go to each kind's downstream as the worker's do (``build_gateway``), or through
+    ``gateway``. ``registry`` has the settings' contracts applied already (default: the
+    default kinds with them). ``watch`` is the process's watch on the database's clock (default:
+    one of its own, from the settings).
+
+    Raises InvalidInput as ``build_gateway`` does.
+    """
+    if registry is None:
+        registry = settings.apply_contracts(default_registry())
+    if gateway is None:
+        gateway = build_gateway(settings, registry)
+    if watch is None:
+        watch = ClockWatch(margin=settings.clock_margin_seconds, window=settings.clock_step_window)
+    return ReviewQueue(
+        sessions, gateway, registry, lookup_timeout=settings.downstream_timeout, clock_watch=watch
+    )
+
+
 def build_runtime(
     settings: Settings,
     *,
@@ -147,9 +179,7 @@ def build_runtime(
         review_after=settings.review_after_seconds,
         clock_watch=watch,
     )
-    review = ReviewQueue(
-        sessions, gateway, registry, lookup_timeout=settings.downstream_timeout, clock_watch=watch
-    )
+    review = build_review(settings, sessions, registry=registry, gateway=gateway, watch=watch)
     return Runtime(
         settings, engine, sessions, registry, outbox, gateway, executor, reconciler, review
     )

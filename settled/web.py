@@ -31,10 +31,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import logs, runs
 from outbox.apikeys import Principal, authenticate
-from outbox.clock_steps import ClockWatch
 from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
-from outbox.kinds import default_registry
 from outbox.proposals import Proposals
 from outbox.settings import Settings
 from outbox.storage.connection import ping
@@ -246,7 +244,8 @@ def create_web_app(
     """The status API and the support console over ``source``: settings (an engine is made
     here and disposed on shutdown), a sessionmaker, or anything with ``sessions`` and
     ``review`` attributes (a Runtime). The console's review queue is ``review``, else the
-    Runtime's, else one built on first use from the settings (``review_queue``); its
+    Runtime's, else one built on first use from the settings by the composition root
+    (``settled.runtime.build_review``: each kind's downstream as the worker's); its
     proposals service is ``proposals``, else one built from the settings."""
     sessions, owned = _sessions_of(source)
 
@@ -289,7 +288,9 @@ def _mount_console(
     chosen = settings
 
     def make_review() -> ReviewQueue:
-        return review if review is not None else review_queue(sessions, chosen)
+        from settled.runtime import build_review  # the worker's gateways: only when used
+
+        return review if review is not None else build_review(chosen, sessions)
 
     if proposals is None:
         proposals = Proposals.from_settings(settings)
@@ -299,21 +300,6 @@ def _mount_console(
     app.include_router(pages.router)
     static = Path(pages.__file__).parent / "static"
     app.mount("/console/static", StaticFiles(directory=static), name="console-static")
-
-
-def review_queue(sessions: sessionmaker[Session], settings: Settings) -> ReviewQueue:
-    """A review queue over ``sessions`` with a gateway to the downstream, built the way
-    ``settled.runtime.build_runtime`` builds one."""
-    from workers.http_client import HttpGateway
-
-    registry = settings.apply_contracts(default_registry())
-    gateway = HttpGateway(
-        settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
-    )
-    watch = ClockWatch(margin=settings.clock_margin_seconds, window=settings.clock_step_window)
-    return ReviewQueue(
-        sessions, gateway, registry, lookup_timeout=settings.downstream_timeout, clock_watch=watch
-    )
 
 
 def _sessions_of(

@@ -1,8 +1,11 @@
 """Batched claims and outcomes: one claim transaction, concurrent sends, one outcome transaction,
-each outcome still fenced by its own lease version; a dead pooled connection costs one retry."""
+each outcome still fenced by its own lease version; a dead pooled connection costs one retry;
+a slow send holds up no other outcome, and a slow ring again (the doorbell) no send."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +24,7 @@ from outbox.storage.attempts import start_attempts
 from outbox.storage.claims import Claimed, claim_for_send, claim_unresolved
 from outbox.storage.transitions import Finish, Transition
 from tests.support.rig import GOOD, Rig
+from tests.support.services import wait_until
 
 
 def enqueue_many(rig: Rig, n: int) -> list[int]:
@@ -111,7 +115,9 @@ def test_a_batch_costs_one_claim_and_one_outcome_transaction(rig: Rig, commits: 
     """Elsewhere than on PostgreSQL (the next test), a step is one transaction."""
     ids = enqueue_many(rig, 5)
     commits[0] = 0
-    written = rig.executor(batch_extra=4).execute([ids[0]])
+    # Answers come back spread out on a loaded machine: waited for (one outcome step) as long
+    # as it takes, whatever the load (that none waits for a slow one is tested below).
+    written = rig.executor(batch_extra=4, record_linger=10.0).execute([ids[0]])
     assert written == dict.fromkeys(ids, State.SUCCEEDED)
     assert commits[0] == 2
     assert [rig.sends(i) for i in ids] == [1] * 5
@@ -130,16 +136,104 @@ def test_a_doorbell_hint_claims_the_oldest_due_and_rings_again_only_when_full(ri
     executor = rig.executor(batch_extra=3)
     calls: list[list[int]] = []
 
-    def when_full() -> None:  # called after the claim committed, before any send
-        calls.append([rig.sends(i) for i in ids])
+    def when_full() -> None:  # called after the claim committed (beside the sends)
+        calls.append([rig.op(i).state != "planned" for i in ids])
 
     assert executor.execute([], when_full=when_full) == dict.fromkeys(ids[:3], State.SUCCEEDED)
-    assert calls == [[0, 0, 0, 0, 0]]
+    assert calls == [[True, True, True, False, False]]
     assert executor.execute([], when_full=when_full) == dict.fromkeys(ids[3:], State.SUCCEEDED)
     assert len(calls) == 1  # two of three: nothing due is left behind
     assert executor.execute([ids[0]], when_full=when_full) == {}  # a hint with ids never rings
     assert len(calls) == 1
     assert [rig.sends(i) for i in ids] == [1] * 5
+
+
+def test_a_ring_again_slower_than_the_lease_costs_the_batch_no_send_and_no_attempt(
+    rig: Rig,
+) -> None:
+    """The broker takes two leases to take the ring (as the executor's clock sees it): the
+    claimed batch is still sent within its lease and succeeds, with one attempt each, even
+    with ``max_attempts=1`` (a ring before the sends left them all ``rejected``, unsent)."""
+    lease = 3.0
+    ids = [
+        rig.enqueue(f"op-{i}", {**GOOD, "amount_minor": 100 + i}, max_attempts=1) for i in range(3)
+    ]
+    ahead = [0.0]  # what the executor's monotonic clock runs ahead of the real one
+    executor = rig.executor(
+        batch_extra=3, lease_seconds=lease, monotonic=lambda: time.monotonic() + ahead[0]
+    )
+    rang = []
+
+    def slow_broker() -> None:
+        # Answers once the batch is recorded (or after two leases); then the time it took is
+        # two leases: nothing the executor does after the ring may count on its lease.
+        rang.append(wait_until(lambda: all(rig.op(i).state != "submitted" for i in ids), 2 * lease))
+        ahead[0] += 2 * lease
+
+    written = executor.execute([], when_full=slow_broker)
+    assert written == dict.fromkeys(ids, State.SUCCEEDED)
+    assert rang == [True]  # rung once, and the batch was recorded while the ring was out
+    assert [(rig.op(i).state, rig.op(i).attempts) for i in ids] == [("succeeded", 1)] * 3
+    assert [(rig.sends(i), rig.effects(i)) for i in ids] == [(1, 1)] * 3
+
+
+def test_a_ring_again_that_fails_is_logged_and_costs_the_batch_nothing(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = enqueue_many(rig, 2)
+
+    def broken() -> None:
+        raise RuntimeError("the broker is gone")
+
+    written = rig.executor(batch_extra=2).execute([], when_full=broken)
+    assert written == dict.fromkeys(ids, State.SUCCEEDED)
+    assert "ringing again failed" in caplog.text
+
+
+class HoldAnswer:
+    """Sends through ``inner``; the answer to one key is held (a response trickling in) until
+    ``release`` is set."""
+
+    def __init__(self, inner: Gateway, key: str) -> None:
+        self.inner = inner
+        self.key = key
+        self.release = threading.Event()
+
+    def submit(self, **kw: Any) -> SubmitOutcome:
+        outcome = self.inner.submit(**kw)
+        if kw["idempotency_key"] == self.key:
+            assert self.release.wait(30), "the held answer was never released"
+        return outcome
+
+    def lookup(self, **kw: Any) -> Any:
+        return self.inner.lookup(**kw)
+
+
+def test_one_slow_answer_does_not_hold_up_the_other_outcomes_of_its_batch(rig: Rig) -> None:
+    """Five operations sent together, the answer to one held: the four others are written
+    (visible in the database) while it is still out; it is written when it comes back."""
+    ids = enqueue_many(rig, 5)
+    slow = ids[2]
+    executor = rig.executor(batch_extra=4)
+    gateway = HoldAnswer(rig.gateway(), rig.op(slow).idempotency_key)
+    executor.gateway = gateway
+    written: dict[int, State] = {}
+    worker = threading.Thread(target=lambda: written.update(executor.execute([ids[0]])))
+    worker.start()
+    try:
+        others = [i for i in ids if i != slow]
+        recorded = wait_until(lambda: all(rig.op(i).state == "succeeded" for i in others), 10)
+        assert recorded, [rig.op(i).state for i in ids]
+        assert rig.op(slow).state == "submitted"  # its answer is still out
+        assert rig.sends(slow) == 1
+    finally:
+        gateway.release.set()
+        worker.join(30)
+    assert not worker.is_alive()
+    assert written == dict.fromkeys(ids, State.SUCCEEDED)
+    assert [rig.op(i).state for i in ids] == ["succeeded"] * 5
+    assert [(rig.sends(i), rig.effects(i)) for i in ids] == [(1, 1)] * 5
+    assert all(rig.attempts(i)[0].proof == "done" for i in ids)
 
 
 def test_a_doorbell_hint_claims_as_many_as_it_is_told_whatever_the_extra_claims(rig: Rig) -> None:
@@ -198,7 +292,9 @@ def test_a_batch_costs_three_statements_whatever_its_size(
         ids = [rig.enqueue(f"{prefix}-{i}", {**GOOD, "amount_minor": 100 + i}) for i in range(size)]
         statements.clear()
         commits[0] = 0
-        assert rig.executor().execute(ids) == dict.fromkeys(ids, State.SUCCEEDED)
+        # (answers waited for together whatever the load, as in the test above)
+        executor = rig.executor(record_linger=10.0)
+        assert executor.execute(ids) == dict.fromkeys(ids, State.SUCCEEDED)
         counts.append((len(statements), commits[0]))
         assert [rig.sends(i) for i in ids] == [1] * size
         assert all(rig.attempts(i)[0].proof == "done" for i in ids)

@@ -9,18 +9,30 @@ so the guarantees are stated once and checked in both modes.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
+from outbox.settings import Settings
+from settled.console.auth import ConsoleUser, current_user, require_csrf
+from settled.simulator import SimulatorControl, start_in_thread
 from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
+from settled.web import create_web_app
 from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_review as review_tests
 from tests.integration import test_review_reasons as reason_tests
+from tests.integration.test_console_pages import ANN, CSRF
+from tests.integration.test_review import in_review
 from tests.support.rig import Rig
 from workers.stripe_gateway import LIST_LIMIT
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from fastapi.testclient import TestClient
 
 GUARANTEES: list[Callable[[Rig], None]] = [
     executor_tests.test_happy_path_records_the_receipt,
@@ -113,3 +125,45 @@ def test_review_works_in_stripe_mode(stripe_rig: Rig, review: Callable[[Rig], No
 @pytest.mark.parametrize("reason", REASONS)
 def test_review_reason_has_a_way_out_in_stripe_mode(stripe_rig: Rig, reason: str) -> None:
     reason_tests.way_out(stripe_rig, reason)
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_console_requery_of_a_refund_asks_stripe_not_the_wire_protocol_service(
+    stripe_rig: Rig, tmp_path: Path
+) -> None:
+    """Refunds go to Stripe (``SETTLED_DOWNSTREAM_PROVIDERS``), other kinds to a wire-protocol
+    service of their own (a second simulator, which never saw the refund). The console that
+    ``settled web`` builds from these settings requeries a refund in review at Stripe: it finds
+    the refund and settles the item. (Built with a plain wire-protocol gateway, it asked the
+    other service, whose "not found" was taken as evidence.)"""
+    op, item = in_review(stripe_rig)  # refunded at Stripe, the answer lost, the lookup down
+    key = stripe_rig.op(op).idempotency_key
+    api_key = stripe_rig.tenant.api_key.get_secret_value()
+    wire = start_in_thread(ledger=str(tmp_path / "wire-protocol.sqlite3"), test_mode=True)
+    try:
+        with SimulatorControl(wire.url) as elsewhere:
+            elsewhere.add_tenant("acme", api_key)
+            settings = Settings(
+                database_url=stripe_rig.engine.url.render_as_string(hide_password=False),
+                development=True,
+                downstream_url=wire.url,
+                downstream_api_keys={"acme": api_key},
+                downstream_providers={"refund": "stripe"},
+                stripe_api_keys={"acme": api_key},
+                stripe_api_base=stripe_rig.url + STRIPE_PREFIX,
+            )
+            app = create_web_app(settings)
+            app.dependency_overrides[current_user] = lambda: ConsoleUser(ANN, CSRF)
+            app.dependency_overrides[require_csrf] = lambda: None
+            with TestClient(app) as client:
+                r = client.post(f"/console/review/{item}/requery", data={"csrf_token": CSRF})
+                assert r.status_code == 200
+                assert "The lookup found it: the operation is now succeeded." in r.text, r.text
+                app.state.console.review.gateway.close()
+            assert stripe_rig.op(op).state == "succeeded"
+            assert stripe_rig.reviews(op)[0].resolved_by == "staff:ann"
+            assert elsewhere.requests("acme", key, phase="lookup") == 0
+            assert elsewhere.ledger()["requests"] == []  # nothing at all asked of it
+            assert stripe_rig.effects(op) == 1 and stripe_rig.sends(op) == 1
+    finally:
+        wire.stop()
