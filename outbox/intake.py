@@ -46,9 +46,8 @@ UNDID_NOTHING = frozenset({State.REJECTED.value, State.CANCELLED.value})
 
 def order_lock(tenant: str, kind: str, order_ref: str) -> str:
     """The key of the lock of ``kind``'s operations and proposals on one order
-    (``Storage.lock_order``). The text is the one earlier releases serialised proposals on, so
-    an agent server of the last release and this intake take the same lock while both run."""
-    return f"proposal:{tenant}:{kind}:{order_ref}"
+    (``Storage.lock_order``): intake takes it shared, the agents' rules exclusively."""
+    return f"order:{tenant}:{kind}:{order_ref}"
 
 
 def compensation_lock(tenant: str, operation_id: int) -> str:
@@ -176,7 +175,9 @@ class Outbox:
         """
         storage = storage_for(session)
         order_ref = getattr(request.intent, "order_id", None)
-        lock = order_lock(request.tenant, request.spec.name, order_ref) if order_ref else None
+        lock = None
+        if isinstance(order_ref, str):
+            lock = order_lock(request.tenant, request.spec.name, order_ref)
         if request.compensates_id is not None:
             if lock is not None:
                 storage.lock_order(session, lock, shared=True)

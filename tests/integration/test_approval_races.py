@@ -26,6 +26,7 @@ from outbox.errors import InvalidInput
 from outbox.models import Operation
 from outbox.proposals import Proposals
 from outbox.runs import compensate
+from outbox.storage.postgres import ORDER_LOCK_SPACE
 from reconciler.approvals import Approvals
 from reconciler.staff import Staff
 from tests.integration.test_mcp_lifecycle import cancellations, ticket_done
@@ -36,13 +37,17 @@ from tests.support.services import wait_until
 ANN = Staff.parse("ann", "support")
 CANCEL = {"reason": "duplicate"}
 pytestmark = pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+WAITING = text(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
 def waiting_for_a_lock(engine: Engine) -> bool:
-    """Whether some transaction waits for an advisory lock another one holds."""
+    """Whether some transaction on this test's database (other sessions' tests share the
+    server) waits for an advisory lock another one holds."""
     with engine.connect() as conn:
-        query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        return bool(conn.execute(text(query)).scalar_one())
+        return bool(conn.execute(WAITING).scalar_one())
 
 
 class Background:
@@ -120,6 +125,26 @@ def test_the_policy_waits_for_the_apps_open_refund_on_the_order_and_then_asks_a_
         assert seen[0]["status"] == "approved" and seen[0]["decided_by"] == "policy:auto_approve"
         assert [op.params["amount_minor"] for op in operations(rig)] == [2000]
         assert refunded_on(rig, "A1042") == [2000]
+
+
+def test_intake_holds_one_shared_order_lock_until_its_transaction_ends(rig: Rig) -> None:
+    """The lock is taken by the intake INSERT itself: shared (two intakes on an order never
+    wait for each other), once per order however many operations, none for a kind with no
+    order, and gone when the app's transaction ends."""
+    mine = text(
+        "SELECT classid, mode FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    )
+    with rig.sessions() as app:
+        app.begin()
+        for op_id, amount in (("op-1", 1000), ("op-2", 2000)):
+            params = {**GOOD, "amount_minor": amount}
+            rig.outbox.enqueue(app, tenant="acme", op_id=op_id, kind="refund", params=params)
+        pickup = {"ticket_id": "T-1", "day": "2026-03-02", "slot": "morning"}
+        rig.outbox.enqueue(app, tenant="acme", op_id="op-3", kind="pickup", params=pickup)
+        assert app.execute(mine).all() == [(ORDER_LOCK_SPACE, "ShareLock")]
+        app.rollback()
+        assert app.execute(mine).all() == []
+    assert operations(rig) == []
 
 
 # -- (b) the app's compensate and staff approving the agent's compensation ------------------
