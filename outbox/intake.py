@@ -2,6 +2,14 @@
 
 ``Outbox.enqueue`` writes the operation intent into the caller's session and never commits:
 the business row and the intent commit together, or neither does.
+
+The app's transaction may stay open for a while after ``enqueue``, and a rule that reads
+committed rows (the agents' policy: a second refund on an order is never approved by itself;
+an original is compensated once) would not see what it wrote. So intake takes the locks those
+rules read under, held until the app commits or rolls back: the order's lock, shared (in the
+INSERT itself on PostgreSQL: no extra round trip), and for a compensation the original's
+compensation lock, under which it refuses a second compensation (``already_compensated``).
+A rule that runs meanwhile waits for the app's transaction and reads what it committed.
 """
 
 from __future__ import annotations
@@ -25,12 +33,27 @@ from outbox.ids import (
 from outbox.kinds import Intent, Kind, KindRegistry, default_registry
 from outbox.models import Operation, Run
 from outbox.settings import Settings
+from outbox.states import State
 from outbox.storage import storage_for
-from outbox.storage.operations import find_operation
+from outbox.storage.operations import compensations_of, find_operation
 
 #: ``Session.info`` key listing the operations created in the session's transaction.
 CREATED_KEY = "settled.created"
 MAX_ATTEMPTS_LIMIT = 100
+#: a compensation in one of these states undid nothing: another may be enqueued after it
+UNDID_NOTHING = frozenset({State.REJECTED.value, State.CANCELLED.value})
+
+
+def order_lock(tenant: str, kind: str, order_ref: str) -> str:
+    """The key of the lock of ``kind``'s operations and proposals on one order
+    (``Storage.lock_order``): intake takes it shared, the agents' rules exclusively."""
+    return f"order:{tenant}:{kind}:{order_ref}"
+
+
+def compensation_lock(tenant: str, operation_id: int) -> str:
+    """The key of the lock under which operation ``operation_id`` gets a compensation
+    (``Storage.serialize``): one at a time, each seeing the one before."""
+    return f"compensate:{tenant}:{operation_id}"
 
 
 @dataclass(frozen=True)
@@ -145,13 +168,28 @@ class Outbox:
         Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
         waits for the other transaction and then inserts nothing instead of raising; on
         SQLite the write lock is taken before any read, so no lock upgrade can fail.
+
+        The INSERT takes the order's lock, shared, for a kind whose intent names an order. A
+        compensation first takes that lock, then the original's, in the one lock order, and is
+        refused when the original already has a compensation that may have undone something.
         """
+        storage = storage_for(session)
+        order_ref = getattr(request.intent, "order_id", None)
+        lock = None
+        if isinstance(order_ref, str):
+            lock = order_lock(request.tenant, request.spec.name, order_ref)
+        if request.compensates_id is not None:
+            if lock is not None:
+                storage.lock_order(session, lock, shared=True)
+            storage.serialize(session, compensation_lock(request.tenant, request.compensates_id))
+            _refuse_second_compensation(session, request)
         correlation_id = request.correlation_id
-        return storage_for(session).create_operation(
+        return storage.create_operation(
             session,
             self._row_values(request),
             default_deadline_seconds=self.deadline.total_seconds(),
             evidence={"correlation_id": correlation_id} if correlation_id else None,
+            order_lock=lock,
         )
 
     def _row_values(self, request: _Request) -> dict[str, Any]:
@@ -208,6 +246,24 @@ class _Request:
     deadline: datetime | None  # None: the default deadline, in database time
     run_id: int | None
     compensates_id: int | None
+
+
+def _refuse_second_compensation(session: Session, request: _Request) -> None:
+    """InvalidInput (``already_compensated``, naming it) when the original already has a
+    compensation that was not rejected or cancelled, and ``request``'s op_id is new (a taken
+    one is a replay, or a conflict: ``Outbox._replayed`` answers)."""
+    assert request.compensates_id is not None
+    if find_operation(session, request.tenant, request.op_id) is not None:
+        return
+    for earlier in compensations_of(session, request.tenant, request.compensates_id):
+        if earlier.state not in UNDID_NOTHING:
+            raise InvalidInput(
+                "this operation already has a compensation that was not rejected or "
+                "cancelled; it is compensated once (follow that one)",
+                code="already_compensated",
+                field="compensates",
+                compensation=earlier.op_id,
+            )
 
 
 def _hint_after_commit(session: Session, op: Operation) -> None:

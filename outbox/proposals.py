@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from outbox.errors import InvalidInput, InvalidParams, NotFound, ProposalConflict
 from outbox.fingerprint import canonical_params
 from outbox.ids import new_op_id, validate_correlation_id, validate_label, validate_tenant
-from outbox.intake import Outbox
+from outbox.intake import Outbox, compensation_lock, order_lock
 from outbox.kinds import Intent, Kind, default_registry
 from outbox.models import Operation, Proposal
 from outbox.report import Report
@@ -239,8 +239,10 @@ class Proposals:
         minted = MINTED.get(spec.name)
         fp = self.outbox.fingerprinter
         # One request for an order at a time: two identical requests at the same instant must
-        # not both find no repeat and both be added (and then both auto-approved).
-        storage_for(session).serialize(session, f"proposal:{tenant}:{spec.name}:{order_ref}")
+        # not both find no repeat and both be added (and then both auto-approved). Every
+        # intake on the order takes this lock too (shared), so the policy below waits for an
+        # app's transaction still open on the order and sees its operation once committed.
+        storage_for(session).lock_order(session, order_lock(tenant, spec.name, order_ref))
         # An expired proposal is no longer live: a repeat of it is a new request.
         store.expire_waiting(session, self.ttl, tenant=tenant, kind=spec.name, order_ref=order_ref)
         earlier = store.recent_for_order(
@@ -346,6 +348,9 @@ class Proposals:
         if proposal.status != PROPOSED:
             raise ProposalConflict(code="proposal_decided", status=proposal.status)
         self._check_bound(proposal)
+        # The one lock order: the order's lock before a compensation's (``_enqueue``).
+        lock = order_lock(proposal.tenant, proposal.kind, proposal.order_ref)
+        storage_for(session).lock_order(session, lock)
         op_id = new_op_id()
         run_id = self._enqueue(session, proposal, op_id)
         cutoff = store.expiry_cutoff(session, self.ttl)
@@ -390,9 +395,10 @@ class Proposals:
     @staticmethod
     def _refuse_if_compensated(session: Session, op: Operation) -> None:
         """InvalidInput (``already_compensated``) when ``op`` already has a compensation that
-        was not rejected or cancelled. Two approvals at once take turns on a lock, so the
-        second sees the first's compensation."""
-        storage_for(session).serialize(session, f"compensate:{op.tenant}:{op.id}")
+        was not rejected or cancelled. Two approvals at once, or an approval and the app's
+        ``compensate``, take turns on a lock (intake takes it too), so the second sees the
+        first's compensation."""
+        storage_for(session).serialize(session, compensation_lock(op.tenant, op.id))
         if any(c.state not in _UNDID_NOTHING for c in compensations_of(session, op.tenant, op.id)):
             raise InvalidInput(
                 "this request already has a compensation; it is compensated once "

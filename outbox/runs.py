@@ -99,6 +99,10 @@ def compensate(
 
     It has its own op_id and fingerprint and goes through the same pipeline (it can fail, end
     unknown, land in review). A replay with the same op_id returns the stored compensation.
+    ``original`` is compensated once: while it has a compensation that was not rejected or
+    cancelled (the app's or an agent's approved request, committed or still in its
+    transaction: intake waits for it), another op_id raises InvalidInput
+    (``already_compensated``, ``data["compensation"]`` its op_id).
     """
     if original.state in _NOTHING_TO_OFFSET:
         raise InvalidInput(

@@ -7,6 +7,12 @@ What differs between the two databases is here and in the two implementations
   PostgreSQL a batch is one static statement (``queries.sql``), atomic by itself; on SQLite a
   few statements per operation, in the caller's transaction;
 * the intake INSERT ... ON CONFLICT DO NOTHING (each database's own INSERT construct);
+* the locks a rule that reads before it writes is held under (``serialize``, ``lock_order``):
+  on PostgreSQL transaction-level advisory locks, and intake takes an order's lock (shared)
+  inside its INSERT, so a rule reading an order waits for an app's transaction still open
+  after ``enqueue``; on SQLite one writer at a time already serialises them: ``serialize`` and
+  an exclusive ``lock_order`` take the write lock before the rule reads, a shared one is a
+  no-op (the intake INSERT that follows takes the write lock, held until the app commits);
 * a worker's step: on PostgreSQL an autocommit connection (every write of a step is one
   statement, so no BEGIN and COMMIT round trips), or with ``one_commit`` one transaction
   (the claim step: the claim and the start of its sends, one commit); on SQLite one
@@ -104,10 +110,17 @@ class Storage(ABC):
         *,
         default_deadline_seconds: float,
         evidence: dict[str, Any] | None,
+        order_lock: str | None = None,
     ) -> Operation | None:
         """Insert a planned operation, with its event row; None (nothing written) when
-        ``(tenant, op_id)`` already exists. ``values["deadline"]`` None: the default one."""
-        params = {**values, "default_deadline_seconds": default_deadline_seconds}
+        ``(tenant, op_id)`` already exists. ``values["deadline"]`` None: the default one.
+        ``order_lock``: the order's lock (``lock_order``), taken shared by the same statement
+        before the row is written and held until the transaction ends."""
+        params = {
+            **values,
+            "default_deadline_seconds": default_deadline_seconds,
+            "order_lock": order_lock,
+        }
         op = self._insert_operation(session, params)
         if op is not None:
             self.write_transitions(
@@ -124,6 +137,19 @@ class Storage(ABC):
         """Hold, until ``session``'s transaction ends, a lock that every other transaction
         asking for the same ``key`` waits for: a read-then-insert under it (is this request a
         repeat? if not, add it) cannot run twice at once."""
+
+    @abstractmethod
+    def lock_order(self, session: Session, key: str, *, shared: bool = False) -> None:
+        """Hold, until ``session``'s transaction ends, the lock of an order (``key``:
+        ``outbox.intake.order_lock``). Every intake on the order takes it shared, so a rule
+        that reads the order under it exclusively (the agents' policy, a proposal's repeat
+        check) waits for every transaction still open that wrote on the order, and reads
+        what it wrote once committed.
+
+        The one lock order: an order's lock, then an original's compensation lock
+        (``serialize``), then rows (an operation's row, then its review item). Intakes never
+        wait for each other on an order's lock (shared); distinct orders may share a lock
+        (PostgreSQL stripes them), which costs a wait, never a wrong answer."""
 
     # -- a worker's step ----------------------------------------------------------------
 

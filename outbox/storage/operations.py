@@ -6,7 +6,7 @@ from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, Table, bindparam, func, select
+from sqlalchemy import ColumnElement, Float, Table, bindparam, func, literal, select
 from sqlalchemy.orm import Session
 
 from outbox.db import db_now
@@ -22,25 +22,33 @@ INTAKE_PARAMS = (
 )  # fmt: skip
 
 
-def intake_insert(insert: Callable[[Any], Any]) -> Any:
+def intake_insert(insert: Callable[[Any], Any], lock: ColumnElement[Any] | None = None) -> Any:
     """The intake INSERT built with a database's own ``insert`` construct (for ON CONFLICT):
     returns the new Operation, or nothing on a conflict. Parameters: ``INTAKE_PARAMS``,
-    ``deadline`` (None: ``default_deadline_seconds`` from now, in database time)."""
+    ``deadline`` (None: ``default_deadline_seconds`` from now, in database time).
+
+    ``lock``: an expression the row is selected through, evaluated before the row is written,
+    in the same statement (PostgreSQL: the order's lock, ``PostgresStorage``), so taking it
+    costs no round trip."""
     deadline = bindparam("deadline", type_=UTCDateTime())
     default = db_now(bindparam("default_deadline_seconds", type_=Float()))
-    returning = (
-        insert(Operation)
-        .values(
-            **{name: bindparam(name) for name in INTAKE_PARAMS},
-            state=State.PLANNED.value,
-            attempts=0,
-            deadline=func.coalesce(deadline, default),
-            next_attempt_at=db_now(),
-            created_at=db_now(),
-            updated_at=db_now(),
-        )
-        .on_conflict_do_nothing(index_elements=["tenant", "op_id"])
-        .returning(Operation)
+    values: dict[str, Any] = {
+        **{name: bindparam(name, type_=ops.c[name].type) for name in INTAKE_PARAMS},
+        "state": literal(State.PLANNED.value, type_=ops.c.state.type),
+        "attempts": literal(0, type_=ops.c.attempts.type),
+        "deadline": func.coalesce(deadline, default),
+        "next_attempt_at": db_now(),
+        "created_at": db_now(),
+        "updated_at": db_now(),
+    }
+    if lock is None:
+        statement = insert(Operation).values(**values)
+    else:
+        locked = select(lock.label("locked")).subquery("order_lock")
+        row = select(*(value.label(name) for name, value in values.items())).select_from(locked)
+        statement = insert(Operation).from_select(list(values), row)
+    returning = statement.on_conflict_do_nothing(index_elements=["tenant", "op_id"]).returning(
+        Operation
     )
     # As a SELECT from the statement: one row into the session, no ORM bulk-insert machinery.
     return select(Operation).from_statement(returning)

@@ -19,7 +19,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, TextClause, text
+from sqlalchemy import Connection, Integer, String, TextClause, bindparam, cast, func, literal, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -50,6 +50,16 @@ def load_queries(path: Path = QUERIES_FILE) -> dict[str, str]:
 
 QUERIES = load_queries()
 _SERIALIZE = text(QUERIES["serialize"])
+#: An order's lock is one of ``ORDER_STRIPES`` advisory locks in a two-key space of its own
+#: (``ORDER_LOCK_SPACE``): a transaction that enqueues on thousands of orders holds at most
+#: this many, well inside PostgreSQL's lock table (``max_locks_per_transaction`` x
+#: connections); two orders on one stripe only wait for each other's approvals.
+ORDER_LOCK_SPACE = 5_741_100
+ORDER_STRIPES = 1024
+_LOCK_ORDER = {
+    False: text(QUERIES["lock_order"]),
+    True: text(QUERIES["lock_order.shared"]),
+}
 #: The parts of ``write_transitions`` a batch may need, in the order they are written.
 PARTS = ("open_reviews", "settle_reviews", "start_attempts", "finish_attempts")
 
@@ -67,7 +77,20 @@ WRITE_TRANSITIONS = {
     for n in range(len(PARTS) + 1)
     for chosen in combinations(PARTS, n)
 }
-_INSERT_OPERATION = intake_insert(pg_insert)
+#: The intake INSERT selects its row through the order's shared lock (``order_lock``; a NULL
+#: key, for a kind with no order, takes none: the lock functions are strict).
+_INSERT_OPERATION = intake_insert(
+    pg_insert,
+    lock=func.pg_advisory_xact_lock_shared(
+        literal(ORDER_LOCK_SPACE),
+        cast(
+            func.hashtextextended(bindparam("order_lock", type_=String()), 0).op("&")(
+                ORDER_STRIPES - 1
+            ),
+            Integer,
+        ),
+    ),
+)
 
 
 def _parts(rows: Sequence[Mapping[str, Any]]) -> frozenset[str]:
@@ -150,6 +173,10 @@ class PostgresStorage(Storage):
 
     def serialize(self, session: Session, key: str) -> None:
         session.execute(_SERIALIZE, {"key": key})
+
+    def lock_order(self, session: Session, key: str, *, shared: bool = False) -> None:
+        params = {"key": key, "space": ORDER_LOCK_SPACE, "stripes": ORDER_STRIPES}
+        session.execute(_LOCK_ORDER[shared], params)
 
     def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
         """On an autocommit connection: every write of a step is a single statement; with

@@ -118,3 +118,13 @@ SELECT id FROM m
 -- A transaction-scoped advisory lock on a key (``Storage.serialize``): every other transaction
 -- asking for the same key waits until this one commits or rolls back.
 SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))
+
+-- name: lock_order
+-- An order's lock (``Storage.lock_order``), held until the transaction ends: one of
+-- ``:stripes`` locks in the two-key space ``:space`` (never a ``serialize`` key), chosen by the
+-- key's hash, so a transaction that writes on many orders holds a bounded number of locks.
+SELECT pg_advisory_xact_lock(:space, CAST(hashtextextended(:key, 0) & (:stripes - 1) AS integer))
+
+-- name: lock_order.shared
+-- The same lock, shared: intakes on one order never wait for each other, only for an approval.
+SELECT pg_advisory_xact_lock_shared(:space, CAST(hashtextextended(:key, 0) & (:stripes - 1) AS integer))

@@ -154,6 +154,12 @@ class SqliteStorage(Storage):
         del key
         session.execute(_TAKE_WRITE_LOCK)
 
+    def lock_order(self, session: Session, key: str, *, shared: bool = False) -> None:
+        # Exclusive: the write lock, as ``serialize``. Shared (intake): nothing to take here;
+        # the INSERT that follows takes the write lock and holds it until the app commits.
+        if not shared:
+            self.serialize(session, key)
+
     def _write(
         self,
         conn: Connection,

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from outbox import runs
-from outbox.errors import IdempotencyConflict
+from outbox.errors import IdempotencyConflict, InvalidInput
+from outbox.intake import Enqueued
 from outbox.models import Operation
 from outbox.report import Report
 from outbox.report_lines import Compensation, Group
@@ -211,3 +213,32 @@ def test_replaying_a_compensation_returns_it_and_another_op_id_is_a_new_one(rig:
             runs.compensate(
                 rig.outbox, s, original, op_id="op-pickup", kind="pickup", params=PICKUP
             )
+
+
+def test_a_second_compensation_is_refused_until_the_first_is_refused_downstream(rig: Rig) -> None:
+    """An operation is compensated once: a new op_id while a compensation may still undo it is
+    refused (``already_compensated``, naming that one) and writes nothing; once that one was
+    refused downstream (it undid nothing), another may be enqueued."""
+    flow = ticket_then_failed_pickup(rig)
+    undo = compensate(rig, flow)
+
+    def again(op_id: str) -> Enqueued:
+        with rig.sessions.begin() as s:
+            original = s.get(Operation, flow.ticket)
+            assert original is not None
+            return runs.compensate(
+                rig.outbox, s, original, op_id=op_id, kind="ticket_cancel", params=CANCEL
+            )
+
+    with pytest.raises(InvalidInput) as err:
+        again("op-undo-2")
+    assert err.value.code == "already_compensated"
+    assert err.value.data["compensation"] == "op-undo"
+    with rig.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(Operation)) == 3  # nothing written
+    rig.control.add_rule("business_reject", kind="ticket_cancel", code="ticket_locked", times=1)
+    assert rig.executor().execute([undo]) == {undo: State.REJECTED}
+    second = again("op-undo-2")
+    assert second.created and second.operation.compensates_id == flow.ticket
+    assert rig.executor().execute([second.operation.id]) == {second.operation.id: State.SUCCEEDED}
+    assert ticket_status(rig) != "open"
