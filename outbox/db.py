@@ -65,8 +65,9 @@ def _session_begin(session: Session, transaction: SessionTransaction) -> None:
     ``sessionmaker.begin()``: Settled's, and an app's, way to write) is ``IMMEDIATE``; one the
     session began by itself at its first statement (a session used to read) is deferred.
     Connections outside a session (``engine.begin()``, a worker's step, migrations) are
-    ``IMMEDIATE``. Inert on PostgreSQL (nothing reads the option)."""
-    if transaction.parent is None:
+    ``IMMEDIATE``. Nothing changes on another database."""
+    bind = session.bind
+    if transaction.parent is None and (bind is None or bind.dialect.name == "sqlite"):
         autobegun = transaction.origin is SessionTransactionOrigin.AUTOBEGIN
         begin = _DEFERRED if autobegun else _IMMEDIATE
         if session.execution_options.get(SQLITE_BEGIN) != begin:
