@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Float, Select, bindparam, create_engine, event
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import BindParameter, ColumnElement, FunctionElement
 from sqlalchemy.sql.visitors import InternalTraversal
@@ -18,9 +19,19 @@ from outbox.models import UTCDateTime
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
+#: How a connection's SQLite transaction begins (an execution option; ``make_engine``).
+#: ``IMMEDIATE`` takes the one write lock at ``BEGIN``, waiting for it (the busy timeout): a
+#: deferred transaction that read before it writes cannot take it once another connection has
+#: committed (SQLITE_BUSY_SNAPSHOT: "database is locked" at once, the busy handler never
+#: asked). ``DEFERRED`` takes a snapshot and no lock: in WAL mode such a reader never waits.
+SQLITE_BEGIN = "settled_sqlite_begin"
+_IMMEDIATE, _DEFERRED = "IMMEDIATE", "DEFERRED"
+
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for ``url``; SQLite files get WAL, a busy timeout and foreign keys."""
+    """An engine for ``url``; SQLite files get WAL, a busy timeout, foreign keys, and
+    transactions that take the write lock when they begin unless they only read
+    (``SQLITE_BEGIN``)."""
     if url.startswith("sqlite"):
         kwargs.setdefault("connect_args", {"timeout": 30})
         engine = create_engine(url, **kwargs)
@@ -38,13 +49,29 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            # Deferred, so WAL readers never wait; every writer in Settled writes first (an
-            # INSERT or a conditional UPDATE), so no read-to-write lock upgrade can fail.
-            conn.exec_driver_sql("BEGIN")
+            # IMMEDIATE unless a session began the transaction by itself (``SQLITE_BEGIN``).
+            conn.exec_driver_sql(
+                f"BEGIN {conn.get_execution_options().get(SQLITE_BEGIN, _IMMEDIATE)}"
+            )
 
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(url, **kwargs)
+
+
+@event.listens_for(Session, "after_transaction_create")
+def _session_begin(session: Session, transaction: SessionTransaction) -> None:
+    """On SQLite, a session's transaction begun explicitly (``with session.begin()``,
+    ``sessionmaker.begin()``: Settled's, and an app's, way to write) is ``IMMEDIATE``; one the
+    session began by itself at its first statement (a session used to read) is deferred.
+    Connections outside a session (``engine.begin()``, a worker's step, migrations) are
+    ``IMMEDIATE``. Nothing changes on another database."""
+    bind = session.bind
+    if transaction.parent is None and (bind is None or bind.dialect.name == "sqlite"):
+        autobegun = transaction.origin is SessionTransactionOrigin.AUTOBEGIN
+        begin = _DEFERRED if autobegun else _IMMEDIATE
+        if session.execution_options.get(SQLITE_BEGIN) != begin:
+            session.execution_options = session.execution_options.union({SQLITE_BEGIN: begin})
 
 
 class db_now(FunctionElement[Any]):

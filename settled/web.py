@@ -110,9 +110,13 @@ def get_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, 
 @status_api.post("/v1/runs/{handle}/cancel", summary="Stop a run")
 def cancel_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
     """Cancel the run's unsent operations; already-sent ones stay pending confirmation."""
-    done = runs.cancel_run(s, who.tenant, handle, actor=f"api_key:{who.key_id}")
+    # The key's check only read; the cancel is a transaction of its own, begun explicitly so
+    # that on SQLite it takes the write lock first (``outbox.db.SQLITE_BEGIN``). On any error
+    # it rolls back: nothing is written.
+    s.rollback()
+    with s.begin():
+        done = runs.cancel_run(s, who.tenant, handle, actor=f"api_key:{who.key_id}")
     cancelled = len(done.cancelled_ids)
-    s.commit()  # on any error the session closes and rolls back: nothing is written
     report = runs.run_report(s, who.tenant, handle)
     return {
         "cancelled_now": cancelled,

@@ -16,7 +16,16 @@ What differs between the two databases is here and in the two implementations
 * a worker's step: on PostgreSQL an autocommit connection (every write of a step is one
   statement, so no BEGIN and COMMIT round trips), or with ``one_commit`` one transaction
   (the claim step: the claim and the start of its sends, one commit); on SQLite one
-  transaction.
+  transaction;
+* taking the write lock: PostgreSQL locks rows as statements touch them, and a transaction
+  that read before it writes just writes; SQLite has one write lock, and a transaction that
+  read first cannot take it once another connection has committed (SQLITE_BUSY_SNAPSHOT,
+  "database is locked" at once, whatever the busy timeout). So on an engine from
+  ``outbox.db.make_engine`` a transaction begun explicitly (``sessions.begin()``, a step's
+  ``engine.begin()``) is ``BEGIN IMMEDIATE``: it waits for the lock (the busy timeout) where
+  it begins, and what it read is still true when it writes. A session used without
+  ``begin()`` reads, deferred, and never waits (``outbox.db.SQLITE_BEGIN``). Whatever writes
+  begins explicitly.
 
 Callers get theirs from ``outbox.storage.storage_for(engine)`` (and may keep it) and never
 look at the dialect.

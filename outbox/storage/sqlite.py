@@ -150,7 +150,8 @@ class SqliteStorage(Storage):
     def serialize(self, session: Session, key: str) -> None:
         # SQLite has one writer at a time: taking the write lock now (a write that changes
         # nothing) makes every other writer wait here, before its read, instead of failing on
-        # a stale read at its insert.
+        # a stale read at its insert. A transaction begun explicitly on an engine from
+        # ``make_engine`` holds it already (BEGIN IMMEDIATE); this is for one that was not.
         del key
         session.execute(_TAKE_WRITE_LOCK)
 

@@ -15,6 +15,7 @@ from outbox.proposals import Proposals
 from outbox.storage import search
 from reconciler.approvals import Approvals
 from reconciler.staff import Staff
+from tests.support.contend import contender, pausing
 from tests.support.rig import GOOD, Rig
 
 ANN = Staff.parse("ann", "support")
@@ -87,6 +88,25 @@ def test_the_first_decision_wins_and_the_second_is_told_who_made_it(rig: Rig) ->
     assert approvals.show(BOB, globex)["other_proposals"] == []
     declined = approvals.decline(GIL, globex)
     assert declined.won and declined.proposal["op_id"] is None and len(op_ids(rig)) == 2
+
+
+def test_two_decisions_at_once_one_wins_and_the_other_is_told_who_decided(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ann approves while Bob declines: both read the proposal waiting, then write. On SQLite
+    the second writer got "database is locked" (a deferred transaction whose snapshot went
+    stale), not "somebody else decided first"."""
+    approvals, acme, _ = approvals_and_two_tenants(rig)
+    with contender(lambda: approvals.decline(BOB, acme)) as bob:
+        pausing(monkeypatch, Proposals, "approve", bob)
+        ann = approvals.approve(ANN, acme)
+        declined = bob.result()
+    winner, loser = (ann, declined) if ann.won else (declined, ann)
+    assert winner.won and not loser.won
+    decided = (winner.proposal["status"], winner.proposal["decided_by"])
+    assert decided in {("approved", "staff:ann"), ("declined", "staff:bob")}
+    assert (loser.proposal["status"], loser.proposal["decided_by"]) == decided
+    assert len(op_ids(rig)) == (2 if decided[0] == "approved" else 1)
 
 
 def test_what_else_is_on_an_order_is_found_by_exact_pairs_newest_kept(

@@ -272,7 +272,7 @@ def statements(engine: Engine) -> Iterator[list[str]]:
     seen: list[str] = []
 
     def count(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        if statement != "BEGIN":  # SQLite's explicit transaction start
+        if not statement.startswith("BEGIN"):  # SQLite's explicit transaction start
             seen.append(statement)
 
     event.listen(engine, "before_cursor_execute", count)

@@ -119,7 +119,7 @@ def statements(engine: Engine) -> Iterator[list[str]]:
     seen: list[str] = []
 
     def keep(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        if statement != "BEGIN":
+        if not statement.startswith("BEGIN"):
             seen.append(statement.split(None, 1)[0])
 
     event.listen(engine, "before_cursor_execute", keep)

@@ -15,6 +15,7 @@ from outbox.db import make_engine, upgrade
 from outbox.intake import Outbox
 from outbox.models import Operation, ReviewItem
 from tests.support import services
+from tests.support.contend import DEADLINE, contender
 from tests.support.rig import GOOD
 
 ITEM = (
@@ -65,5 +66,28 @@ def test_0003_closes_review_items_whose_operation_left_unknown(
             assert row.resolved_at is not None
             assert (row.resolved_by, row.version) == ("migration:0003", 2)
         assert "not_after" in attempt_columns
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_waits_for_a_writer_instead_of_failing(empty_url: str, outbox: Outbox) -> None:
+    """`settled db upgrade` while the app writes: the migration reads where it is, the app
+    commits, the migration writes. On SQLite it failed there ("database is locked" at once,
+    the busy timeout never applied); it must wait its turn and finish."""
+    upgrade(empty_url, "0006")
+    engine = make_engine(empty_url)
+    try:
+        with contender(lambda: upgrade(empty_url)) as migration:
+            with Session(engine) as s, s.begin():
+                got = outbox.enqueue(s, tenant="acme", op_id="op-1", kind="refund", params=GOOD)
+                op = got.operation.id
+                migration.start()
+                assert migration.started.wait(DEADLINE)
+            migration.result()
+        with engine.connect() as conn:
+            proposal_columns = {c["name"] for c in inspect(conn).get_columns("proposals")}
+            stored = conn.scalar(select(Operation.op_id).where(Operation.id == op))
+        assert "compensates_id" in proposal_columns  # 0007 applied
+        assert stored == "op-1"
     finally:
         engine.dispose()

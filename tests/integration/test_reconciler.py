@@ -12,12 +12,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, update
 
+from outbox import runs
 from outbox.db import db_now
 from outbox.kinds import default_registry
-from outbox.models import Operation, OperationEvent
+from outbox.models import Operation, OperationEvent, Run
 from outbox.states import State
+from reconciler import reconcile
 from reconciler.reconcile import PassReport, Reconciler
 from settled.simulator.proxy import FaultProxy
+from tests.support.contend import contender, pausing
 from tests.support.gateways import FakeMonotonic, SlowLookups
 from tests.support.rig import HOLD, Rig
 
@@ -42,6 +45,28 @@ def test_commit_then_timeout_is_reconciled_to_succeeded_with_one_effect(rig: Rig
     assert rig.effects(op) == 1
     assert rig.sends(op) == 1
     assert rig.reviews(op) == []
+
+
+def test_a_commit_between_the_reconcilers_read_and_its_write_does_not_defer_it(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass reads the operation's facts, then writes what the lookup found; the app
+    commits in between. On SQLite the write failed ("database is locked", the busy timeout
+    never applied) and the operation was left for a later pass."""
+    op = lost_after_commit(rig)
+
+    def open_run() -> int:
+        with rig.sessions.begin() as s:
+            return runs.open_run(s, tenant="acme").id
+
+    with contender(open_run) as app:
+        pausing(monkeypatch, reconcile, "operation_facts", app, after=True)
+        report = rig.reconciler().run_once()
+        run_id = app.result()
+    assert report.outcomes == {"found": 1}
+    assert rig.op(op).state == "succeeded" and rig.effects(op) == 1
+    with rig.sessions() as s:
+        assert s.get(Run, run_id) is not None
 
 
 def test_business_refusal_found_by_lookup_is_rejected_with_the_receipt(rig: Rig) -> None:

@@ -15,6 +15,7 @@ from outbox.models import Operation, OperationEvent, Run
 from outbox.report_lines import Group
 from outbox.states import State
 from outbox.storage.attempts import start_attempt
+from tests.support.contend import contender, pausing
 from tests.support.rig import GOOD, Rig
 
 
@@ -130,6 +131,25 @@ def test_cancel_with_operations_in_every_state_then_the_reconciler_settles(rig: 
     assert f"Operation op-lost (refund) is done (receipt {rig.op(lost).downstream_ref})." in en
     assert "result of operation op-lost" not in en
     assert "已停止继续处理，但操作 op-lost" not in rep.as_dict("zh")["text"]
+
+
+def test_cancel_holds_when_another_transaction_commits_between_its_read_and_its_write(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel reads the run, then writes; another user's task opens its run in between.
+    On SQLite a deferred transaction failed there ("database is locked" at once, the busy
+    timeout never applied); the cancel must give its answer, the other write wait its turn."""
+    _, handle = open_run(rig)
+    later = enqueue(rig, handle, "op-later", refund(1000))
+    with contender(lambda: open_run(rig)) as other:
+        pausing(monkeypatch, runs, "request_run_cancel", other)
+        with rig.sessions.begin() as s:
+            done = runs.cancel_run(s, "acme", handle, actor="user:42")
+        other_id, _ = other.result()
+    assert (list(done.cancelled_ids), done.already_requested) == ([later], False)
+    assert rig.op(later).state == "cancelled" and rig.sends(later) == 0
+    with rig.sessions() as s:
+        assert s.get(Run, other_id) is not None
 
 
 def test_a_claim_taken_before_the_cancel_is_fenced(rig: Rig) -> None:

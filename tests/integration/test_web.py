@@ -26,6 +26,7 @@ from outbox.apikeys import create_api_key, revoke_api_key
 from outbox.intake import Outbox
 from outbox.models import ApiKey, Operation, Run
 from settled.web import NOT_FOUND, UNAUTHORIZED, create_web_app
+from tests.support.contend import contender, pausing
 from tests.support.rig import GOOD
 from tests.support.simtools import wait_until
 
@@ -235,6 +236,26 @@ def test_report_in_english_and_chinese_through_http(api: Api) -> None:
     assert (status, again["cancelled_now"], again["already_requested"]) == (200, 0, True)
     # The other tenant's identical run is untouched.
     assert api.state("op-globex-1", "globex") == "planned"
+
+
+def test_a_cancel_through_the_api_holds_when_another_write_commits_meanwhile(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel reads (the key, the run), then writes; another task opens a run in between.
+    On SQLite the answer was a 500 ("database is locked"), the run not cancelled."""
+
+    def open_run() -> int:
+        with api.sessions.begin() as s:
+            return runs.open_run(s, tenant="acme").id
+
+    with contender(open_run) as other:
+        pausing(monkeypatch, runs, "request_run_cancel", other)
+        status, body = api.post(f"/v1/runs/{api.acme.handle}/cancel", api.acme.key)
+        other_id = other.result()
+    assert (status, body["cancelled_now"], body["already_requested"]) == (200, 1, False)
+    assert api.state("op-acme-1", "acme") == "cancelled"
+    with api.sessions() as s:
+        assert s.get(Run, other_id) is not None
 
 
 def test_one_operation_by_op_id(api: Api) -> None:
