@@ -212,6 +212,7 @@ class Reconciler:
                 # the claim's time: read before the lookup was asked
                 asked_at=claimed.now,
                 sends=facts.sends,
+                lease_ends=facts.lease_ends,
             )
             decision = decide(situation, lookup)
             self._write(session, claimed, decision, looked=lookup is not None, before=facts.lookups)

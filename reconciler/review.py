@@ -214,7 +214,7 @@ class ReviewQueue:
         doubt = doubt_of(
             lookup, snapshot, contract, facts, clock, lookup_timeout=self.lookup_timeout
         )
-        record = record_of(resolution, lookup, doubt=doubt)
+        record = record_of(resolution, lookup, doubt=doubt, contract=contract)
         with self.sessions.begin() as session:
             write_resolution(self.storage, session, snapshot["id"], resolution, record)
         state = resolution.to.value
