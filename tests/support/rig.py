@@ -70,8 +70,11 @@ class Rig:
             (claimed,) = claim_for_send(s, worker=worker, lease_seconds=lease, ids=[op_id])
             return start_attempt(self.storage, s, claimed, worker=worker)
 
-    def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
-        gateway = self.gateway()
+    def executor(
+        self, registry: KindRegistry | None = None, url: str | None = None, **kw: Any
+    ) -> Executor:
+        """An executor sending to the rig's simulator (or ``url``: a proxy in front of it)."""
+        gateway = self.gateway(url)
         kw.setdefault("rand", lambda: 0.0)
         return Executor(
             sessions=self.sessions,
