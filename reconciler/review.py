@@ -129,6 +129,8 @@ class ReviewQueue:
                 "item": _item(item),
                 **shown,
                 "choices": [asdict(c) for c in choices] if acting else [],
+                # what a "rejected" on a "not found" would rest on (None: no lookup to trust)
+                "rests_on": kind.contract.assumption() if kind.contract.queryable else None,
             }
 
     def requery(self, staff: Staff, item_id: int) -> dict[str, Any]:

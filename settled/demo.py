@@ -24,12 +24,12 @@ from outbox import relay
 from outbox.db import upgrade
 from outbox.errors import IdempotencyConflict
 from outbox.ids import derive_idempotency_key, new_op_id
+from outbox.kinds import default_registry
 from outbox.models import Operation
 from outbox.relay import Publish
 from outbox.report import render
 from outbox.report_text import Lang, check_lang
 from outbox.runs import cancel_run, compensate, open_run, run_report
-from outbox.kinds import default_registry
 from outbox.settings import ContractSettings, Settings
 from outbox.storage.events import states_passed
 from outbox.storage.operations import all_operations, find_operation

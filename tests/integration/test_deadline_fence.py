@@ -18,8 +18,9 @@ from datetime import timedelta
 import pytest
 
 from outbox.kinds import default_registry
-from outbox.models import OperationEvent
+from outbox.models import Operation, OperationEvent
 from outbox.states import State
+from reconciler.operation_view import report_words
 from settled.simulator import SimulatorHandle
 from settled.simulator.proxy import FaultProxy
 from tests.support.rig import Rig
@@ -65,6 +66,14 @@ def test_a_request_landing_after_its_deadline_has_no_effect_and_is_sent_again(
     rig.age_attempts(op, 60)  # past the lease end and the processing time
     assert rig.reconciler().run_once().outcomes == {"requeued": 1}
     assert requeue_evidence(rig, op)["rests_on"] == "deadline_fence"
+    # Not done yet, and the words say what that rests on (the run report's, the console's).
+    with rig.sessions() as s:
+        words = report_words(s, s.get(Operation, op))
+    assert words["group"] == "not_done"
+    assert words["text"]["en"].endswith(
+        "This rests on the service refusing any request that arrives past its deadline."
+    )
+    assert words["text"]["zh"].endswith("此结论的依据：对方服务拒绝超过截止时间才到达的请求。")
     assert rig.executor().execute([op]) == {op: State.SUCCEEDED}
     assert rig.op(op).idempotency_key == key
     assert (rig.sends(op), rig.effects(op)) == (2, 1)
