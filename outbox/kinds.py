@@ -107,6 +107,32 @@ class DownstreamContract:
     #: automatic resends stop this long before the key retention ends: slack for the
     #: downstream's clock and for a lookup outage that ends near the edge
     retention_margin: timedelta = timedelta(hours=1)
+    #: the downstream refuses, before any effect, a request that arrives after its
+    #: ``Settled-Deadline`` (``408 deadline_exceeded``, README "Wire protocol"): a fence at the
+    #: resource, so no request can land after its attempt's lease
+    enforces_deadline: bool = False
+    #: without that fence, the longest a request may take to land after its attempt ended:
+    #: a client process stalled between its last check and its write (a GC or VM pause, a
+    #: frozen container), the kernel retransmitting a request written in time (capped by the
+    #: attempt's TCP_USER_TIMEOUT), a slow path or a proxy's queue. A "not found" proves
+    #: nothing until it has passed (``reconciler.decide``). 5 minutes: far beyond the pauses
+    #: and retransmissions seen in practice, short against the key retention (24 h)
+    max_request_delay: timedelta = timedelta(minutes=5)
+
+    @property
+    def rests_on(self) -> str:
+        """What a "not found" from this downstream rests on: ``deadline_fence`` (it refuses
+        late requests) or ``delay_bound`` (no request lands later than ``max_request_delay``)."""
+        return "deadline_fence" if self.enforces_deadline else "delay_bound"
+
+    def assumption(self) -> dict[str, Any]:
+        """``rests_on`` as evidence, with the delay bound it assumes where it assumes one."""
+        if self.enforces_deadline:
+            return {"rests_on": self.rests_on}
+        return {
+            "rests_on": self.rests_on,
+            "max_request_delay_seconds": self.max_request_delay.total_seconds(),
+        }
 
     def resend_until(self, first_sent_at: datetime) -> datetime:
         """The last moment the first key may be sent again (and a "not found" trusted)."""

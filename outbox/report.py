@@ -103,12 +103,26 @@ def render_line(line: Line, cancelled: bool, lang: Lang) -> str:
         reason=m[f"reason.{line.evidence.get('reason')}"],
         code=m["code"].format(code=code) if code else "",
     )
+    rests_on = line.evidence.get("rests_on")
+    if rests_on is not None:
+        text += m[f"rests_on.{rests_on}"].format(
+            delay=_duration(line.evidence.get("max_request_delay_seconds"), m)
+        )
     if line.compensates is not None:
         text = m["compensation_prefix"].format(of=line.compensates) + text
     note = line.compensation
     if note is not None:
         text += m[f"comp.{note.status.value}"].format(comp=note.op_id, ref=note.reference)
     return text
+
+
+def _duration(seconds: object, m: dict[str, str]) -> str:
+    """``300`` as "5 min", ``2`` as "2 s" (in the language of ``m``)."""
+    if not isinstance(seconds, (int, float)):
+        return m["duration.unknown"]
+    if seconds >= 60 and seconds % 60 == 0:
+        return m["duration.min"].format(n=int(seconds // 60))
+    return m["duration.s"].format(n=f"{seconds:g}")
 
 
 def render(report: Report, lang: Lang) -> str:

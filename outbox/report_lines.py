@@ -51,6 +51,11 @@ class OpFacts:
     by_staff: bool = False  # settled by support staff's statement, not a downstream record
     #: the downstream's record differs from the intent (a receipt mismatch staff settled)
     differs: bool = False
+    #: what the "not found" that proved an attempt had no effect rested on: ``deadline_fence``
+    #: (the service refuses late requests) or ``delay_bound`` (none lands later than
+    #: ``max_request_delay_seconds``); None where no "not found" proved anything
+    rests_on: str | None = None
+    max_request_delay_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,11 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         message = "pending_stopped" if cancelled else "pending"
         if op.in_review:
             message += "_review"
+    if group is Group.NOT_DONE and op.rests_on is not None and _for_want_of_proof(op):
+        # "had no effect" was proven by a "not found", on an assumption: say which
+        evidence["rests_on"] = op.rests_on
+        if op.rests_on == "delay_bound":
+            evidence["max_request_delay_seconds"] = op.max_request_delay_seconds
     evidence["in_review"] = op.in_review
     if op.compensates is not None:
         message = "compensation_" + message
@@ -141,6 +151,14 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         compensates=op.compensates,
         compensation=compensation_note(compensations),
     )
+
+
+def _for_want_of_proof(op: OpFacts) -> bool:
+    """Not done with no definite refusal to show for it: sent, then not carried out in time,
+    cancelled, stopped or waiting to be tried again."""
+    if op.state is State.REJECTED:
+        return op.reason == "not_executed" and not op.by_staff
+    return op.sent
 
 
 def _status(op: OpFacts) -> Compensation:

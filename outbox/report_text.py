@@ -13,7 +13,7 @@ Lang = Literal["en", "zh"]
 LANGS: tuple[str, ...] = get_args(Lang)
 
 #: Every sentence of the report, per language. Placeholders: op, kind, ref, reason, code, of,
-#: comp; counts: done, not_done, uncertain.
+#: comp, delay (a duration), n; counts: done, not_done, uncertain.
 MESSAGES: dict[str, dict[str, str]] = {
     "en": {
         "title": "Run {handle}: {done} done, {not_done} not done, {uncertain} uncertain.",
@@ -82,6 +82,15 @@ MESSAGES: dict[str, dict[str, str]] = {
         "reason.not_executed": "it could not be sent in time",
         "reason.not_executed_sent": "it was not carried out in time",
         "reason.None": "refused",
+        "rests_on.deadline_fence": (
+            " This rests on the service refusing any request that arrives past its deadline."
+        ),
+        "rests_on.delay_bound": (
+            " This assumes that no request reaches the service more than {delay} late."
+        ),
+        "duration.min": "{n} min",
+        "duration.s": "{n} s",
+        "duration.unknown": "the declared delay",
     },
     "zh": {
         "title": "任务 {handle}：已完成 {done} 项，未完成 {not_done} 项，待确认 {uncertain} 项。",
@@ -132,6 +141,11 @@ MESSAGES: dict[str, dict[str, str]] = {
         "reason.not_executed": "未能及时发送",
         "reason.not_executed_sent": "未能及时执行",
         "reason.None": "被拒绝",
+        "rests_on.deadline_fence": "此结论的依据：对方服务拒绝超过截止时间才到达的请求。",
+        "rests_on.delay_bound": "此结论的前提：任何请求到达对方服务的延迟都不超过 {delay}。",
+        "duration.min": "{n} 分钟",
+        "duration.s": "{n} 秒",
+        "duration.unknown": "声明的延迟上限",
     },
 }
 

@@ -24,7 +24,7 @@ from outbox.report_lines import OpFacts, build_line
 from outbox.states import State
 from outbox.storage import runs as storage_runs
 from outbox.storage import storage_for
-from outbox.storage.events import rejection_codes
+from outbox.storage.events import not_found_assumptions, rejection_codes
 from outbox.storage.operations import compensations_of, find_operation, op_ids_of
 from outbox.storage.reviews import in_review
 from outbox.storage.runs import cancel_planned, request_run_cancel
@@ -189,9 +189,11 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
     ids = [op.id for op in ops]
     codes: dict[int, str] = {}
     reviewed: set[int] = set()
+    assumed: dict[int, dict[str, Any]] = {}
     if ids:
         codes = rejection_codes(session, ids)
         reviewed = in_review(session, ids)
+        assumed = not_found_assumptions(session, ids)
     op_ids = {op.id: op.op_id for op in ops}
     missing = {op.compensates_id for op in ops if op.compensates_id is not None} - set(op_ids)
     if missing:
@@ -210,6 +212,8 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             sent=op.attempts > 0,
             by_staff=(op.receipt or {}).get("source") == "staff",
             differs=bool((op.receipt or {}).get("differs_from_intent")),
+            rests_on=assumed.get(op.id, {}).get("rests_on"),
+            max_request_delay_seconds=assumed.get(op.id, {}).get("max_request_delay_seconds"),
         )
         for op in ops
     ]

@@ -29,7 +29,10 @@ class ContractSettings(BaseModel):
     by idempotency key exists; ``key_retention_seconds``: how long it remembers a key;
     ``processing_seconds``: longest from a request leaving Settled to its result being visible
     to lookups; ``not_executed_statuses``: HTTP statuses it documents as "refused before
-    processing".
+    processing"; ``enforces_deadline``: it refuses a request that arrives after its
+    ``Settled-Deadline``, before any effect (``408 deadline_exceeded``);
+    ``max_request_delay_seconds``: without that, the longest a request may take to land after
+    its attempt ended.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -39,6 +42,8 @@ class ContractSettings(BaseModel):
     key_retention_seconds: float | None = Field(default=None, gt=0)
     processing_seconds: float | None = Field(default=None, ge=0)
     not_executed_statuses: frozenset[int] | None = None
+    enforces_deadline: bool | None = None
+    max_request_delay_seconds: float | None = Field(default=None, ge=0, le=86400)
 
     @field_validator("not_executed_statuses")
     @classmethod
@@ -61,6 +66,10 @@ class ContractSettings(BaseModel):
             changes["processing_time"] = timedelta(seconds=self.processing_seconds)
         if self.not_executed_statuses is not None:
             changes["not_executed_statuses"] = self.not_executed_statuses
+        if self.enforces_deadline is not None:
+            changes["enforces_deadline"] = self.enforces_deadline
+        if self.max_request_delay_seconds is not None:
+            changes["max_request_delay"] = timedelta(seconds=self.max_request_delay_seconds)
         return changes
 
 
@@ -259,6 +268,20 @@ class Settings(BaseSettings):
             raise InvalidInput(
                 f"SETTLED_DOWNSTREAM_CONTRACTS names unknown kinds {unknown}; "
                 f"known: {registry.names()}",
+                code="invalid_setting",
+                setting="SETTLED_DOWNSTREAM_CONTRACTS",
+            )
+        # Stripe ignores the Settled-Deadline header: a contract saying otherwise would let a
+        # "not found" be trusted before a late request could still land.
+        fenced_stripe = sorted(
+            name
+            for name, contract in self.downstream_contracts.items()
+            if contract.enforces_deadline and self.downstream_providers.get(name) == "stripe"
+        )
+        if fenced_stripe:
+            raise InvalidInput(
+                f"SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline for {fenced_stripe}, "
+                "served by Stripe (SETTLED_DOWNSTREAM_PROVIDERS), which ignores the deadline",
                 code="invalid_setting",
                 setting="SETTLED_DOWNSTREAM_CONTRACTS",
             )

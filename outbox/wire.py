@@ -33,6 +33,12 @@ KEY_REUSED = "idempotency_key_reused"
 KEY_NOT_FOUND = "idempotency_key_not_found"
 #: ``code`` of a 503 answered before anything was processed.
 NOT_PROCESSED = "not_processed"
+#: Status, ``type`` and ``code`` of the answer to a request that arrived after its
+#: ``Settled-Deadline``: refused before the idempotency layer marked the key and before any
+#: effect (a downstream whose contract declares ``enforces_deadline`` promises it).
+DEADLINE_EXCEEDED_STATUS = 408
+DEADLINE_ERROR = "deadline_error"
+DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 def format_deadline(deadline: datetime) -> str:

@@ -2,10 +2,11 @@
 the downstream contract and the time. No database, clock or network in here.
 
 It only ever settles from evidence: a receipt found by a lookup settles; "not found" is
-trusted only when the lookup was *asked* after quiescence (no attempt can still be on the
-wire, and what reached the downstream is visible), inside the key retention window less its
-margin, with an idempotent downstream, and then only sends the operation back to ``planned``
-with the *same* key.
+trusted only when the lookup was *asked* after quiescence (no request of any attempt can still
+land, and what landed is visible), inside the key retention window less its margin, with an
+idempotent downstream, and then only sends the operation back to ``planned`` with the *same*
+key. Which assumption says that no request can still land is the contract's (``rests_on``):
+the downstream's deadline fence, or the declared delay bound; the requeue records it.
 """
 
 from __future__ import annotations
@@ -50,21 +51,50 @@ class Situation:
     #: per attempt: its start, and the latest it may have been on the wire
     #: (``outbox.storage.attempts.OperationFacts``)
     sends: tuple[tuple[datetime, datetime | None], ...] = ()
+    #: per attempt, in the order of ``sends``: the end of the lease it was sent under
+    #: (``attempts.not_after``; None for attempts written before 0.2)
+    lease_ends: tuple[datetime | None, ...] = ()
     #: after a step of the database's clock, the latest a send in flight at the step may still
     #: be sent by its sender (``outbox.clock_steps``); None: no step is known
     clock_doubt_until: datetime | None = None
 
     @property
     def quiet_at(self) -> datetime:
-        """When a "not found" becomes trustworthy: no attempt can be on the wire any more (its
-        outcome was written, or its sender's lease is over: no send outlives its lease), and
-        whatever reached the downstream is visible. An attempt with neither bound (written
-        before 0.2) counts from its start plus the client timeout."""
+        """When a "not found" becomes trustworthy: no request of any attempt can still land,
+        and whatever landed is visible (``processing_time`` later). When the last request can
+        land is what the contract says (``rests_on``):
+
+        - ``enforces_deadline`` (``deadline_fence``): the downstream refuses a request that
+          arrives after its ``Settled-Deadline`` D, by its own clock. The sender set D to at
+          most its lease end less the clock margin (database time, ``Executor.send_deadline``),
+          and the downstream's clock is within the clock margin of the database's, so a
+          request it accepts arrived by database time D + margin, i.e. by the lease end.
+          Each attempt counts from its lease end, even when its outcome was written earlier:
+          its client gave up, but a proxy or the network may still hold the request.
+        - otherwise (``delay_bound``): only the declared bound stops a late request. Each
+          attempt counts from the end its sender knew (its outcome written, or its lease's
+          end) plus ``max_request_delay``.
+
+        An attempt with neither bound (written before 0.2) counts from its start plus the
+        client timeout."""
+        fenced = self.contract.enforces_deadline
         if self.sends:
-            last = max(end or start + self.client_timeout for start, end in self.sends)
+            lease_ends = self.lease_ends or (None,) * len(self.sends)
+            last = max(
+                (lease_end if fenced else None) or end or start + self.client_timeout
+                for (start, end), lease_end in zip(self.sends, lease_ends, strict=True)
+            )
         else:
             last = (self.last_sent_at or self.first_sent_at or self.now) + self.client_timeout
-        return last + self.contract.processing_time
+        return last + self.landing_slack
+
+    @property
+    def landing_slack(self) -> timedelta:
+        """How long after its sender is done a request may still land and become visible:
+        the processing time, and the declared delay bound where no fence stops it."""
+        if self.contract.enforces_deadline:
+            return self.contract.processing_time
+        return self.contract.max_request_delay + self.contract.processing_time
 
     @property
     def asked(self) -> datetime:
@@ -87,11 +117,11 @@ class Situation:
     @property
     def clock_trusted_at(self) -> datetime | None:
         """After a step of the database's clock, when a "not found" can be trusted again:
-        every send in flight at the step is over and what it did is visible (the slack
-        ``quiet_at`` allows after a send's end)."""
+        every send in flight at the step is over and what it did has landed and is visible
+        (the slack ``quiet_at`` allows after a send's end)."""
         if self.clock_doubt_until is None:
             return None
-        return self.clock_doubt_until + self.contract.processing_time
+        return self.clock_doubt_until + self.landing_slack
 
 
 def not_found_doubt(s: Situation) -> str | None:
@@ -172,7 +202,11 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
         return Change(  # no later time: due at once, with the same key
             Event.REQUEUE,
             State.PLANNED,
-            evidence={"lookup": "not_found", "quiet_since": s.quiet_at.isoformat()},
+            evidence={
+                "lookup": "not_found",
+                "quiet_since": s.quiet_at.isoformat(),
+                **s.contract.assumption(),
+            },
             code="requeued",
         )
     assert isinstance(lookup, Unavailable)

@@ -250,6 +250,7 @@ class Reconciler:
                 # the claim's time: read before the lookup was asked
                 asked_at=claimed.now,
                 sends=facts.sends,
+                lease_ends=facts.lease_ends,
                 clock_doubt_until=self.clock_watch.doubt_until(session),
             )
             decision = decide(situation, lookup)

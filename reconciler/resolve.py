@@ -132,13 +132,23 @@ def doubt_of(
             in_review=True,
             asked_at=clock.db_at,
             sends=facts.sends,
+            lease_ends=facts.lease_ends,
             clock_doubt_until=clock_doubt_until,
         )
     )
 
 
-def record_of(resolution: Resolution, lookup: LookupOutcome | None, *, doubt: str | None) -> Record:
-    """What ``resolution`` stores, weighed against ``lookup``; ReviewConflict when refused."""
+def record_of(
+    resolution: Resolution,
+    lookup: LookupOutcome | None,
+    *,
+    doubt: str | None,
+    contract: DownstreamContract | None = None,
+) -> Record:
+    """What ``resolution`` stores, weighed against ``lookup``; ReviewConflict when refused.
+
+    ``contract``: the kind's; what its trusted "not found" rests on
+    (``DownstreamContract.assumption``) is recorded with the "rejected" it proves."""
     r = resolution
     weighed = weigh(lookup, r.to, r.reference, doubt=doubt, override=r.override)
     evidence = {
@@ -151,6 +161,8 @@ def record_of(resolution: Resolution, lookup: LookupOutcome | None, *, doubt: st
     }
     if weighed.unproven is not None:  # accepted only through the override
         evidence.update(override=True, unproven=weighed.unproven)
+    elif isinstance(lookup, LookupNotFound) and contract is not None:
+        evidence.update(contract.assumption())  # the "not found" proved it, on this assumption
     receipt = weighed.record
     reason = RejectReason.NOT_EXECUTED if r.to is State.REJECTED else None
     if weighed.settles is not None:  # the downstream's own record, and its reason

@@ -134,6 +134,8 @@ class ReviewQueue:
                 "item": _item(item),
                 **shown,
                 "choices": [asdict(c) for c in choices] if acting else [],
+                # what a "rejected" on a "not found" would rest on (None: no lookup to trust)
+                "rests_on": kind.contract.assumption() if kind.contract.queryable else None,
             }
 
     def requery(self, staff: Staff, item_id: int) -> dict[str, Any]:
@@ -221,7 +223,7 @@ class ReviewQueue:
             lookup, snapshot, contract, facts, clock, lookup_timeout=self.lookup_timeout,
             clock_doubt_until=clock_doubt,
         )  # fmt: skip
-        record = record_of(resolution, lookup, doubt=doubt)
+        record = record_of(resolution, lookup, doubt=doubt, contract=contract)
         with self.sessions.begin() as session:
             write_resolution(self.storage, session, snapshot["id"], resolution, record)
         state = resolution.to.value

@@ -24,12 +24,13 @@ from outbox import relay
 from outbox.db import upgrade
 from outbox.errors import IdempotencyConflict
 from outbox.ids import derive_idempotency_key, new_op_id
+from outbox.kinds import default_registry
 from outbox.models import Operation
 from outbox.relay import Publish
 from outbox.report import render
 from outbox.report_text import Lang, check_lang
 from outbox.runs import cancel_run, compensate, open_run, run_report
-from outbox.settings import Settings
+from outbox.settings import ContractSettings, Settings
 from outbox.storage.events import states_passed
 from outbox.storage.operations import all_operations, find_operation
 from outbox.storage.reviews import review_reason
@@ -337,6 +338,13 @@ def run_demo(
         # button (case 5) finds the later ones still planned.
         claim_batch=0,
         downstream_providers={"refund": "stripe"} if stripe else {},
+        # The simulator refuses requests that arrive past their deadline; Stripe (and the
+        # simulator's Stripe mode) does not, so refunds sent there wait out the delay bound.
+        downstream_contracts={
+            name: ContractSettings(enforces_deadline=True)
+            for name in default_registry().names()
+            if not (stripe and name == "refund")
+        },
         stripe_api_keys={TENANT: SecretStr(API_KEY)},
         stripe_api_base=sim.url + "/stripe",
     )

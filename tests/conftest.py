@@ -17,6 +17,7 @@ from outbox.intake import Outbox
 from outbox.kinds import default_registry
 from outbox.settings import Settings
 from tests.support import services
+from tests.support.simtools import fenced
 
 pytest_plugins = ["tests.support.sim", "tests.support.rig"]
 
@@ -103,4 +104,6 @@ def settings() -> Settings:
 
 @pytest.fixture
 def outbox(settings: Settings) -> Outbox:
-    return Outbox.from_settings(settings, default_registry())
+    """The default kinds, their contracts as the simulator (the tests' downstream) keeps
+    them: it enforces the deadline (``tests.support.simtools.fenced``)."""
+    return Outbox.from_settings(settings, fenced(default_registry()))

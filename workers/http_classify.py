@@ -55,6 +55,11 @@ def classify_submit(
         retry_after = parse_retry_after(response.headers.get(wire.RETRY_AFTER), now)
         return NotExecuted(status, retry_after)
     body = _json_object(response)
+    if _deadline_exceeded(status, body) and kind.contract.enforces_deadline:
+        # The downstream promises to refuse a late request before any effect: the next
+        # attempt gets a new lease, a new deadline and the same key. (Where it promises no
+        # such thing, the answer is one the protocol does not define: a person must look.)
+        return NotExecuted(status, None)
     if 200 <= status < 300:
         receipt = _receipt(body)
         if receipt is None or receipt.status != "succeeded":
@@ -126,6 +131,14 @@ def _misfit(receipt: Receipt, params: Mapping[str, Any], idempotency_key: str | 
     if not receipt_matches(params, receipt):
         return "receipt_mismatch"
     return None
+
+
+def _deadline_exceeded(status: int, body: Mapping[str, Any]) -> bool:
+    """The fence's answer: the request arrived after its ``Settled-Deadline``."""
+    return status == wire.DEADLINE_EXCEEDED_STATUS and _error(body) == (
+        wire.DEADLINE_ERROR,
+        wire.DEADLINE_EXCEEDED,
+    )
 
 
 def _json_object(response: httpx.Response) -> Mapping[str, Any]:

@@ -116,22 +116,23 @@ class OperationFacts:
     #: per attempt: when it started, and the latest it may have been on the wire (its
     #: outcome's time, else its sender's lease end; None for attempts written before 0.2)
     sends: tuple[tuple[datetime, datetime | None], ...] = ()
+    #: per attempt, in the order of ``sends``: its lease end (``not_after``; None before 0.2)
+    lease_ends: tuple[datetime | None, ...] = ()
 
 
 def operation_facts(session: Session, operation_id: int) -> OperationFacts:
     """The facts of one operation (``OperationFacts``)."""
     params = {"operation_id": operation_id}
     row = session.execute(LOOK_FACTS, params).one()
-    sends = tuple(
-        (a.started_at, _on_wire_until(a.not_after, a.finished_at))
-        for a in session.execute(SEND_TIMES, params)
-    )
+    rows = list(session.execute(SEND_TIMES, params))
+    sends = tuple((a.started_at, _on_wire_until(a.not_after, a.finished_at)) for a in rows)
     return OperationFacts(
         row.unknown_since,
         row.lookups,
         max((start for start, _ in sends), default=None),
         open_review_id(session, operation_id) is not None,
         sends,
+        tuple(a.not_after for a in rows),
     )
 
 

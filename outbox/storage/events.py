@@ -4,6 +4,7 @@ only), oldest first."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -42,6 +43,31 @@ def rejection_codes(session: Session, ids: Collection[int]) -> dict[int, str]:
         if isinstance(code, str):
             codes[operation_id] = code
     return codes
+
+
+#: the events whose evidence may say what a "not done" rests on: a requeue on "not found"
+#: (to ``planned``), staff's "rejected" proven by one
+PROOF_EVENTS_OF = (
+    select(OperationEvent.operation_id, OperationEvent.evidence)
+    .where(
+        OperationEvent.operation_id.in_(bindparam("ids", expanding=True)),
+        OperationEvent.to_state.in_([State.PLANNED.value, State.REJECTED.value]),
+    )
+    .order_by(OperationEvent.id)
+)
+
+
+def not_found_assumptions(session: Session, ids: Collection[int]) -> dict[int, dict[str, Any]]:
+    """Per operation, what the latest "not found" that proved an attempt had no effect rested
+    on (``rests_on``, and ``max_request_delay_seconds`` for a delay bound), for those with
+    one."""
+    found: dict[int, dict[str, Any]] = {}
+    for operation_id, evidence in session.execute(PROOF_EVENTS_OF, {"ids": sorted(ids)}):
+        rests_on = (evidence or {}).get("rests_on")
+        if isinstance(rests_on, str):
+            delay = (evidence or {}).get("max_request_delay_seconds")
+            found[operation_id] = {"rests_on": rests_on, "max_request_delay_seconds": delay}
+    return found
 
 
 def events_of(session: Session, operation_id: int) -> list[OperationEvent]:

@@ -27,7 +27,20 @@ from settled.cli.common import PORT, TEXT
     envvar="SETTLED_SIMULATOR_TENANTS",
     help="register a tenant and its API key (repeatable; env: space-separated)",
 )
-def simulator(host: str, port: int, ledger: str, test_mode: bool, tenants: tuple[str, ...]) -> None:
+@click.option(
+    "--deadline-fence/--no-deadline-fence",
+    default=True,
+    show_default=True,
+    help="refuse submits that arrive after their Settled-Deadline (408 deadline_exceeded)",
+)
+def simulator(
+    host: str,
+    port: int,
+    ledger: str,
+    test_mode: bool,
+    tenants: tuple[str, ...],
+    deadline_fence: bool,
+) -> None:
     """Run the payment service simulator."""
     from settled.simulator import run
 
@@ -38,4 +51,11 @@ def simulator(host: str, port: int, ledger: str, test_mode: bool, tenants: tuple
             raise click.BadParameter("expected NAME=API_KEY", param_hint="--tenant")
         keys[name] = key
     click.echo(f"simulator on http://{host}:{port} (test mode: {'on' if test_mode else 'off'})")
-    run(host=host, port=port, ledger=ledger, test_mode=test_mode, tenants=keys)
+    run(
+        host=host,
+        port=port,
+        ledger=ledger,
+        test_mode=test_mode,
+        tenants=keys,
+        deadline_fence=deadline_fence,
+    )

@@ -56,6 +56,15 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
             "supervisor."
         ),
         "item.choices_from": "Choices allowed by the last lookup: {lookup}.",
+        "item.rests_on.deadline_fence": (
+            'A "not found" proves nothing was done because the service refuses any '
+            "request that arrives past its deadline."
+        ),
+        "item.rests_on.delay_bound": (
+            'A "not found" proves nothing was done only assuming that no request reaches '
+            "the service more than {seconds:g} s late; it counts only that long after the "
+            "last attempt."
+        ),
         "section.operation": "Operation",
         "section.attempts": "Attempts",
         "section.lookups": "Lookups",
@@ -189,6 +198,13 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "item.justification": "理由",
         "item.no_choices": "根据最近一次查询，您无法处理此项：请重新查询，或联系主管。",
         "item.choices_from": "最近一次查询允许的处理方式：{lookup}。",
+        "item.rests_on.deadline_fence": (
+            "“未找到”能证明未执行，依据是：对方服务拒绝超过截止时间才到达的请求。"
+        ),
+        "item.rests_on.delay_bound": (
+            "“未找到”能证明未执行，前提是：任何请求到达对方服务的延迟都不超过 {seconds:g} 秒；"
+            "因此只在最后一次尝试结束这么久之后才算数。"
+        ),
         "section.operation": "操作",
         "section.attempts": "发送尝试",
         "section.lookups": "查询",

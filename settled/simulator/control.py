@@ -161,8 +161,10 @@ class SimulatorControl:
         lookup: bool | None = None,
         key_retention_seconds: float | _Unset | None = UNSET,
         lookup_visibility_delay: float | None = None,
+        deadline_fence: bool | None = None,
     ) -> Switches:
-        """Change the given switches (``key_retention_seconds=None``: never forget keys)."""
+        """Change the given switches (``key_retention_seconds=None``: never forget keys;
+        ``deadline_fence=False``: execute submits that arrive after their deadline)."""
         body: dict[str, Any] = {}
         if idempotency is not None:
             body["idempotency"] = idempotency
@@ -172,6 +174,8 @@ class SimulatorControl:
             body["key_retention_seconds"] = key_retention_seconds
         if lookup_visibility_delay is not None:
             body["lookup_visibility_delay"] = lookup_visibility_delay
+        if deadline_fence is not None:
+            body["deadline_fence"] = deadline_fence
         return Switches(**self._call("POST", "switches", body))
 
     def switches(self) -> Switches:

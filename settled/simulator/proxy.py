@@ -4,12 +4,16 @@ Modes: ``pass`` forwards bytes both ways; ``refuse`` closes the listening socket
 connections, so a client must connect anew and is refused (nothing is sent); ``delay`` holds the
 response for some seconds (the request has reached the downstream); ``cut`` forwards the first
 bytes of the response, then resets the client; ``trickle`` forwards the response one byte at a
-time, a pause before each (a slow network, or a downstream answering byte by byte).
+time, a pause before each (a slow network, or a downstream answering byte by byte);
+``hold_request`` holds the request's bytes until ``release`` (or some seconds), then delivers
+them even if the client has given up and gone, as a proxy's queue or a slow path would: the
+request lands late.
 
-Clients keep connections alive, so a mode applies to every response that starts after it is set,
-on open connections as on new ones. (The proxy does not parse HTTP: a response starts with the
-first bytes from upstream after bytes from the client, which holds for clients that do not
-pipeline.)
+Clients keep connections alive, so a mode applies to every response (``hold_request``: every
+request) that starts after it is set, on open connections as on new ones. (The proxy does not
+parse HTTP: a response starts with the first bytes from upstream after bytes from the client,
+and a request with the first bytes from the client after a response, which holds for clients
+that do not pipeline.)
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["pass", "delay", "cut", "trickle"]
+Mode = Literal["pass", "delay", "cut", "trickle", "hold_request"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class _Setting:
     delay_seconds: float = 0.0
     cut_after_bytes: int = 0
     trickle_seconds: float = 0.0
+    #: ``hold_request``: set by ``release`` (or ``stop``) to end the holds
+    released: threading.Event | None = None
 
 
 class FaultProxy:
@@ -44,6 +50,8 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._clients: set[socket.socket] = set()
+        #: responses that came back from upstream (to a client still there or not)
+        self.answered = 0
         self._listener: socket.socket | None = self._listen(0)
         self.port: int = self._listener.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
@@ -70,6 +78,19 @@ class FaultProxy:
         self._set(
             _Setting("trickle", trickle_seconds=every_seconds, cut_after_bytes=cut_after_bytes)
         )
+
+    def hold_requests(self, seconds: float = 30.0) -> None:
+        """Hold every request that starts from now on until ``release`` (at most ``seconds``),
+        then deliver it, whether its client still waits or not."""
+        self._set(_Setting("hold_request", delay_seconds=seconds, released=threading.Event()))
+
+    def release(self) -> None:
+        """Deliver the held requests now, and forward faithfully from now on."""
+        with self._lock:
+            released = self._setting.released
+        self.passthrough()
+        if released is not None:
+            released.set()
 
     def refuse(self) -> None:
         """Stop listening and close the open connections: connects are refused until another
@@ -98,6 +119,9 @@ class FaultProxy:
         with self._lock:
             listener, self._listener = self._listener, None
             threads = list(self._threads)
+            released = self._setting.released
+        if released is not None:
+            released.set()
         if listener is not None:
             _close_listener(listener)
         for thread in threads:
@@ -155,13 +179,24 @@ class FaultProxy:
         setting = _Setting()
         forwarded = 0
         request_sent = False
+        late = False  # a held request was delivered: wait for its answer, client gone or not
         while not self._stopping.is_set():
-            readable, _, _ = select.select([client, upstream], [], [], 0.02)
+            watched = [upstream] if late else [client, upstream]
+            readable, _, _ = select.select(watched, [], [], 0.02)
             try:
                 if client in readable:
                     data = client.recv(65536)
                     if not data:
                         return
+                    if not request_sent:  # a request starts: hold it, if that is the mode
+                        with self._lock:
+                            held = self._setting
+                        if held.mode == "hold_request" and held.released is not None:
+                            held.released.wait(held.delay_seconds)
+                            if self._stopping.is_set():
+                                return
+                            data += _rest_of(client)  # whatever else it sent meanwhile
+                            late = True
                     upstream.sendall(data)
                     request_sent = True
                 if upstream in readable:
@@ -169,7 +204,9 @@ class FaultProxy:
                     if not data:
                         return
                     if request_sent:  # a response starts: the mode set now applies to it
-                        request_sent = False
+                        request_sent = late = False
+                        with self._lock:
+                            self.answered += 1
                         forwarded = 0
                         with self._lock:
                             setting = self._setting
@@ -195,6 +232,20 @@ class FaultProxy:
                     client.sendall(data)
             except OSError:
                 return
+
+
+def _rest_of(client: socket.socket) -> bytes:
+    """What the client has sent and nobody read yet, without waiting (b"" if it is gone)."""
+    chunks = []
+    while select.select([client], [], [], 0)[0]:
+        try:
+            chunk = client.recv(65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _reset(sock: socket.socket) -> None:

@@ -65,12 +65,13 @@ def _serve(
     test_mode: bool,
     tenants: Mapping[str, str] | None,
     idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+    deadline_fence: bool = True,
 ) -> tuple[HttpServer, Simulator]:
     book = Ledger(engine_for(ledger))
     for tenant, api_key in (tenants or {}).items():
         book.add_tenant(tenant, api_key)
     try:
-        sim = Simulator(book, test_mode=test_mode)
+        sim = Simulator(book, test_mode=test_mode, switches=Switches(deadline_fence=deadline_fence))
         server = HttpServer(
             (host, port), Application(sim), stopping=sim.stopping, idle_timeout=idle_timeout
         )
@@ -87,13 +88,15 @@ def start_in_thread(
     test_mode: bool = True,
     tenants: Mapping[str, str] | None = None,
     idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+    deadline_fence: bool = True,
 ) -> SimulatorHandle:
     """Serve in a daemon thread; ``port=0`` picks a free port (see ``handle.port``).
 
     ``idle_timeout``: how long a keep-alive connection may stay idle (see
     ``IDLE_TIMEOUT_SECONDS``; tests shorten it to see clients cope with a closed connection).
+    ``deadline_fence``: the switch of that name it starts (and resets) with.
     """
-    server, sim = _serve(host, port, ledger, test_mode, tenants, idle_timeout)
+    server, sim = _serve(host, port, ledger, test_mode, tenants, idle_timeout, deadline_fence)
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="simulator", daemon=True
     )
@@ -107,14 +110,20 @@ def run(
     ledger: str,
     test_mode: bool,
     tenants: Mapping[str, str] | None = None,
+    deadline_fence: bool = True,
 ) -> None:
     """Serve until interrupted (the ``settled simulator`` command); logs as ``outbox.logs``
     says (``SETTLED_LOG_LEVEL``, ``SETTLED_LOG_FORMAT``)."""
     logs.configure()
-    server, sim = _serve(host, port, ledger, test_mode, tenants)
+    server, sim = _serve(host, port, ledger, test_mode, tenants, deadline_fence=deadline_fence)
     log.info(
         "simulator listening",
-        extra={"host": host, "port": server.server_address[1], "test_mode": test_mode},
+        extra={
+            "host": host,
+            "port": server.server_address[1],
+            "test_mode": test_mode,
+            "deadline_fence": deadline_fence,
+        },
     )
     try:
         server.serve_forever()

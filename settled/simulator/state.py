@@ -21,16 +21,23 @@ class Switches:
     lookup: bool = True  # off: there is no lookup API (its route answers a bare 404)
     key_retention_seconds: float | None = 24 * 3600.0  # None: keys are never forgotten
     lookup_visibility_delay: float = 0.0  # seconds before a result shows in lookups
+    #: refuse (408 deadline_exceeded, nothing executed) a submit that arrives after its
+    #: Settled-Deadline; off: execute it anyway, as a downstream without the fence would
+    deadline_fence: bool = True
 
 
 class Simulator:
     """The state behind the HTTP handlers (ledger, faults, switches, clock, holds)."""
 
-    def __init__(self, ledger: Ledger, *, test_mode: bool) -> None:
+    def __init__(
+        self, ledger: Ledger, *, test_mode: bool, switches: Switches | None = None
+    ) -> None:
         self.ledger = ledger
         self.test_mode = test_mode
         self.faults = FaultBook()
-        self.switches = Switches()
+        #: the switches it started with (a reset returns to them)
+        self.initial_switches = switches or Switches()
+        self.switches = self.initial_switches
         #: makes "check the key, then mark it in flight" one step
         self.idempotency_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -118,7 +125,7 @@ class Simulator:
         self.ledger.reset()
         self.faults.clear()
         with self._lock:
-            self.switches = Switches()
+            self.switches = self.initial_switches
             self._clock_offset = 0.0
             self._requests.clear()
             self._injected.clear()

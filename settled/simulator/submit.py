@@ -7,7 +7,10 @@
 4. the faults before the idempotency layer: ``429``, ``403``, ``503_before``, ``reset_before``;
 5. validate the body as an intent of the kind (400);
 6. the idempotency layer: replay, ``idempotency_key_reused``, ``409 idempotency_key_in_use``;
-   else mark the key in flight (``hold_before_commit`` holds here);
+   else the deadline fence: a request that arrived after its ``Settled-Deadline`` (by the
+   simulator's clock) answers ``408 deadline_exceeded``, the key left unmarked and nothing
+   executed (the ``deadline_fence`` switch); else mark the key in flight
+   (``hold_before_commit`` holds here);
 7. execute and save, in one transaction (``business_reject``, ``mismatched_receipt`` and
    ``503_after_commit`` change what is executed or saved);
 8. the faults on the answer: ``commit_then_timeout``, ``commit_then_reset`` (replays too).
@@ -43,18 +46,28 @@ _KEY_REUSED = error(
 _KEY_IN_USE = error(
     409, wire.IDEMPOTENCY_ERROR, wire.KEY_IN_USE, "a request with this key is still in progress"
 )
+_DEADLINE_EXCEEDED = error(
+    wire.DEADLINE_EXCEEDED_STATUS,
+    wire.DEADLINE_ERROR,
+    wire.DEADLINE_EXCEEDED,
+    "the request arrived after its deadline; nothing was executed",
+)
 
 
 def submit(sim: Simulator, kind: Kind, request: Request, connection: Connection) -> Response:
     """Serve a submit of ``kind``."""
+    # Read as the request arrives: the fence judges arrival, not how long it was then held.
+    arrived = sim.now()
     tenant = authenticate(sim, request)
     key = _idempotency_key(request)
-    number = sim.count_request("submit", tenant, key, request.fields.get(_DEADLINE))
+    deadline = request.fields.get(_DEADLINE)
+    number = sim.count_request("submit", tenant, key, deadline)
     faults = Injection(sim, sim.faults.pick("submit", tenant, kind.name, key, number), connection)
     faults.before_idempotency()
     params = _intent(kind, request.body)
     fp = fingerprint(request.path, params)
-    replay = claim_key(sim, tenant, key, fp)
+    late = sim.switches.deadline_fence and _past(deadline, arrived)
+    replay = claim_key(sim, tenant, key, fp, late=late)
     if replay is not None:
         return faults.on_answer(replay)
     faults.before_commit()
@@ -97,17 +110,24 @@ def _intent(kind: Kind, body: bytes) -> Any:
     return params
 
 
-def claim_key(sim: Simulator, tenant: str, key: str, fp: str) -> Response | None:
+def claim_key(
+    sim: Simulator, tenant: str, key: str, fp: str, *, late: bool = False
+) -> Response | None:
     """The idempotency layer: the saved answer to replay, or None to execute (the key is then
     marked in flight). Answers 400 for a key used with other params, 409 for one in flight.
 
-    With the ``idempotency`` switch off every request executes anew.
+    ``late``: the request arrived after its deadline. A saved answer is still replayed (it
+    proves what was done, and does nothing new); anything that would execute answers ``408
+    deadline_exceeded`` instead, before the key is marked. With the ``idempotency`` switch off
+    every request executes anew (a late one is refused).
     """
     if not sim.switches.idempotency:
+        _refuse_if(late)
         return None
     with sim.idempotency_lock:
         record = sim.ledger.record(tenant, key, not_before=sim.retention_floor())
         if record is None:
+            _refuse_if(late)
             sim.ledger.begin(tenant, key, fp, sim.now())
             return None
         if record.fingerprint != fp:
@@ -115,6 +135,19 @@ def claim_key(sim: Simulator, tenant: str, key: str, fp: str) -> Response | None
         if record.state == "in_flight":
             raise Answer(_KEY_IN_USE)
     if record.response is None:
+        _refuse_if(late)
         return None  # a record that saved no answer: execute anew
     saved = record.response
     return replace(saved, headers={**saved.headers, wire.REPLAYED: "true"})
+
+
+def _past(deadline: str | None, arrived: float) -> bool:
+    """The request's ``Settled-Deadline`` had passed when it arrived (an absent or unreadable
+    header sets no deadline)."""
+    parsed = wire.parse_deadline(deadline) if deadline is not None else None
+    return parsed is not None and arrived > parsed.timestamp()
+
+
+def _refuse_if(late: bool) -> None:
+    if late:
+        raise Answer(_DEADLINE_EXCEEDED)

@@ -212,6 +212,17 @@ def test_support_sees_only_a_requery_when_the_lookup_was_down(console: Console) 
         assert forms == [("succeeded", "true"), ("rejected", "true")]
 
 
+def test_the_item_page_says_what_a_rejected_on_not_found_would_rest_on(
+    console: Console,
+) -> None:
+    """The console's downstream here declares no fence: a "not found" rests on the delay
+    bound, and the page says how long it is."""
+    _op, item = in_review(console.rig)
+    page = console.as_(ANN).get(f"/console/review/{item}").text
+    (said,) = re.findall(r'<p id="rests-on">([^<]*)</p>', page)
+    assert "more than 300 s late" in said
+
+
 def test_requery_settles_the_item_and_is_audited(console: Console) -> None:
     op, item = in_review(console.rig)
     r = console.as_(ANN).post(f"/console/review/{item}/requery")

@@ -158,7 +158,7 @@ def test_not_found_after_quiescence_is_sent_again_with_the_same_key(rig: Rig) ->
     op = rig.enqueue()
     key = rig.op(op).idempotency_key
     rig.executor().execute([op])
-    rig.age_attempts(op, 60)  # quiet for longer than client timeout + processing time
+    rig.make_quiet(op)  # quiet for longer than client timeout + processing time
     assert rig.reconciler().run_once().outcomes == {"requeued": 1}
     assert rig.op(op).state == "planned"
     assert rig.executor().execute([op]) == {op: State.SUCCEEDED}
@@ -278,7 +278,7 @@ def test_unknown_from_either_side_of_the_commit_ends_succeeded_once(rig: Rig, fa
         rig.control.add_rule("reset_before", times=1)
         op = rig.enqueue()
         rig.executor().execute([op])
-        rig.age_attempts(op, 60)
+        rig.make_quiet(op)
     reconciler = rig.reconciler()
     for _ in range(3):
         reconciler.run_once()

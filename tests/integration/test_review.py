@@ -46,7 +46,7 @@ def in_review(rig: Rig, fault: str = "commit_then_timeout") -> tuple[int, int]:
 
 
 def queue(rig: Rig, registry: Any = None) -> ReviewQueue:
-    return ReviewQueue(rig.sessions, rig.gateway(), registry or default_registry())
+    return ReviewQueue(rig.sessions, rig.gateway(), registry or rig.outbox.registry)
 
 
 def test_rejected_on_a_not_found_waits_out_a_step_of_the_database_clock(rig: Rig) -> None:
@@ -140,7 +140,7 @@ def test_rejected_needs_a_justification_and_not_found_evidence(rig: Rig) -> None
         q.resolve(ALICE, item, outcome="rejected", version=1, justification=why)
     assert (conflict.value.code, conflict.value.data["why"]) == ("not_found_unproven", "not_quiet")
     assert rig.op(op).state == "unknown"
-    rig.age_attempts(op, 60)  # quiet now: no attempt can be on the wire any more
+    rig.make_quiet(op)  # quiet now: no request of any attempt can still land
     q.resolve(ALICE, item, outcome="rejected", version=1, justification=why)
     row = rig.op(op)
     assert (row.state, row.reason) == ("rejected", "not_executed")
@@ -446,7 +446,7 @@ def test_staff_and_reconciler_on_one_item_at_once_never_deadlock(rig: Rig) -> No
 
 def test_an_operation_requeued_after_its_item_opened_takes_the_item_with_it(rig: Rig) -> None:
     op, item = in_review(rig, fault="reset_before")  # never executed downstream
-    rig.age_attempts(op, 60)
+    rig.make_quiet(op)
     rig.make_due(op)
     assert rig.reconciler().run_once().outcomes == {"requeued": 1}
     (review,) = rig.reviews(op)

@@ -22,6 +22,7 @@ from reconciler.staff import REASONS, Staff
 from tests.integration.test_send_fencing import Poisoned
 from tests.support.gateways import Interposed
 from tests.support.rig import HOLD, Rig
+from tests.support.simtools import fenced
 
 ALICE = Staff.parse("alice", "support")
 BOB = Staff.parse("bob", "supervisor")
@@ -219,13 +220,13 @@ CASES: dict[str, Case] = {
         "succeeded",
     ),
     "idempotency_error": Case(
-        default_registry(),
+        fenced(),  # the simulator, the downstream here, refuses requests past their deadline
         misuse_never_executed("idempotency_error"),
         rejected_on_proof,
         "rejected",
     ),
     "unexpected_response": Case(
-        default_registry(),
+        fenced(),  # the simulator, the downstream here, refuses requests past their deadline
         misuse_never_executed("unexpected_response"),
         rejected_on_proof,
         "rejected",

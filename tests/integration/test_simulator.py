@@ -9,6 +9,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,12 @@ class Client:
         params: Mapping[str, Any] = REFUND,
         path: str = "/v1/refunds",
         api_key: str | None = None,
+        deadline: str = "2030-01-01T00:00:00.000Z",
     ) -> httpx.Response:
         headers = {
             "Authorization": f"Bearer {api_key or self.api_key}",
             "Idempotency-Key": key,
-            "Settled-Deadline": "2030-01-01T00:00:00.000Z",
+            "Settled-Deadline": deadline,
         }
         return self.http.post(path, json=dict(params), headers=headers)
 
@@ -316,10 +318,133 @@ def test_lookup_off_answers_a_bare_404_not_key_not_found(
     assert "error" not in response.json()
 
 
+# -- the deadline fence: a submit that arrives after its Settled-Deadline -------------------
+
+
+def in_a_minute(sim_control: SimulatorControl) -> str:
+    """A deadline 60 s ahead of the simulator's clock, as the header carries it."""
+    now = sim_control.ledger()["now"]
+    return wire.format_deadline(datetime.fromtimestamp(now + 60, UTC))
+
+
+def assert_untouched(client: Client, sim_control: SimulatorControl, key: str) -> None:
+    """Nothing of ``key`` anywhere: no effect, no refund, the key not marked."""
+    assert sim_control.effects("acme", key) == 0
+    assert sim_control.refunded("acme", "A1") == 0
+    assert not sim_control.in_flight("acme", key)
+    assert error_code(client.lookup(key)) == wire.KEY_NOT_FOUND
+
+
+@pytest.mark.usefixtures("order")
+def test_a_submit_arriving_after_its_deadline_is_refused_before_any_effect(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    deadline = in_a_minute(sim_control)
+    sim_control.advance_clock(61)  # the request arrives a second after its deadline
+    late = client.submit("k1", deadline=deadline)
+    assert late.status_code == wire.DEADLINE_EXCEEDED_STATUS == 408
+    assert late.json()["error"]["type"] == wire.DEADLINE_ERROR
+    assert error_code(late) == wire.DEADLINE_EXCEEDED
+    assert wire.REPLAYED not in late.headers
+    assert_untouched(client, sim_control, "k1")
+    # The key was never marked: the next attempt, on time and with the same key, executes,
+    # and executes once.
+    timely = client.submit("k1", deadline=in_a_minute(sim_control))
+    assert timely.status_code == 200 and wire.REPLAYED not in timely.headers
+    assert client.submit("k1").headers[wire.REPLAYED] == "true"
+    assert sim_control.effects("acme", "k1") == 1
+    assert sim_control.refunded("acme", "A1") == 4000
+
+
+@pytest.mark.usefixtures("order")
+def test_a_submit_arriving_just_before_its_deadline_executes(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    deadline = in_a_minute(sim_control)
+    sim_control.advance_clock(58)  # 2 s to spare, however slow this machine is
+    assert client.submit("k1", deadline=deadline).status_code == 200
+    assert sim_control.effects("acme", "k1") == 1
+
+
+@pytest.mark.usefixtures("order")
+def test_a_late_replay_of_an_executed_key_still_returns_its_first_result(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    """The fence stops new effects; a replay does nothing new and proves what was done."""
+    first = client.submit("k1", deadline=in_a_minute(sim_control))
+    sim_control.advance_clock(3600)
+    replay = client.submit("k1", deadline="2000-01-01T00:00:00.000Z")
+    assert replay.status_code == 200 and replay.headers[wire.REPLAYED] == "true"
+    assert replay.json()["id"] == first.json()["id"]
+    assert sim_control.effects("acme", "k1") == 1
+
+
+@pytest.mark.usefixtures("order")
+def test_a_late_submit_is_refused_with_idempotency_off_too(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    sim_control.set_switches(idempotency=False)
+    late = client.submit("k1", deadline="2000-01-01T00:00:00.000Z")
+    assert error_code(late) == wire.DEADLINE_EXCEEDED
+    assert sim_control.effects("acme", "k1") == 0
+
+
+@pytest.mark.usefixtures("order")
+def test_with_the_deadline_fence_off_a_late_submit_executes(
+    client: Client, sim_control: SimulatorControl
+) -> None:
+    """A downstream without the fence, as Stripe is: the late request lands."""
+    switches = sim_control.set_switches(deadline_fence=False)
+    assert switches.deadline_fence is False
+    late = client.submit("k1", deadline="2000-01-01T00:00:00.000Z")
+    assert late.status_code == 200
+    assert sim_control.effects("acme", "k1") == 1
+
+
+@pytest.mark.usefixtures("order")
+def test_the_stripe_mode_ignores_the_deadline_as_stripe_does(
+    simulator: SimulatorHandle, sim_tenant: SimTenant, sim_control: SimulatorControl
+) -> None:
+    headers = {
+        "Authorization": f"Bearer {sim_tenant.api_key.get_secret_value()}",
+        "Idempotency-Key": "k1",
+        wire.DEADLINE: "2000-01-01T00:00:00.000Z",
+    }
+    form = {"payment_intent": "A1", "amount": "100", "metadata[settled_op_id]": "op-1"}
+    made = httpx.post(
+        f"{simulator.url}/stripe/v1/refunds", data=form, headers=headers, trust_env=False
+    )
+    assert made.status_code == 200, made.text
+    assert sim_control.effects("acme", "k1") == 1
+
+
+@pytest.mark.usefixtures("order")
+def test_a_submit_without_a_readable_deadline_is_not_fenced(client: Client) -> None:
+    assert client.submit("k1", deadline="whenever").status_code == 200
+
+
+def test_a_simulator_started_without_the_fence_keeps_it_off_across_resets(
+    tmp_path: Path,
+) -> None:
+    with (
+        start_in_thread(ledger=str(tmp_path / "l.sqlite3"), deadline_fence=False) as handle,
+        SimulatorControl(handle.url) as control,
+    ):
+        assert control.switches() == Switches(deadline_fence=False)
+        control.set_switches(deadline_fence=True)
+        control.reset()
+        assert control.switches().deadline_fence is False
+
+
 @pytest.mark.parametrize(
     "body",
-    [{"lookups": False}, {"idempotency": "no"}, {"lookup_visibility_delay": -1}],
-    ids=["unknown-name", "not-bool", "negative"],
+    [
+        {"lookups": False},
+        {"idempotency": "no"},
+        {"lookup_visibility_delay": -1},
+        {"deadline_fence": "off"},
+    ],
+    ids=["unknown-name", "not-bool", "negative", "fence-not-bool"],
 )
 def test_bad_switch_is_refused_and_changes_nothing(
     simulator: SimulatorHandle, sim_control: SimulatorControl, body: dict[str, Any]

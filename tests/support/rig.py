@@ -4,7 +4,7 @@ read both our rows and the simulator's ledger. A pytest plugin module (``rig`` f
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.downstream import Gateway, Receipt
 from outbox.intake import Outbox
-from outbox.kinds import KindRegistry
+from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Attempt, Operation, ReviewItem
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import start_attempt
@@ -70,8 +70,11 @@ class Rig:
             (claimed,) = claim_for_send(s, worker=worker, lease_seconds=lease, ids=[op_id])
             return start_attempt(self.storage, s, claimed, worker=worker)
 
-    def executor(self, registry: KindRegistry | None = None, **kw: Any) -> Executor:
-        gateway = self.gateway()
+    def executor(
+        self, registry: KindRegistry | None = None, url: str | None = None, **kw: Any
+    ) -> Executor:
+        """An executor sending to the rig's simulator (or ``url``: a proxy in front of it)."""
+        gateway = self.gateway(url)
         kw.setdefault("rand", lambda: 0.0)
         return Executor(
             sessions=self.sessions,
@@ -131,6 +134,14 @@ class Rig:
             s.execute(attempts.values(started_at=ago, not_after=ago))
             s.execute(attempts.where(Attempt.finished_at.is_not(None)).values(finished_at=ago))
 
+    def make_quiet(self, op_id: int) -> None:
+        """Age the operation's attempts past quiescence: 60 s (beyond the client timeout plus
+        the processing time), and where the kind's downstream does not enforce the deadline
+        (Stripe's) beyond its delay bound too."""
+        contract = self.outbox.registry.get(self.op(op_id).kind).contract
+        bound = 0.0 if contract.enforces_deadline else contract.max_request_delay.total_seconds()
+        self.age_attempts(op_id, 60 + bound)
+
     def enqueue(self, op_id: str = "op-1", params: dict[str, Any] | None = None, **kw: Any) -> int:
         with self.sessions.begin() as s:
             got = self.outbox.enqueue(
@@ -185,8 +196,11 @@ class Rig:
 
 @pytest.fixture
 def stripe_rig(rig: Rig) -> Rig:
-    """The rig whose gateways are Stripe gateways to the simulator's Stripe mode."""
+    """The rig whose gateways are Stripe gateways to the simulator's Stripe mode. Stripe
+    ignores ``Settled-Deadline``: its contracts declare no fence (a "not found" waits out the
+    delay bound)."""
     rig.stripe = True
+    rig.outbox = replace(rig.outbox, registry=default_registry())
     return rig
 
 

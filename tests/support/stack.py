@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from outbox.kinds import default_registry
 from outbox.settings import Settings
 from tests.support.services import free_port, redis_binary, spawn_redis, wait_for_own_redis
 
@@ -47,6 +48,10 @@ class Stack:
             SETTLED_SWEEP_SECONDS="0.5",
             SETTLED_RECONCILE_SECONDS="0.5",
             SETTLED_BEAT_SCHEDULE_FILE=str(self.workdir / f"beat-{len(self.procs)}"),
+            # The downstream is the simulator, which refuses requests past their deadline.
+            SETTLED_DOWNSTREAM_CONTRACTS=json.dumps(
+                {name: {"enforces_deadline": True} for name in default_registry().names()}
+            ),
             PYTHONUNBUFFERED="1",
         )
         env.update(self.env_extra)

@@ -293,3 +293,14 @@ def test_version_names_the_installed_distribution(cli: CliRunner) -> None:
     result = settled(cli, ["--version"])
     assert result.exit_code == 0
     assert result.output.strip() == f"settled, version {version('settled')}"
+
+
+@pytest.mark.parametrize(("flag", "fence"), [([], True), (["--no-deadline-fence"], False)])
+def test_the_simulator_command_turns_the_deadline_fence_off_only_when_told(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch, flag: list[str], fence: bool
+) -> None:
+    started: dict[str, object] = {}
+    monkeypatch.setattr("settled.simulator.run", lambda **kw: started.update(kw))
+    result = settled(cli, ["simulator", "--tenant", "acme=sk_1", *flag])
+    assert result.exit_code == 0, result.output
+    assert started["deadline_fence"] is fence

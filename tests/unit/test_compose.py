@@ -23,6 +23,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from ruamel.yaml import YAML
 
+from outbox.kinds import default_registry
+from outbox.settings import Settings
+
 ROOT = Path(__file__).parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 
@@ -372,3 +375,11 @@ def test_constraints_say_how_they_were_generated() -> None:
     header = CONSTRAINTS.read_text().splitlines()[:2]
     assert "uv pip compile pyproject.toml" in header[1]
     assert "-o constraints.txt" in header[1]
+
+
+def test_the_compose_simulators_deadline_fence_is_declared_for_every_kind() -> None:
+    """The compose simulator refuses late requests: the stack's contracts say so, for every
+    kind, so its time to a verdict on "not found" is the lease, not the delay bound."""
+    contracts = json.loads(env_example()["SETTLED_DOWNSTREAM_CONTRACTS"])
+    registry = Settings(downstream_contracts=contracts).apply_contracts(default_registry())
+    assert all(registry.get(name).contract.enforces_deadline for name in registry.names())

@@ -26,8 +26,11 @@ LOOKUPS: dict[str, LookupOutcome | None] = {
     "no_lookup_api": None,
 }
 CONTRACTS = {
-    "idempotent": DownstreamContract(),
-    "not_idempotent": DownstreamContract(idempotent=False),
+    # a downstream that refuses requests past their deadline (the simulator's promise)
+    "idempotent": DownstreamContract(enforces_deadline=True),
+    "not_idempotent": DownstreamContract(idempotent=False, enforces_deadline=True),
+    # the default: no fence, so a "not found" waits out the delay bound (5 min) as well
+    "unfenced": DownstreamContract(),
 }
 TIMING = {
     # (seconds since the last send, seconds since first send, unknown for, deadline in)
@@ -73,7 +76,8 @@ def expected(state: State, contract: str, timing: str, lookup: str) -> str:
     if contract == "not_idempotent":
         return "review:ambiguous_without_idempotency"
     if lookup == "not_found":
-        if timing == "fresh":
+        last = TIMING[timing][0]
+        if timing == "fresh" or (contract == "unfenced" and last < 10 + 2 + 300):
             return "wait_quiescence"
         if timing == "past_retention":
             return "review:past_key_retention"
@@ -137,6 +141,8 @@ def test_review_is_opened_once() -> None:
 def test_quiescence_is_longer_than_the_client_timeout_plus_processing_time() -> None:
     s = situation(State.UNKNOWN, "idempotent", "fresh")
     assert s.quiet_at == s.last_sent_at + timedelta(seconds=10) + s.contract.processing_time  # type: ignore[operator]
+    unfenced = situation(State.UNKNOWN, "unfenced", "fresh")
+    assert unfenced.quiet_at == s.quiet_at + timedelta(minutes=5)
 
 
 def test_recheck_backoff_is_capped() -> None:
@@ -191,7 +197,9 @@ def test_a_not_found_asked_before_quiescence_proves_nothing_even_if_answered_aft
 
 def test_not_found_inside_the_retention_margin_goes_to_review() -> None:
     contract = DownstreamContract(
-        key_retention=timedelta(seconds=5), retention_margin=timedelta(seconds=1)
+        key_retention=timedelta(seconds=5),
+        retention_margin=timedelta(seconds=1),
+        enforces_deadline=True,
     )
     s = quiet_case(
         contract=contract,
@@ -253,3 +261,90 @@ def test_staff_cannot_resolve_rejected_on_a_not_found_inside_a_clock_step() -> N
     assert (refused.value.code, refused.value.data["why"]) == ("not_found_unproven", "clock_step")
     overridden = weigh(NotFound(), State.REJECTED, None, doubt="clock_step", override=True)
     assert overridden.unproven == "clock_step"
+
+
+# -- what a "not found" rests on: the downstream's deadline fence, or the delay bound --------
+
+FENCED = DownstreamContract(enforces_deadline=True, processing_time=timedelta(seconds=2))
+UNFENCED = DownstreamContract(
+    max_request_delay=timedelta(seconds=30), processing_time=timedelta(seconds=2)
+)
+START = NOW - timedelta(seconds=100)
+#: an attempt whose outcome was written 1 s after it started, under a lease ending 15 s after
+ANSWERED_EARLY = ((START, START + timedelta(seconds=1)),)
+LEASE_END = (START + timedelta(seconds=15),)
+
+
+def fence_case(contract: DownstreamContract, asked: datetime, **kw: object) -> Situation:
+    values: dict[str, object] = {
+        "contract": contract,
+        "sends": ANSWERED_EARLY,
+        "lease_ends": LEASE_END,
+        "asked_at": asked,
+        "now": asked,
+    }
+    return quiet_case(**{**values, **kw})
+
+
+@pytest.mark.parametrize(
+    ("contract", "quiet_after"),
+    [
+        # fenced: nothing the downstream accepts arrived after the lease end (the header's
+        # deadline is the lease end less the clock margin, the downstream's clock at most
+        # the clock margin behind), even when its client gave up earlier
+        (FENCED, 15 + 2),
+        # unfenced: from the attempt's end as its sender knew it, plus the delay bound
+        (UNFENCED, 1 + 2 + 30),
+    ],
+    ids=["deadline_fence", "delay_bound"],
+)
+def test_a_not_found_is_trusted_exactly_from_the_contracts_quiet_time(
+    contract: DownstreamContract, quiet_after: int
+) -> None:
+    quiet = START + timedelta(seconds=quiet_after)
+    assert fence_case(contract, quiet).quiet_at == quiet
+    just_before = fence_case(contract, quiet - timedelta(microseconds=1))
+    assert decide(just_before, NotFound()).code == "wait_quiescence"
+    assert decide(just_before, NotFound()).next_attempt_at == quiet
+    at = decide(fence_case(contract, quiet), NotFound())
+    assert (at.code, at.event, at.to) == ("requeued", Event.REQUEUE, State.PLANNED)
+
+
+def test_a_fenced_attempt_counts_from_its_lease_end_not_from_an_earlier_outcome() -> None:
+    """The client got an answer (a reset) after 1 s, but a proxy may still hold its request:
+    the fence stops it only at the deadline, i.e. the lease end."""
+    early = fence_case(FENCED, START + timedelta(seconds=1 + 2))
+    assert decide(early, NotFound()).code == "wait_quiescence"
+
+
+def test_an_unfenced_attempt_waits_the_delay_bound_even_after_its_lease_ended() -> None:
+    s = fence_case(UNFENCED, START + timedelta(seconds=15 + 2))  # fenced, it would be quiet
+    assert decide(s, NotFound()).code == "wait_quiescence"
+
+
+def test_a_fenced_attempt_without_a_recorded_lease_counts_from_its_outcome() -> None:
+    """Attempts written before 0.2 have no lease end: their outcome's time is all there is."""
+    s = fence_case(FENCED, START + timedelta(seconds=3), lease_ends=())
+    assert s.quiet_at == START + timedelta(seconds=3)
+
+
+@pytest.mark.parametrize(
+    ("contract", "assumption"),
+    [
+        (FENCED, {"rests_on": "deadline_fence"}),
+        (UNFENCED, {"rests_on": "delay_bound", "max_request_delay_seconds": 30.0}),
+    ],
+)
+def test_a_requeue_records_which_assumption_its_not_found_rests_on(
+    contract: DownstreamContract, assumption: dict[str, object]
+) -> None:
+    d = decide(fence_case(contract, NOW), NotFound())
+    assert d.code == "requeued"
+    assert {k: d.evidence[k] for k in assumption} == assumption
+    assert ("max_request_delay_seconds" in d.evidence) is (not contract.enforces_deadline)
+
+
+def test_the_default_contract_rests_on_a_five_minute_delay_bound() -> None:
+    contract = DownstreamContract()
+    assert (contract.enforces_deadline, contract.rests_on) == (False, "delay_bound")
+    assert contract.max_request_delay == timedelta(minutes=5)

@@ -243,6 +243,48 @@ def test_status_outside_the_protocol_goes_to_a_person(status: int) -> None:
     assert outcome.code == "unexpected_response"
 
 
+FENCED = default_registry().with_contract("refund", enforces_deadline=True).get("refund")
+
+
+def _late() -> httpx.Response:
+    return error(wire.DEADLINE_EXCEEDED_STATUS, wire.DEADLINE_ERROR, wire.DEADLINE_EXCEEDED)
+
+
+@pytest.mark.parametrize(
+    ("kind", "respond", "expected"),
+    [
+        # the fence's answer, from a downstream whose contract declares the fence: not
+        # executed, to be sent again (a new lease, a new deadline, the same key)
+        (FENCED, _late, NotExecuted(408, None)),
+        # the same answer where the contract declares no fence: a status the protocol does
+        # not define for it, never trusted as "not executed"
+        (REFUND, _late, Misuse("unexpected_response", "unexpected HTTP 408", 408)),
+        # a 408 without the fence's body (a proxy's, say) proves nothing, fence or not
+        (
+            FENCED,
+            lambda: httpx.Response(408, json={}),
+            Misuse("unexpected_response", "unexpected HTTP 408", 408),
+        ),
+        (
+            FENCED,
+            lambda: error(408, wire.DEADLINE_ERROR, "something_else"),
+            Misuse("unexpected_response", "unexpected HTTP 408", 408),
+        ),
+        # the fence's code on another status is no fence's answer either
+        (FENCED, lambda: error(409, wire.DEADLINE_ERROR, wire.DEADLINE_EXCEEDED), Unknown),
+    ],
+    ids=["fenced", "not_declared", "bare_408", "other_code", "other_status"],
+)
+def test_the_deadline_fences_answer_is_not_executed_only_where_the_contract_declares_it(
+    kind: Kind, respond: Callable[[], httpx.Response], expected: object
+) -> None:
+    outcome = submit(lambda r: respond(), kind=kind)
+    if isinstance(expected, type):
+        assert isinstance(outcome, expected)
+    else:
+        assert outcome == expected
+
+
 # -- submit: transport errors split by phase ----------------------------------------------
 
 

@@ -258,6 +258,79 @@ def test_a_rejection_after_sends_says_it_was_not_carried_out() -> None:
     assert one_line(facts, "zh") == "操作 op-9（refund）未完成：未能及时执行。"
 
 
+FENCED = {"rests_on": "deadline_fence"}
+BOUND = {"rests_on": "delay_bound", "max_request_delay_seconds": 300.0}
+
+
+@pytest.mark.parametrize(
+    ("assumed", "lang", "said"),
+    [
+        (
+            FENCED,
+            "en",
+            "This rests on the service refusing any request that arrives past its deadline.",
+        ),
+        (BOUND, "en", "This assumes that no request reaches the service more than 5 min late."),
+        (FENCED, "zh", "此结论的依据：对方服务拒绝超过截止时间才到达的请求。"),
+        (BOUND, "zh", "此结论的前提：任何请求到达对方服务的延迟都不超过 5 分钟。"),
+    ],
+)
+def test_a_not_done_proven_by_a_not_found_says_which_assumption_it_rests_on(
+    assumed: dict[str, object], lang: str, said: str
+) -> None:
+    for facts in (
+        OpFacts("op-9", "refund", State.REJECTED, reason="not_executed", sent=True, **assumed),  # type: ignore[arg-type]
+        OpFacts("op-9", "refund", State.CANCELLED, sent=True, **assumed),  # type: ignore[arg-type]
+        OpFacts("op-9", "refund", State.PLANNED, sent=True, **assumed),  # type: ignore[arg-type]
+    ):
+        assert one_line(facts, lang).endswith(said)
+        assert one_line(facts, lang, cancelled=True).endswith(said)
+
+
+def test_a_delay_bound_in_seconds_is_said_in_seconds() -> None:
+    facts = OpFacts(
+        "op-9", "refund", State.CANCELLED, sent=True, rests_on="delay_bound",
+        max_request_delay_seconds=2.5,
+    )  # fmt: skip
+    assert one_line(facts).endswith("more than 2.5 s late.")
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        # a definite refusal proves itself: no assumption behind it
+        OpFacts(
+            "op-9",
+            "refund",
+            State.REJECTED,
+            reason="business_rejected",
+            sent=True,
+            rests_on="delay_bound",
+        ),
+        # support staff's own statement is theirs, not a "not found"'s
+        OpFacts(
+            "op-9",
+            "refund",
+            State.REJECTED,
+            reason="not_executed",
+            sent=True,
+            by_staff=True,
+            rests_on="delay_bound",
+        ),
+        # done, or still uncertain: no "not done" to rest on anything
+        OpFacts(
+            "op-9", "refund", State.SUCCEEDED, reference="re_1", sent=True, rests_on="delay_bound"
+        ),
+        OpFacts("op-9", "refund", State.UNKNOWN, sent=True, rests_on="delay_bound"),
+    ],
+)
+def test_only_a_not_done_for_want_of_a_refusal_names_an_assumption(facts: OpFacts) -> None:
+    line = build_report(run(facts)).line("op-9")
+    assert "rests_on" not in line.evidence
+    for lang in ("en", "zh"):
+        assert not re.search("rests on|assumes|依据|前提", one_line(facts, lang))
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_a_staff_statement_is_reported_as_a_persons_statement_not_a_receipt(lang: str) -> None:
     done = OpFacts(

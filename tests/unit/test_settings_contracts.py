@@ -52,6 +52,10 @@ def test_contracts_travel_to_child_processes_through_the_environment(
         {"refund": {"key_retention_seconds": 0}},
         {"refund": {"processing_seconds": -1}},
         {"refund": {"not_executed_statuses": [200]}},
+        {"refund": {"enforces_deadline": "sometimes"}},
+        {"refund": {"max_request_delay_seconds": -1}},
+        {"refund": {"max_request_delay_seconds": "soon"}},
+        {"refund": {"max_request_delay_seconds": 86401}},  # past any key retention's use
     ],
 )
 def test_a_malformed_contract_is_refused_when_the_settings_are_read(
@@ -61,6 +65,34 @@ def test_a_malformed_contract_is_refused_when_the_settings_are_read(
     with pytest.raises(ValidationError) as info:
         Settings()
     assert "downstream_contracts" in str(info.value)
+
+
+def test_the_deadline_fence_and_the_delay_bound_are_configured_per_kind() -> None:
+    settings = Settings(
+        downstream_contracts={  # type: ignore[arg-type]
+            "refund": {"enforces_deadline": True},
+            "pickup": {"max_request_delay_seconds": 2},
+        },
+    )
+    registry = settings.apply_contracts(default_registry())
+    refund, pickup = registry.get("refund").contract, registry.get("pickup").contract
+    assert (refund.enforces_deadline, refund.rests_on) == (True, "deadline_fence")
+    assert refund.max_request_delay == timedelta(minutes=5)  # the default, unused while fenced
+    assert (pickup.enforces_deadline, pickup.max_request_delay) == (False, timedelta(seconds=2))
+    assert registry.get("ticket_cancel").contract.rests_on == "delay_bound"  # the default
+
+
+def test_a_deadline_fence_declared_for_a_kind_stripe_serves_is_refused() -> None:
+    """Stripe ignores Settled-Deadline: declaring the fence there would trust a "not found"
+    while a late refund could still land."""
+    settings = Settings(
+        downstream_contracts={"refund": {"enforces_deadline": True}},  # type: ignore[arg-type]
+        downstream_providers={"refund": "stripe"},
+    )
+    with pytest.raises(InvalidInput) as info:
+        settings.apply_contracts(default_registry())
+    assert info.value.code == "invalid_setting"
+    assert "SETTLED_DOWNSTREAM_CONTRACTS" in info.value.message and "refund" in info.value.message
 
 
 def test_a_contract_for_a_kind_nobody_registered_is_refused_with_the_settings_name() -> None:
