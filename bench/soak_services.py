@@ -25,6 +25,7 @@ from sqlalchemy.engine import make_url
 from bench import soak_producer
 from bench.soak_plan import TENANTS, orders, secret
 from bench.soak_procs import DATABASE, ROOT, Service, Timeline, libpq, popen_alive
+from outbox.kinds import default_registry
 from settled.simulator import SimulatorControl
 from tests.support.services import (
     PostgresCluster,
@@ -103,6 +104,10 @@ class SoakBase:
             SETTLED_DOWNSTREAM_URL=self.sim_url,
             SETTLED_DOWNSTREAM_API_KEYS=json.dumps(self.api_keys),
             SETTLED_DOWNSTREAM_TIMEOUT=str(self.args.downstream_timeout),
+            # The downstream is the simulator, which refuses requests past their deadline.
+            SETTLED_DOWNSTREAM_CONTRACTS=json.dumps(
+                {name: {"enforces_deadline": True} for name in default_registry().names()}
+            ),
             SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": self.fingerprint_key}),
             SETTLED_IDEMPOTENCY_SECRET=self.idempotency_secret,
             SETTLED_LOG_LEVEL=self.args.loglevel,

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import redis
 
+from outbox.kinds import default_registry
 from outbox.settings import Settings
 from settled.celery_app import QUEUE
 
@@ -117,6 +118,10 @@ class Services:
             SETTLED_DOWNSTREAM_URL=self.sim_url,
             SETTLED_DOWNSTREAM_API_KEYS=json.dumps({TENANT: API_KEY}),
             SETTLED_DOWNSTREAM_TIMEOUT="5.0",
+            # The downstream is the simulator, which refuses requests past their deadline.
+            SETTLED_DOWNSTREAM_CONTRACTS=json.dumps(
+                {name: {"enforces_deadline": True} for name in default_registry().names()}
+            ),
             SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": FINGERPRINT_KEY}),
             SETTLED_IDEMPOTENCY_SECRET=IDEMPOTENCY_SECRET,
             SETTLED_LEASE_SECONDS="30",

@@ -440,7 +440,9 @@ def test_paused_worker_cannot_overwrite_the_newer_claims_result(
     # The downstream holds the send until the test releases it: it promises that much time
     # before a send is visible to lookups, so a "not found" never requeues it, however slowly
     # the fresh worker starts (with the default 2 s, a loaded machine saw a second request).
-    held = {"SETTLED_DOWNSTREAM_CONTRACTS": json.dumps({"refund": {"processing_seconds": 15}})}
+    # (The simulator refuses requests past their deadline: the contract declares the fence.)
+    contract = {"processing_seconds": 15, "enforces_deadline": True}
+    held = {"SETTLED_DOWNSTREAM_CONTRACTS": json.dumps({"refund": contract})}
     paused = stack.start_worker(name="paused", **held)
     ids = app.enqueue(1)
     (key,) = app.keys(ids)
