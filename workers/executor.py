@@ -52,6 +52,7 @@ from outbox.downstream import (
     Gateway,
     NotSent,
     Refused,
+    SendPhase,
     SubmitOutcome,
     look_up,
     lookup_deadline,
@@ -302,7 +303,7 @@ class Executor:
             # Delayed past the lease (a pause, a queue): another worker or the reconciler may
             # own the operation now. Provably nothing was sent.
             log.warning("not sent: the lease ended first", extra={"operation_id": claimed.id})
-            outcome = NotSent("the lease ended before sending")
+            outcome = NotSent("the lease ended before sending", SendPhase.BEFORE)
         else:
             outcome = self.gateway.submit(
                 tenant=claimed.tenant,

@@ -96,6 +96,30 @@ def test_a_worker_paused_past_its_lease_sends_nothing_when_the_budget_is_then_sp
     assert "not carried out" in text and "sent" not in text
 
 
+def test_a_worker_delayed_past_its_lease_before_sending_records_not_sent_before_the_send(
+    rig: Rig,
+) -> None:
+    """The executor's own check, before the gateway is called: the attempt says so (phase
+    ``before``), and nothing reaches the downstream."""
+    op = rig.enqueue("op-1")
+    mono_reads = iter([0.0])  # the reading before the claim; every later one is a lease on
+
+    def stalled() -> float:
+        return next(mono_reads, LEASE + 5)
+
+    executor = rig.executor(lease_seconds=LEASE, monotonic=stalled, worker="A")
+
+    def submit(**kw: Any) -> Any:
+        raise AssertionError("the gateway was called after the lease ended")
+
+    executor.gateway = Interposed(executor.gateway)
+    executor.gateway.submit = submit  # type: ignore[method-assign]
+    assert executor.execute([op]) == {op: State.PLANNED}
+    (attempt,) = rig.attempts(op)
+    assert (attempt.proof, attempt.detail.get("phase")) == ("not_sent", "before")
+    assert rig.sends(op) == 0
+
+
 def test_a_worker_paused_past_its_lease_sends_nothing_after_the_run_is_cancelled(
     rig: Rig,
 ) -> None:
