@@ -39,6 +39,9 @@ class Change:
     #: a stable code for what was decided (the reconciler counts them per pass); a look's
     #: event row carries it as its reason
     code: str | None = None
+    #: the event row's reason where it is not the reject reason: a stop of Settled's own
+    #: configuration (``outbox.states.ConfigFault``)
+    note: str | None = None
 
     def __post_init__(self) -> None:
         if (self.event is None) != (self.to is None):

@@ -43,6 +43,8 @@ class OpFacts:
     state: State
     reason: str | None = None  # reject reason (states.RejectReason)
     code: str | None = None  # the downstream's refusal code, if any
+    #: the fault of our own configuration it was rejected for (states.ConfigFault), if any
+    fault: str | None = None
     reference: str | None = None  # the receipt's downstream reference
     receipt_status: str | None = None  # the receipt's own status ("succeeded", "rejected")
     in_review: bool = False
@@ -121,6 +123,8 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         evidence["reason"] = op.reason
         if op.reason == "not_executed" and op.sent:
             evidence["reason"] = "not_executed_sent"  # sent, and proven not carried out
+        if op.fault and not op.by_staff:
+            evidence["reason"] = op.fault  # the true stop: our credentials, our keys
         if op.code:
             evidence["code"] = op.code
     elif op.state is State.CANCELLED:

@@ -81,6 +81,14 @@ MESSAGES: dict[str, dict[str, str]] = {
         "reason.permission_denied": "not permitted",
         "reason.not_executed": "it could not be sent in time",
         "reason.not_executed_sent": "it was not carried out in time",
+        "reason.credentials_refused": (
+            "the service refused our credentials (an API key missing or wrong), so nothing "
+            "was carried out"
+        ),
+        "reason.fingerprint_mismatch": (
+            "it was not sent, as its details did not match their fingerprint (the app's and "
+            "the worker's fingerprint keys differ); support staff have been told"
+        ),
         "reason.None": "refused",
         "rests_on.deadline_fence": (
             " This rests on the service refusing any request that arrives past its deadline."
@@ -140,6 +148,12 @@ MESSAGES: dict[str, dict[str, str]] = {
         "reason.permission_denied": "没有权限",
         "reason.not_executed": "未能及时发送",
         "reason.not_executed_sent": "未能及时执行",
+        "reason.credentials_refused": (
+            "对方服务拒绝了我方凭据（API 密钥缺失或错误），未执行任何操作"
+        ),
+        "reason.fingerprint_mismatch": (
+            "未发送，因其内容与指纹不符（应用与工作进程的指纹密钥不一致），已通知客服人员"
+        ),
         "reason.None": "被拒绝",
         "rests_on.deadline_fence": "此结论的依据：对方服务拒绝超过截止时间才到达的请求。",
         "rests_on.delay_bound": "此结论的前提：任何请求到达对方服务的延迟都不超过 {delay}。",

@@ -24,7 +24,7 @@ from outbox.report_lines import OpFacts, build_line
 from outbox.states import State
 from outbox.storage import runs as storage_runs
 from outbox.storage import storage_for
-from outbox.storage.events import not_found_assumptions, rejection_codes
+from outbox.storage.events import not_found_assumptions, rejection_codes, rejection_faults
 from outbox.storage.operations import compensations_of, find_operation, op_ids_of
 from outbox.storage.reviews import in_review
 from outbox.storage.runs import cancel_planned, request_run_cancel
@@ -190,8 +190,10 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
     codes: dict[int, str] = {}
     reviewed: set[int] = set()
     assumed: dict[int, dict[str, Any]] = {}
+    faults: dict[int, str] = {}
     if ids:
         codes = rejection_codes(session, ids)
+        faults = rejection_faults(session, ids)
         reviewed = in_review(session, ids)
         assumed = not_found_assumptions(session, ids)
     op_ids = {op.id: op.op_id for op in ops}
@@ -205,6 +207,7 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             state=State(op.state),
             reason=op.reason,
             code=codes.get(op.id),
+            fault=faults.get(op.id),
             reference=op.downstream_ref,
             receipt_status=_receipt_status(op.receipt),
             in_review=op.id in reviewed,

@@ -32,6 +32,21 @@ class RejectReason(enum.StrEnum):
     NOT_EXECUTED = "not_executed"
 
 
+class ConfigFault(enum.StrEnum):
+    """A stop that Settled's own configuration caused, not the customer nor the downstream:
+    the reason of the event row that stops the operation (its reject reason stays one of
+    ``RejectReason``). Logged at ERROR naming the operation, counted
+    (``settled_configuration_stops_total``) and alerted on (``deploy/prometheus``)."""
+
+    #: the downstream refused our credentials for the tenant (401, 403, no API key configured):
+    #: rejected ``permission_denied``, nothing executed, never retried
+    CREDENTIALS_REFUSED = "credentials_refused"
+    #: the stored intent does not match its fingerprint under the worker's key (the app's key
+    #: differs, or the row was altered): rejected ``not_executed``, nothing sent, and a review
+    #: item for staff
+    FINGERPRINT_MISMATCH = "fingerprint_mismatch"
+
+
 class Event(enum.StrEnum):
     CLAIM = "claim"  # a worker takes a planned operation to send it
     ACCEPT = "accept"  # the downstream accepted: receipt matches the intent

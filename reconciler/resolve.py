@@ -26,7 +26,12 @@ from outbox.models import ReviewItem
 from outbox.states import Event, RejectReason, State
 from outbox.storage import Storage
 from outbox.storage.attempts import OperationFacts
-from outbox.storage.reviews import resolve_review, review_item, settle_unknown
+from outbox.storage.reviews import (
+    note_staff_action,
+    resolve_review,
+    review_item,
+    settle_unknown,
+)
 from reconciler.decide import Situation, not_found_doubt
 from reconciler.evidence import weigh
 from reconciler.staff import OVERRIDING, Staff, require_acting
@@ -201,6 +206,44 @@ def write_resolution(
         version=r.version,
         by=r.staff.actor,
         resolution={"state": r.to.value, "reference": r.reference, "override": r.override},
+        note=r.justification,
+    ):
+        raise conflict(session, r.item_id)
+
+
+def confirm_terminal(
+    storage: Storage,
+    session: Session,
+    operation_id: int,
+    state: State,
+    resolution: Resolution,
+) -> None:
+    """Close an item whose operation already ended (``state``, terminal: a fingerprint
+    mismatch is rejected when it is found, never sent) as staff confirmed it, with their
+    justification; the operation does not change (a terminal state never does: a correction is
+    a new operation). ReviewConflict when staff asked for another outcome, or lost a race."""
+    r = resolution
+    if r.to is not state:
+        raise ReviewConflict(
+            f"the operation is already {state.value} and cannot change; a correction is a new "
+            "operation",
+            code="terminal",
+            state=state.value,
+        )
+    note_staff_action(
+        storage,
+        session,
+        operation_id,
+        actor=r.staff.actor,
+        note="staff_confirmed",
+        evidence={"review_item": r.item_id, "role": r.staff.role.value, "state": state.value},
+    )
+    if not resolve_review(
+        session,
+        r.item_id,
+        version=r.version,
+        by=r.staff.actor,
+        resolution={"state": state.value, "confirmed": True, "override": r.override},
         note=r.justification,
     ):
         raise conflict(session, r.item_id)

@@ -35,6 +35,7 @@ from reconciler.resolve import (
     Resolution,
     already_resolved,
     check_current,
+    confirm_terminal,
     doubt_of,
     record_of,
     write_resolution,
@@ -214,9 +215,14 @@ class ReviewQueue:
             item, op = self._load(session, resolution.staff, item_id)
             check_current(item, resolution.version)
             snapshot = _snapshot(op)
+            ended = State(op.state)
             facts = operation_facts(session, op.id)
             clock = self._clock(session)
             clock_doubt = self.clock_watch.doubt_until(session)
+        if ended.terminal:  # nothing to settle: staff confirm what it ended as
+            with self.sessions.begin() as session:
+                confirm_terminal(self.storage, session, snapshot["id"], ended, resolution)
+            return self._resolved(resolution, snapshot["op_id"])
         contract = self.registry.get(snapshot["kind"]).contract
         lookup = self._lookup(snapshot, clock)
         doubt = doubt_of(
@@ -226,11 +232,14 @@ class ReviewQueue:
         record = record_of(resolution, lookup, doubt=doubt, contract=contract)
         with self.sessions.begin() as session:
             write_resolution(self.storage, session, snapshot["id"], resolution, record)
-        state = resolution.to.value
+        return self._resolved(resolution, snapshot["op_id"])
+
+    def _resolved(self, resolution: Resolution, op_id: str) -> dict[str, Any]:
+        item_id, state = resolution.item_id, resolution.to.value
         audit.info(
             "review resolve", extra={"staff": resolution.staff.id, "item": item_id, "state": state}
         )
-        return {"item": item_id, "state": state, "operation": snapshot["op_id"]}
+        return {"item": item_id, "state": state, "operation": op_id}
 
     def _refused(
         self, staff: Staff, item_id: int, action: str, exc: SettledError, **detail: Any

@@ -41,6 +41,11 @@ REASONS: dict[str, str] = {
     "ambiguous_without_idempotency_or_lookup": (
         "no lookup: resolve on your own evidence (a statement)"
     ),
+    "fingerprint_mismatch": (
+        "nothing was sent and it is rejected: make the app's and the worker's "
+        "SETTLED_FINGERPRINT_KEYS agree (or find who altered the row), then confirm it as "
+        "rejected with a justification; the app creates the intent again under a new op id"
+    ),
 }
 
 

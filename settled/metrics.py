@@ -6,10 +6,12 @@ without multiprocess bookkeeping. A scrape never reads the whole of a table:
 
 - gauges read only the live part of ``operations`` through its partial indexes (planned;
   submitted and unknown), and the open review items through theirs: operations by live state,
-  the age of the oldest unknown one, how long due work has waited for a worker or for the
-  reconciler (it grows when no reconcile pass runs), the review queue depth;
+  the due ones waiting for a worker (the send queue's depth), the age of the oldest unknown
+  one, how long due work has waited for a worker or for the reconciler (it grows when no
+  reconcile pass runs), the review queue depth;
 - counters read only the events written since the previous scrape, by primary key: attempts
-  by what their outcome proved, transitions by state, reconciler results; and the steps of
+  by what their outcome proved, transitions by state, reconciler results, operations stopped
+  by a fault of our own configuration (``outbox.states.ConfigFault``); and the steps of
   the database's clock recorded (``outbox.clock_steps``), by a primary-key range. They count the
   events written since this process started (Prometheus' ``rate`` and ``increase`` expect
   counters that start at zero with the process; the first scrape reads back over the events
@@ -35,10 +37,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.states import State
+from outbox.states import ConfigFault, State
 from outbox.storage import metrics as scrape
 
 LIVE = (State.PLANNED, State.SUBMITTED, State.UNKNOWN)
+#: The reasons of the events that stop an operation for a fault of our own configuration.
+CONFIG_FAULTS = frozenset(f.value for f in ConfigFault)
 #: How long an event id missing below the counted ones is looked for (longer than any
 #: transaction that writes events).
 PATIENCE_SECONDS = 300.0
@@ -57,6 +61,8 @@ class EventCounters:
         self.attempts: Counter[str] = Counter()
         self.transitions: Counter[tuple[str, str]] = Counter()
         self.reconcile: Counter[str] = Counter()
+        #: operations stopped by a fault of Settled's own configuration, by its reason
+        self.config_stops: Counter[str] = Counter()
         self._born = monotonic()
         #: every event id up to this one was counted, is pending, or came before this process
         self._counted: int | None = None
@@ -110,6 +116,8 @@ class EventCounters:
         self, frm: str | None, to: str, reason: str | None, by_reconciler: bool, n: int
     ) -> None:
         self.transitions[(frm or "new", to)] += n
+        if reason in CONFIG_FAULTS:
+            self.config_stops[reason] += n
         if by_reconciler:
             self.reconcile[(reason or "looked") if frm == to else f"to_{to}"] += n
 
@@ -199,6 +207,12 @@ class SettledCollector(Collector):
         )
         yield GaugeMetricFamily("settled_review_queue_depth", "Open review items.", value=depth)
         yield GaugeMetricFamily(
+            "settled_send_queue_depth",
+            "Planned operations due now, waiting for a worker (not those whose next attempt "
+            "is later).",
+            value=live.due,
+        )
+        yield GaugeMetricFamily(
             "settled_send_backlog_age_seconds",
             "How long the longest-waiting due planned operation has been due (0 when none).",
             value=age(oldest_due),
@@ -241,6 +255,17 @@ class SettledCollector(Collector):
         for result, n in sorted(c.reconcile.items()):
             results.add_metric([result], n)
         yield results
+        stops = CounterMetricFamily(
+            "settled_configuration_stops",
+            "Operations stopped by a fault of Settled's own configuration, not the customer's "
+            "nor the downstream's, since this process started: credentials_refused (the "
+            "downstream refused the tenant's API key), fingerprint_mismatch (the app's "
+            "fingerprint key differs from the worker's).",
+            labels=["reason"],
+        )
+        for fault in sorted(CONFIG_FAULTS):
+            stops.add_metric([fault], c.config_stops.get(fault, 0))
+        yield stops
 
 
 def registry(sessions: sessionmaker[Session]) -> CollectorRegistry:

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from outbox.errors import InvalidInput, SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
-from outbox.states import State
+from outbox.states import ConfigFault, State
 from outbox.storage import Storage
 from outbox.storage.attempts import reached_downstream, start_attempts
 from outbox.storage.claims import Claimed, claim_for_send
@@ -94,8 +94,7 @@ class SendClaims:
         for stop in stops:
             if stop.id in stopped:
                 claims.written[stop.id] = stop.to
-                why = (stop.evidence or {}).get("stop")
-                log.info("not sent", extra={"operation_id": stop.id, "stop": why})
+                _log_stop(stop)
         kinds = {c.id: k for c, k in fresh}
         started = start_attempts(self.storage, conn, [c for c, _ in fresh], worker=self.worker)
         claims.send = [(c, kinds[c.id]) for c in started]
@@ -128,3 +127,24 @@ class SendClaims:
         return self.fingerprinter.matches(
             kind.name, intent, claimed.fingerprint_key_version, claimed.fingerprint
         )
+
+
+def _log_stop(stop: Transition) -> None:
+    """The line a stop before a send writes: ERROR, naming the operation, for a stop of our
+    own configuration (a fingerprint that does not match: staff must look at it)."""
+    why = (stop.evidence or {}).get("stop")
+    if stop.note == ConfigFault.FINGERPRINT_MISMATCH and isinstance(stop.operation, Claimed):
+        log.error(
+            "not sent: the stored intent does not match its fingerprint under this worker's "
+            "key (SETTLED_FINGERPRINT_KEYS differ between the app and the worker, or the row "
+            "was altered); rejected, and put in review",
+            extra={
+                "operation_id": stop.id,
+                "tenant": stop.operation.tenant,
+                "op_id": stop.operation.op_id,
+                "kind": stop.operation.kind,
+                "stop": why,
+            },
+        )
+        return
+    log.info("not sent", extra={"operation_id": stop.id, "stop": why})

@@ -61,7 +61,7 @@ from outbox.errors import SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LeaseKeeper
-from outbox.states import Event, State
+from outbox.states import ConfigFault, Event, State
 from outbox.storage import Storage, storage_for
 from outbox.storage.claims import Claimed
 from outbox.storage.transitions import Finish, Transition
@@ -354,6 +354,8 @@ class Executor:
                         "state": change.to.value,
                     },
                 )
+                if change.note == ConfigFault.CREDENTIALS_REFUSED:
+                    _log_credentials_refused(sent)
         return written
 
     def _judge(self, sent: Sent) -> Change:
@@ -463,6 +465,25 @@ def _ring(when_full: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=ring, name="settled-ring", daemon=True)
     thread.start()
     return thread
+
+
+def _log_credentials_refused(sent: Sent) -> None:
+    """ERROR, naming the operation: the downstream refused our credentials for its tenant."""
+    claimed, outcome = sent.claimed, sent.outcome
+    log.error(
+        "not done: the downstream refused our credentials for this tenant (its API key is "
+        "missing or wrong: SETTLED_DOWNSTREAM_API_KEYS or SETTLED_STRIPE_API_KEYS); "
+        "rejected, nothing executed",
+        extra={
+            "operation_id": claimed.id,
+            "tenant": claimed.tenant,
+            "op_id": claimed.op_id,
+            "kind": claimed.kind,
+            "stop": ConfigFault.CREDENTIALS_REFUSED.value,
+            "status": _status(outcome),
+            "error": getattr(outcome, "code", None),
+        },
+    )
 
 
 def _finish(sent: Sent) -> Finish:

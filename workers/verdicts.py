@@ -25,7 +25,7 @@ from outbox.downstream import (
 )
 from outbox.kinds import DownstreamContract
 from outbox.retry import RetryAt, RetryPolicy, next_retry
-from outbox.states import Event, RejectReason, State
+from outbox.states import ConfigFault, Event, RejectReason, State
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,18 @@ def judge_submit(
         case Accepted(receipt=receipt):
             return Change(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
         case Refused(reason=reason, code=code, status=status):
+            evidence: dict[str, object] = {"code": code, "status": status}
+            # A 401/403 (or no API key here) refuses our credentials, not the customer: the
+            # fault is ours, and it is said so (README, "Alerts").
+            ours = reason is RejectReason.PERMISSION_DENIED
+            if ours:
+                evidence["fault"] = "credentials"
             return Change(
                 Event.REFUSE,
                 State.REJECTED,
                 reason=reason,
-                evidence={"code": code, "status": status},
+                evidence=evidence,
+                note=ConfigFault.CREDENTIALS_REFUSED if ours else None,
             )
         case NotSent() | NotExecuted():
             retry_after = outcome.retry_after if isinstance(outcome, NotExecuted) else None
@@ -156,9 +163,13 @@ def check_before_send(
         stop = "one_send_without_idempotency"
     if stop is None:
         return None
+    # A mismatch is never sent (the row may have been altered), and a person looks at it.
+    mismatch = ConfigFault.FINGERPRINT_MISMATCH if stop == "fingerprint_mismatch" else None
     return Change(
         Event.GIVE_UP,
         State.REJECTED,
         reason=RejectReason.NOT_EXECUTED,
         evidence={"stop": stop, "sent": False},
+        review=mismatch,
+        note=mismatch,
     )

@@ -10,7 +10,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from outbox.models import OperationEvent
-from outbox.states import State
+from outbox.states import ConfigFault, State
 
 EVENTS_OF = (
     select(OperationEvent)
@@ -43,6 +43,21 @@ def rejection_codes(session: Session, ids: Collection[int]) -> dict[int, str]:
         if isinstance(code, str):
             codes[operation_id] = code
     return codes
+
+
+#: The rejection events that name a fault of our own configuration as their reason.
+FAULTS_OF = select(OperationEvent.operation_id, OperationEvent.reason).where(
+    OperationEvent.operation_id.in_(bindparam("ids", expanding=True)),
+    OperationEvent.to_state == State.REJECTED.value,
+    OperationEvent.reason.in_([f.value for f in ConfigFault]),
+)
+
+
+def rejection_faults(session: Session, ids: Collection[int]) -> dict[int, str]:
+    """The fault of our own configuration each of these operations was rejected for
+    (``outbox.states.ConfigFault``: those rejected for one)."""
+    rows = session.execute(FAULTS_OF, {"ids": sorted(ids)})
+    return {op: reason for op, reason in rows if reason is not None}
 
 
 #: the events whose evidence may say what a "not done" rests on: a requeue on "not found"

@@ -27,9 +27,14 @@ attempts: Table = Attempt.__table__  # type: ignore[assignment]
 reviews: Table = ReviewItem.__table__  # type: ignore[assignment]
 clock_steps: Table = ClockStep.__table__  # type: ignore[assignment]
 
-PLANNED = select(func.count(), func.min(ops.c.next_attempt_at), db_now()).where(
-    ops.c.state == State.PLANNED.value
-)
+#: Planned operations: how many, the longest-due one's due time, how many are due (waiting
+#: for a worker, not for a later retry), and the database's time.
+PLANNED = select(
+    func.count(),
+    func.min(ops.c.next_attempt_at),
+    db_now(),
+    func.count().filter(ops.c.next_attempt_at <= db_now()),
+).where(ops.c.state == State.PLANNED.value)
 UNRESOLVED = (
     select(
         ops.c.state,
@@ -110,11 +115,13 @@ class LiveCounts:
     #: state -> (count, oldest unknown_since, earliest next_attempt_at, earliest lease_until)
     unresolved: dict[str, tuple[int, datetime | None, datetime | None, datetime | None]]
     open_reviews: int
+    #: planned operations due now (their next attempt's time has come)
+    due: int = 0
 
 
 def live_counts(session: Session) -> LiveCounts:
     """Operations by live state, their oldest times, and the open review items."""
-    planned, oldest_due, now = session.execute(PLANNED).one()
+    planned, oldest_due, now, due = session.execute(PLANNED).one()
     unresolved = {row[0]: tuple(row[1:]) for row in session.execute(UNRESOLVED)}
     return LiveCounts(
         now,
@@ -122,6 +129,7 @@ def live_counts(session: Session) -> LiveCounts:
         oldest_due,
         unresolved,
         session.scalar(OPEN_REVIEWS) or 0,
+        due or 0,
     )
 
 

@@ -117,6 +117,7 @@ class Transition:
             review=change.review,
             receipt=change.receipt,
             looked=looked,
+            note=change.note,
         )
 
     @classmethod

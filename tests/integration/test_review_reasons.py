@@ -5,7 +5,7 @@ action leaves a trace in the database."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,13 +15,14 @@ from sqlalchemy import select
 from outbox import runs
 from outbox.downstream import LookupMisuse, Misuse, Receipt, SubmitOutcome
 from outbox.errors import Forbidden, ReviewConflict
+from outbox.fingerprint import Fingerprinter
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import OperationEvent
 from reconciler.review import ReviewQueue
 from reconciler.staff import REASONS, Staff
 from tests.integration.test_send_fencing import Poisoned
 from tests.support.gateways import Interposed
-from tests.support.rig import HOLD, Rig
+from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import fenced
 
 ALICE = Staff.parse("alice", "support")
@@ -39,6 +40,8 @@ class Case:
     resolve: Callable[[Rig, ReviewQueue, int, int], None]
     state: str  # what the operation ends as
     postgres_only: bool = False
+    #: the state it is in while in review: unknown, or already rejected where nothing was sent
+    before: str = "unknown"
 
 
 def registry(**contract: Any) -> KindRegistry:
@@ -178,6 +181,17 @@ def no_lookup_worker_died(rig: Rig, reg: KindRegistry) -> int:
     return op
 
 
+def fingerprint_mismatch(rig: Rig, reg: KindRegistry) -> int:
+    """The app fingerprints with another key than the worker's: never sent, rejected."""
+    app = replace(
+        rig.outbox, fingerprinter=Fingerprinter({"v1": b"another-fingerprint-key-0002"}, "v1")
+    )
+    with rig.sessions.begin() as s:
+        op = app.enqueue(s, tenant="acme", op_id="op-1", kind="refund", params=GOOD).operation.id
+    rig.executor(reg).execute([op])
+    return op
+
+
 # -- resolutions ----------------------------------------------------------------------------
 
 
@@ -247,6 +261,9 @@ CASES: dict[str, Case] = {
     "ambiguous_without_idempotency_or_lookup": Case(
         NEITHER, ambiguous_at_send, staff_statement, "succeeded"
     ),
+    "fingerprint_mismatch": Case(
+        default_registry(), fingerprint_mismatch, rejected_on_proof, "rejected", before="rejected"
+    ),
 }
 
 
@@ -257,7 +274,7 @@ def test_every_documented_reason_has_a_case() -> None:
 def way_out(rig: Rig, reason: str) -> None:
     case = CASES[reason]
     op = case.setup(rig, case.registry)
-    assert rig.op(op).state == "unknown"
+    assert rig.op(op).state == case.before
     (item,) = rig.reviews(op)
     assert (item.reason, item.resolved_at) == (reason, None)
     q = ReviewQueue(rig.sessions, rig.gateway(), case.registry)
@@ -324,3 +341,30 @@ def test_refused_staff_actions_are_recorded_with_the_staff_id(rig: Rig) -> None:
         ("staff:vera", "requery", "forbidden"),
     ]
     assert rig.op(op).state == "succeeded"
+
+
+def test_a_fingerprint_mismatch_is_confirmed_never_changed(rig: Rig) -> None:
+    """Its operation is rejected already (nothing was sent): staff confirm it, with a
+    justification; "succeeded" is refused and recorded, and the operation never changes."""
+    op = fingerprint_mismatch(rig, default_registry())
+    (item,) = rig.reviews(op)
+    q = ReviewQueue(rig.sessions, rig.gateway(), default_registry())
+    with pytest.raises(ReviewConflict) as refused:
+        q.resolve(ALICE, item.id, outcome="succeeded", version=1, reference="re_made_up_1")
+    assert refused.value.code == "terminal"
+    assert rig.reviews(op)[0].resolved_at is None
+    assert q.resolve(ALICE, item.id, outcome="rejected", version=1, justification=WHY) == {
+        "item": item.id,
+        "state": "rejected",
+        "operation": "op-1",
+    }
+    (closed,) = rig.reviews(op)
+    assert (closed.resolved_by, closed.note) == ("staff:alice", WHY)
+    assert (rig.op(op).state, rig.op(op).reason) == ("rejected", "not_executed")
+    with rig.sessions() as s:
+        notes = s.scalars(
+            select(OperationEvent.reason).where(OperationEvent.operation_id == op)
+        ).all()
+    assert notes[-2:] == ["staff_refused", "staff_confirmed"]
+    with pytest.raises(ReviewConflict):  # somebody resolved it already
+        q.resolve(BOB, item.id, outcome="rejected", version=1, justification=WHY)
