@@ -9,36 +9,40 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from outbox import runs
+from outbox.fingerprint import Fingerprinter
 from outbox.intake import Outbox
 from outbox.logs import JsonFormatter
 from outbox.models import OperationEvent
 from outbox.report import render
-from outbox.settings import DEV_FINGERPRINT_KEY, Settings
+from outbox.settings import DEV_FINGERPRINT_KEY
 from outbox.states import State
 from settled.metrics import registry
+from settled.simulator import SimulatorControl
+from tests.integration.test_celery_worker import App, broker_url, stack
 from tests.integration.test_metrics import scrape
+from tests.support.judge import check_truthful
 from tests.support.rig import GOOD, Rig
+from tests.support.services import free_port
+from tests.support.simtools import wait_until
+from tests.support.stack import Stack
 from workers.executor import Executor
 
 #: What no log line may carry: the order, the amount, the payee.
 CUSTOMER_DATA = (GOOD["order_id"], str(GOOD["amount_minor"]), GOOD["payee"])
 
 
-def app_outbox(rig: Rig, fingerprint_key: str) -> Outbox:
-    """The app's Outbox, built from its own settings: the worker's idempotency secret, but
-    ``fingerprint_key`` as fingerprint key v1 (the worker's is the rig's)."""
-    settings = Settings(
-        fingerprint_keys={"v1": fingerprint_key},  # type: ignore[dict-item]
-        idempotency_secret="test-idempotency-secret",  # type: ignore[arg-type]
-    )
-    return Outbox.from_settings(settings, rig.outbox.registry)
+def app_outbox(worker: Outbox, fingerprint_key: str) -> Outbox:
+    """The app's Outbox: the worker's, but ``fingerprint_key`` as fingerprint key v1."""
+    return replace(worker, fingerprinter=Fingerprinter({"v1": fingerprint_key.encode()}, "v1"))
 
 
 def enqueue_in_run(rig: Rig, outbox: Outbox | None = None) -> tuple[int, str]:
@@ -95,7 +99,7 @@ def test_fingerprint_mismatch_is_an_error_line_a_review_item_a_count_and_the_tru
     rig: Rig, caplog: pytest.LogCaptureFixture, app_key: str
 ) -> None:
     reg = registry(rig.sessions)
-    op, handle = enqueue_in_run(rig, app_outbox(rig, app_key))
+    op, handle = enqueue_in_run(rig, app_outbox(rig.outbox, app_key))
     caplog.set_level(logging.INFO)
 
     assert rig.executor().execute([op]) == {op: State.REJECTED}
@@ -121,11 +125,50 @@ def test_fingerprint_mismatch_is_an_error_line_a_review_item_a_count_and_the_tru
     assert "指纹不符" in zh and "未能及时" not in zh
 
 
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_worker_meeting_the_development_key_in_the_app_says_so_in_its_logs_and_metrics(
+    stack: Stack, pg: Engine, outbox: Outbox, sim_control: SimulatorControl
+) -> None:
+    """The whole path: an app fingerprinting with the development key, a real ``settled
+    worker`` (production keys) over Redis: its JSON log line, its /metrics, the review item."""
+    port = free_port()
+    worker = stack.start_worker(SETTLED_METRICS_PORT=str(port))
+    app = App(stack, pg, app_outbox(outbox, DEV_FINGERPRINT_KEY))
+    try:
+        (op,) = app.enqueue(1)
+        wait_until(lambda: app.states([op])[op] == "rejected", 60, "the worker stops it")
+
+        def counted() -> bool:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.HTTPError:
+                return False
+            return 'settled_configuration_stops_total{reason="fingerprint_mismatch"} 1.0' in text
+
+        wait_until(counted, 30, "the worker's /metrics counts the stop")
+        log = stack.log_of(worker)
+        lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+        (error,) = [e for e in lines if e.get("stop") == "fingerprint_mismatch"]
+        assert (error["level"], error["tenant"], error["op_id"]) == ("error", "acme", "op-0")
+        assert GOOD["order_id"] not in log and GOOD["payee"] not in log
+        with app.sessions() as s:
+            assert runs.operation_status(s, "acme", "op-0")["evidence"] == {
+                "reason": "fingerprint_mismatch",
+                "in_review": True,
+            }
+        check_truthful(app.sessions, sim_control)
+        assert sim_control.requests("acme", app.keys([op])[0]) == 0
+    finally:
+        app.close()
+
+
 def test_a_matching_fingerprint_is_sent_and_counts_no_stop(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     reg = registry(rig.sessions)
-    op, _ = enqueue_in_run(rig, app_outbox(rig, "test-fingerprint-key-0001"))  # the worker's
+    op, _ = enqueue_in_run(rig, app_outbox(rig.outbox, "test-fingerprint-key-0001"))  # the worker's
     caplog.set_level(logging.INFO)
     assert rig.executor().execute([op]) == {op: State.SUCCEEDED}
     assert errors_naming(caplog, "workers.claiming") == []
@@ -229,3 +272,6 @@ def test_send_queue_depth_counts_due_planned_operations_only(rig: Rig) -> None:
     assert m[("settled_operations", (("state", "planned"),))] == 2
     rig.executor().execute([due])
     assert scrape(reg)[("settled_send_queue_depth", ())] == 0
+
+
+_FIXTURES = (broker_url, stack)  # the real worker's, from tests.integration.test_celery_worker
