@@ -10,9 +10,9 @@ import pytest
 
 from outbox.errors import InvalidInput
 from outbox.report import RunFacts, build_report, render, render_line
-from outbox.report_lines import Compensation, Group, OpFacts
+from outbox.report_lines import Compensation, Group, OpFacts, build_line
 from outbox.report_text import MESSAGES
-from outbox.states import RejectReason, State
+from outbox.states import ConfigFault, RejectReason, State
 
 RESTORED = {"en": re.compile("restored", re.IGNORECASE), "zh": re.compile("已恢复")}
 STOPPED_PENDING = {
@@ -360,3 +360,21 @@ def test_a_compensation_settled_by_staff_is_not_restored() -> None:
     text = render_line(report.line("op-1"), False, "en")
     assert not RESTORED["en"].search(text)
     assert "Support staff recorded compensation op-2 as done (reference ref-typed)" in text
+
+
+@pytest.mark.parametrize("fault", list(ConfigFault))
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_fault_of_ours_is_the_stop_the_report_names(fault: ConfigFault, lang: str) -> None:
+    reason = "permission_denied" if fault is ConfigFault.CREDENTIALS_REFUSED else "not_executed"
+    facts = OpFacts("op-9", "refund", State.REJECTED, reason=reason, fault=fault.value)
+    line = build_line(facts, cancelled=False)
+    assert line.evidence["reason"] == fault.value
+    assert MESSAGES[lang][f"reason.{fault.value}"] in render_line(line, False, lang)  # type: ignore[arg-type]
+    not_in_time = MESSAGES[lang]["reason.not_executed"]
+    assert not_in_time not in render_line(line, False, lang)  # type: ignore[arg-type]
+    # Support staff's own statement stays theirs.
+    by_staff = OpFacts(
+        "op-9", "refund", State.REJECTED, reason=reason, fault=fault.value, by_staff=True
+    )
+    staff = build_line(by_staff, cancelled=False)
+    assert staff.evidence["reason"] == reason

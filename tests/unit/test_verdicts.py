@@ -21,7 +21,7 @@ from outbox.downstream import (
     Unknown,
 )
 from outbox.kinds import DownstreamContract
-from outbox.states import Event, RejectReason, State
+from outbox.states import ConfigFault, Event, RejectReason, State
 from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -171,3 +171,29 @@ def test_checks_before_a_send(change: dict[str, object], why: str | None) -> Non
             RejectReason.NOT_EXECUTED,
             why,
         )
+
+
+@pytest.mark.parametrize("name", sorted(OUTCOMES))
+def test_only_a_refusal_of_our_credentials_is_named_a_fault_of_ours(name: str) -> None:
+    change = judge_submit(
+        OUTCOMES[name], budget=BUDGETS["room"], contract=CONTRACTS["idempotent"], now=NOW,
+        rand=lambda: 0.5,
+    )  # fmt: skip
+    if name == "denied":
+        assert change.note == ConfigFault.CREDENTIALS_REFUSED
+        assert (change.reason, change.evidence["fault"]) == (
+            RejectReason.PERMISSION_DENIED,
+            "credentials",
+        )
+        assert change.review is None  # rejected and loud, not held: README, "Alerts"
+    else:
+        assert change.note is None and "fault" not in change.evidence
+
+
+def test_a_fingerprint_mismatch_is_named_a_fault_of_ours_and_goes_to_review() -> None:
+    check = check_before_send(**{**CHECK_BASE, "fingerprint_ok": False})  # type: ignore[arg-type]
+    assert check is not None
+    assert (check.note, check.review) == (ConfigFault.FINGERPRINT_MISMATCH,) * 2
+    for other in ({"deadline": NOW}, {"attempts": 5}, {"run_cancelled": True}):
+        stop = check_before_send(**{**CHECK_BASE, **other})  # type: ignore[arg-type]
+        assert stop is not None and (stop.note, stop.review) == (None, None)
