@@ -349,6 +349,9 @@ def test_a_fingerprint_mismatch_is_confirmed_never_changed(rig: Rig) -> None:
     op = fingerprint_mismatch(rig, default_registry())
     (item,) = rig.reviews(op)
     q = ReviewQueue(rig.sessions, rig.gateway(), default_registry())
+    (listed,) = q.list(ALICE, reason="fingerprint_mismatch")
+    assert (listed["op_id"], listed["state"]) == ("op-1", "rejected")
+    assert q.show(ALICE, item.id)["item"]["reason"] == "fingerprint_mismatch"
     with pytest.raises(ReviewConflict) as refused:
         q.resolve(ALICE, item.id, outcome="succeeded", version=1, reference="re_made_up_1")
     assert refused.value.code == "terminal"
