@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from outbox.errors import IdempotencyConflict, InvalidInput, NotFound
+from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
 from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Outbox, order_lock
 from outbox.models import Operation, Run
@@ -87,9 +87,15 @@ def resubmit(
     IdempotencyConflict) before anything is written when it may not be."""
     tenant = validate_tenant(tenant)
     op_id = validate_op_id(op_id)
-    new_op_id = validate_op_id(new_op_id)
-    by = validate_label(by, field="by", max_length=MAX_BY)
-    why = validate_label(why, field="reason", max_length=MAX_WHY)
+    try:
+        new_op_id = validate_op_id(new_op_id)
+    except InvalidIdentifier as exc:
+        raise InvalidIdentifier(
+            "new_" + exc.message, code="invalid_new_op_id", field="new_op_id"
+        ) from None
+    # blank is not a name nor a reason: the audit trail must say who and why
+    by = validate_label(_stripped(by), field="by", max_length=MAX_BY)
+    why = validate_label(_stripped(why), field="reason", max_length=MAX_WHY)
     if new_op_id == op_id:
         raise InvalidInput("a resubmission has an op id of its own", code="same_op_id",
                            field="new_op_id")  # fmt: skip
@@ -160,6 +166,10 @@ def resubmission_of(session: Session, original: Operation) -> str | None:
             if isinstance(named, str):
                 return named
     return None
+
+
+def _stripped(value: object) -> object:
+    return value.strip() if isinstance(value, str) else value
 
 
 def _lock(session: Session, original: Operation) -> None:

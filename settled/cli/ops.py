@@ -215,6 +215,7 @@ def ops_prune(
 
 def _table(rows: list[tuple[str, ...]], indent: str = "") -> None:
     """Rows in columns, the first row the headers; the last column is not padded."""
+    rows = [tuple(cell or "-" for cell in row) for row in rows]  # an empty cell keeps its column
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
