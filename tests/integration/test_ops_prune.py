@@ -43,8 +43,10 @@ def age(rig: Rig, ids: list[int], by: timedelta = OLD) -> None:
 def compensation(rig: Rig, op_id: str, original: int) -> int:
     with rig.sessions.begin() as s:
         offsets = s.get(Operation, original)
-        got = rig.outbox.enqueue(s, tenant="acme", op_id=op_id, kind="refund",
-                                 params={**GOOD, "amount_minor": 100}, compensates=offsets)  # fmt: skip
+        params = {**GOOD, "amount_minor": 100}
+        got = rig.outbox.enqueue(
+            s, tenant="acme", op_id=op_id, kind="refund", params=params, compensates=offsets
+        )
         return got.operation.id
 
 
