@@ -15,9 +15,8 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import InvalidInput, NotFound
-from outbox.storage.reviews import open_review_id
 from outbox.storage.search import operations_by
-from reconciler.operation_view import operation_view, report_words
+from reconciler.operation_view import operation_page
 from reconciler.staff import Staff
 
 audit = logging.getLogger("settled.audit")
@@ -57,12 +56,7 @@ class Finder:
             found = operations_by(session, "op_id", op_id, tenants=staff.tenants, tenant=tenant)
             if not found:
                 raise NotFound("no such operation", code="operation_not_found")
-            op = found[0]
-            return {
-                **operation_view(session, op),
-                "report": report_words(session, op),
-                "review_item": open_review_id(session, op.id),
-            }
+            return operation_page(session, found[0])
 
 
 def _checked(key: str, value: str, tenant: str | None) -> str:

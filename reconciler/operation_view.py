@@ -18,6 +18,7 @@ from outbox.report_text import LANGS, check_lang
 from outbox.states import State
 from outbox.storage.attempts import attempts_of
 from outbox.storage.events import events_of
+from outbox.storage.reviews import open_review_id
 from outbox.storage.runs import run
 
 
@@ -53,6 +54,16 @@ def operation_view(session: Session, op: Operation) -> dict[str, Any]:
             for e in events
         ],
         "run": None if owner is None else {"handle": owner.handle, "title": owner.title},
+    }
+
+
+def operation_page(session: Session, op: Operation) -> dict[str, Any]:
+    """Everything the console's operation page shows: ``operation_view``, the report's words
+    (``report``) and its open review item (``review_item``, None: none)."""
+    return {
+        **operation_view(session, op),
+        "report": report_words(session, op),
+        "review_item": open_review_id(session, op.id),
     }
 
 

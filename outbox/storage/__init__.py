@@ -14,6 +14,7 @@ module             what it holds
 ``runs``           finding a run, its operations, its cancel flag, cancelling them
 ``operations``     reads of operation rows, the database's clock, the intake INSERT
 ``events``         reads of the audit trail (event rows)
+``prune``          terminal operations nothing holds; deleting them with their rows
 ``metrics``        what a metrics scrape reads (live gauges, event counters by id range)
 ``apikeys``        the status API's keys: adding one, the live key of an id, revoking
 ``staff_accounts`` the console's staff accounts, sessions and failed sign-ins (hashes only)

@@ -114,3 +114,32 @@ def oldest_unknown_since(session: Session) -> datetime | None:
     """When the longest-unknown operation became unknown (None: none is)."""
     value: datetime | None = session.scalar(OLDEST_UNKNOWN_SINCE)
     return value
+
+
+#: Operations, oldest first, that the operator's list narrows (``listed_operations``).
+LISTED = select(Operation).order_by(Operation.created_at, Operation.id).limit(bindparam("limit"))
+
+
+def listed_operations(
+    session: Session,
+    *,
+    state: str | None = None,
+    reason: str | None = None,
+    tenant: str | None = None,
+    created_before: datetime | None = None,
+    limit: int = 50,
+) -> list[Operation]:
+    """The first ``limit`` operations, oldest first, in ``state``, rejected for ``reason``,
+    of ``tenant``, created before ``created_before`` (each None: any)."""
+    stmt = LISTED
+    params: dict[str, Any] = {"limit": limit}
+    narrowing = {"state": (Operation.state, state), "reason": (Operation.reason, reason),
+                 "tenant": (Operation.tenant, tenant)}  # fmt: skip
+    for name, (column, value) in narrowing.items():
+        if value is not None:
+            stmt = stmt.where(column == bindparam(name))
+            params[name] = value
+    if created_before is not None:
+        stmt = stmt.where(Operation.created_at < bindparam("created_before"))
+        params["created_before"] = created_before
+    return list(session.scalars(stmt, params))

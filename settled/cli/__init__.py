@@ -25,6 +25,7 @@ from settled.cli.apikey import apikey
 from settled.cli.common import OneLineErrors
 from settled.cli.db import db
 from settled.cli.demo import demo
+from settled.cli.ops import ops
 from settled.cli.processes import beat, run_stack, web, worker
 from settled.cli.reconcile import reconcile
 from settled.cli.review import review
@@ -57,5 +58,6 @@ main.add_command(staff)
 main.add_command(reconcile)
 main.add_command(simulator)
 main.add_command(demo)
+main.add_command(ops)
 main.add_command(mcp)
 main.add_command(proposals)
