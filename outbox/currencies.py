@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 # code -> number of digits after the decimal point (ISO 4217 "minor unit").
 MINOR_UNITS: dict[str, int] = {
     "AED": 2, "AFN": 2, "ALL": 2, "AMD": 2, "AOA": 2, "ARS": 2, "AUD": 2, "AWG": 2, "AZN": 2,
@@ -22,3 +24,12 @@ MINOR_UNITS: dict[str, int] = {
     "TZS": 2, "UAH": 2, "UGX": 0, "USD": 2, "UYU": 2, "UZS": 2, "VES": 2, "VND": 0, "VUV": 0,
     "WST": 2, "XAF": 0, "XCD": 2, "XOF": 0, "XPF": 0, "YER": 2, "ZAR": 2, "ZMW": 2, "ZWG": 2,
 }  # fmt: skip
+
+
+def format_amount(minor: object, currency: object) -> str:
+    """``10000, "CNY"`` as ``100.00 CNY`` (the currency's minor units: ``500, "JPY"`` as
+    ``500 JPY``, ``1234, "KWD"`` as ``1.234 KWD``); an empty string where there is no amount."""
+    if not isinstance(minor, int) or isinstance(minor, bool) or not isinstance(currency, str):
+        return ""
+    digits = MINOR_UNITS.get(currency, 0)
+    return f"{Decimal(minor).scaleb(-digits):.{digits}f} {currency}"

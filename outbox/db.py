@@ -31,7 +31,9 @@ _IMMEDIATE, _DEFERRED = "IMMEDIATE", "DEFERRED"
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url``; SQLite files get WAL, a busy timeout, foreign keys, and
     transactions that take the write lock when they begin unless they only read
-    (``SQLITE_BEGIN``)."""
+    (``SQLITE_BEGIN``). A statement's parameters (an intent's payee, amount, order) never
+    appear in an error's text, nor in SQLAlchemy's log (``hide_parameters``)."""
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         kwargs.setdefault("connect_args", {"timeout": 30})
         engine = create_engine(url, **kwargs)

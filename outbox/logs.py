@@ -230,9 +230,59 @@ def _choices(kind: Any) -> str:
 
 #: Loggers of libraries that install handlers of their own: their lines go through ours.
 _ADOPTED = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery")
-#: Loggers kept to warnings: request URLs at INFO (a lookup's URL names the idempotency key),
-#: alembic's list of its plugins at every start.
-_QUIETED = ("httpx", "httpcore", "alembic.runtime.plugins")
+#: Settled's own packages: their lines pass at every level (their fields through the
+#: allow-list, their messages written without data).
+OWN = ("outbox", "workers", "reconciler", "settled")
+#: Other libraries whose lines at INFO are about the process, never about what it was given:
+#: Celery's start, connection and task lines (a task's arguments are a hint's operation ids,
+#: and its tasks return nothing), uvicorn's start and stop.
+INFO_FROM = ("celery", "uvicorn.error")
+#: Loggers that carry what they were given, silenced at every level. ``stripe``: the SDK logs
+#: each request's URL (a lookup's names the payment intent, i.e. the order) and the
+#: downstream's error message at INFO, and whole request and response bodies (amounts,
+#: payees, metadata) at DEBUG.
+SILENCED = ("stripe",)
+#: Loggers kept to warnings, at any ``SETTLED_LOG_LEVEL``: request URLs (a lookup's names the
+#: idempotency key) and headers (httpx, httpcore, urllib3), SQL with its parameters
+#: (sqlalchemy), message bodies (kombu, amqp, mcp's sessions and transports), alembic's list of
+#: its plugins at every start. Any other library's lines below WARNING are dropped too
+#: (``ThirdPartyFilter``): these levels only save the work of making them.
+QUIETED = (
+    "httpx",
+    "httpcore",
+    "urllib3",
+    "requests",
+    "sqlalchemy",
+    "kombu",
+    "amqp",
+    "mcp",
+    "sse_starlette",
+    "multipart",
+    "asyncio",
+    "alembic.runtime.plugins",
+)
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+class ThirdPartyFilter(logging.Filter):
+    """What other libraries may write: nothing from ``SILENCED``; warnings and errors from any
+    other (their exceptions as the type only, like ours); INFO only from ``INFO_FROM``; never
+    DEBUG. A library's message is its own text, which the allow-list cannot reach: a library
+    that logs what it sends (a URL with an order id, a body with a payee, SQL parameters)
+    must not be heard below WARNING, and ``SILENCED`` ones not at all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if _under(name, OWN) or name == "py.warnings":
+            return True
+        if _under(name, SILENCED):
+            return False
+        if record.levelno >= logging.WARNING:
+            return True
+        return record.levelno >= logging.INFO and _under(name, INFO_FROM)
 
 
 def configure(
@@ -248,6 +298,7 @@ def configure(
         level, fmt = level or env_level, fmt or env_fmt
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ThirdPartyFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -255,6 +306,8 @@ def configure(
         adopted = logging.getLogger(name)
         adopted.handlers.clear()
         adopted.propagate = True
-    for name in _QUIETED:
+    for name in QUIETED:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in SILENCED:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     logging.captureWarnings(True)  # Python's warnings (Celery's, say) as lines of ours too

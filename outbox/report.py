@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from outbox.currencies import format_amount
 from outbox.report_lines import Group, Line, OpFacts, build_line
 from outbox.report_text import MESSAGES, Lang, check_lang
 
@@ -98,7 +99,7 @@ def render_line(line: Line, cancelled: bool, lang: Lang) -> str:
     code = line.evidence.get("code")
     text = m[key].format(
         op=line.op_id,
-        kind=line.kind,
+        kind=_what(line, m),
         ref=line.evidence.get("reference"),
         reason=m[f"reason.{line.evidence.get('reason')}"],
         code=m["code"].format(code=code) if code else "",
@@ -114,6 +115,12 @@ def render_line(line: Line, cancelled: bool, lang: Lang) -> str:
     if note is not None:
         text += m[f"comp.{note.status.value}"].format(comp=note.op_id, ref=note.reference)
     return text
+
+
+def _what(line: Line, m: dict[str, str]) -> str:
+    """The kind, with the amount where the intent has one: "refund of 100.00 CNY"."""
+    amount = format_amount(line.amount_minor, line.currency)
+    return m["kind_amount"].format(kind=line.kind, amount=amount) if amount else line.kind
 
 
 def _duration(seconds: object, m: dict[str, str]) -> str:

@@ -58,6 +58,9 @@ class OpFacts:
     #: ``max_request_delay_seconds``); None where no "not found" proved anything
     rests_on: str | None = None
     max_request_delay_seconds: float | None = None
+    #: the intent's amount, in minor units of ``currency`` (None for a kind without one)
+    amount_minor: int | None = None
+    currency: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Line:
     evidence: Mapping[str, Any]
     compensates: str | None = None
     compensation: CompensationNote | None = None
+    amount_minor: int | None = None
+    currency: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +94,8 @@ class Line:
             "message": self.message,
             "evidence": dict(self.evidence),
             "compensates": self.compensates,
+            "amount_minor": self.amount_minor,
+            "currency": self.currency,
             "compensation": None
             if self.compensation is None
             else {
@@ -154,6 +161,8 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         evidence=evidence,
         compensates=op.compensates,
         compensation=compensation_note(compensations),
+        amount_minor=op.amount_minor,
+        currency=op.currency,
     )
 
 

@@ -22,6 +22,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "heading.not_done": "Not done:",
         "heading.uncertain": "Uncertain:",
         "none": "  (none)",
+        "kind_amount": "{kind} of {amount}",
         "done": "Operation {op} ({kind}) is done (receipt {ref}).",
         "done_no_receipt": (
             "Operation {op} ({kind}) is recorded as done, without a downstream receipt."
@@ -107,6 +108,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "heading.not_done": "未完成：",
         "heading.uncertain": "待确认：",
         "none": "  （无）",
+        "kind_amount": "{kind}，{amount}",
         "done": "操作 {op}（{kind}）已完成（回执 {ref}）。",
         "done_no_receipt": "操作 {op}（{kind}）记录为已完成，但没有下游回执。",
         "done_staff": (

@@ -217,9 +217,18 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             differs=bool((op.receipt or {}).get("differs_from_intent")),
             rests_on=assumed.get(op.id, {}).get("rests_on"),
             max_request_delay_seconds=assumed.get(op.id, {}).get("max_request_delay_seconds"),
+            **_amount(op.params),
         )
         for op in ops
     ]
+
+
+def _amount(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The intent's amount and currency, where its kind has them (a refund)."""
+    minor, currency = (params or {}).get("amount_minor"), (params or {}).get("currency")
+    if isinstance(minor, int) and not isinstance(minor, bool) and isinstance(currency, str):
+        return {"amount_minor": minor, "currency": currency}
+    return {}
 
 
 def _receipt_status(receipt: Mapping[str, Any] | None) -> str | None:

@@ -99,6 +99,15 @@ class RedisTransport(kombu_redis.Transport):
     Channel = _RedisChannel
 
 
+def celery_broker_url(settings: Settings) -> str:
+    """The broker URL as Celery is given it: a bare ``filesystem://`` names a host, which the
+    folder transport ignores, so that kombu does not warn "No hostname was supplied" at the
+    first connection (the demo's first line, once)."""
+    if settings.broker_url.rstrip("/") == "filesystem:":
+        return "filesystem://localhost/"
+    return settings.broker_url
+
+
 def broker_options(settings: Settings) -> dict[str, Any]:
     if settings.broker_url.startswith("filesystem"):
         folder = Path(settings.broker_folder)
@@ -191,7 +200,7 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     ``coalesce``: the worker runs several submit tasks at once in one process (the thread
     pool), and their hints are worked in shared batches (``workers.coalesce``).
     """
-    app = SettledCelery("settled", broker=settings.broker_url, set_as_current=False)
+    app = SettledCelery("settled", broker=celery_broker_url(settings), set_as_current=False)
     app.bell = _bell(settings)
     app.doorbell = app.bell if settings.hint_doorbell and settings.claim_batch else None
     observe.install()  # identities in log lines; traces when the environment asks for them
@@ -286,7 +295,14 @@ def ids_publisher(app: Celery) -> Publish:
 def worker_argv(
     *, beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str | None
 ) -> list[str]:
-    argv = ["worker", f"--pool={pool}", f"--loglevel={loglevel}", f"--queues={QUEUE},{BEAT_QUEUE}"]
+    # --quiet: no banner on stdout (every line Settled writes is a log line on stderr).
+    argv = [
+        "--quiet",
+        "worker",
+        f"--pool={pool}",
+        f"--loglevel={loglevel}",
+        f"--queues={QUEUE},{BEAT_QUEUE}",
+    ]
     if pool != "solo":
         argv.append(f"--concurrency={concurrency}")
     if beat:

@@ -124,6 +124,16 @@ class DeadlineHttpClient(stripe.HTTPClient):
         self._http.close()
 
 
+def _quiet_sdk_console() -> None:
+    """Turn off the SDK's own printing: with ``stripe.log`` or ``STRIPE_LOG`` at ``info`` or
+    ``debug`` it prints every request's URL and body (amounts, payees) to stderr, past any
+    logging configuration. Its logger is silenced by ``outbox.logs``."""
+    from stripe import _util
+
+    stripe.log = None
+    _util.STRIPE_LOG = None  # read from the environment at import
+
+
 class StripeGateway:
     """The ``Gateway`` port for refunds over Stripe (kind ``refund``)."""
 
@@ -139,6 +149,7 @@ class StripeGateway:
             raise ValueError("timeout must be positive")
         self._timeout = timeout
         self._http = DeadlineHttpClient(transport)
+        _quiet_sdk_console()
         self._clients = {
             tenant: stripe.StripeClient(
                 key.get_secret_value(),

@@ -30,6 +30,7 @@ def mcp(transport: str, host: str, port: int) -> None:
     from outbox.errors import InvalidInput
     from outbox.ids import validate_tenant
     from outbox.settings import Settings
+    from settled.mcp_http import serve
     from settled.mcp_server import AgentDesk, build_server
 
     settings = Settings()
@@ -48,9 +49,16 @@ def mcp(transport: str, host: str, port: int) -> None:
         url = f"http://{host}:{port}"
         desk = AgentDesk(desk.sessions, desk.proposals, desk.auto_approve_minor, tenant=None)
         click.echo(f"MCP server on {url}/mcp", err=True)
-        build_server(desk, http_url=url).run("streamable-http", host=host, port=port)
+        serve(build_server(desk, http_url=url), host=host, port=port, log_level=_level())
     finally:
         engine.dispose()
+
+
+def _level() -> str:
+    """uvicorn's level: the root logger's, as ``outbox.logs.configure`` set it."""
+    import logging
+
+    return logging.getLevelName(logging.getLogger().level)
 
 
 @click.group()

@@ -129,7 +129,7 @@ def beat(loglevel: str) -> None:
     _preflight(settings, broker=True)
     _beat_folder(settings)
     # Beat returns when a stop signal ends it; any failure is raised (exit status 1).
-    create_app(settings).start(["beat", f"--loglevel={loglevel}"])
+    create_app(settings).start(["--quiet", "beat", f"--loglevel={loglevel}"])  # no banner
 
 
 def _beat_folder(settings: Any) -> None:

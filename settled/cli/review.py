@@ -48,14 +48,34 @@ def _emit(data: Any, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2, default=str))
         return
     if isinstance(data, list):
-        for row in data:
-            click.echo(
-                f"#{row['id']:<5} {row['tenant']:<12} {row['op_id']:<28} {row['kind']:<12} "
-                f"{row['reason']:<36} v{row['version']} since {row['created_at']}"
-            )
+        for line in table(data):
+            click.echo(line)
         click.echo(f"{len(data)} item(s)")
         return
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+#: The columns of ``review list``: header, and the row's value.
+COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("ITEM", lambda row: f"#{row['id']}"),
+    ("TENANT", lambda row: row["tenant"]),
+    ("OP_ID", lambda row: row["op_id"]),
+    ("KIND", lambda row: row["kind"]),
+    ("REASON", lambda row: row["reason"]),
+    ("VERSION", lambda row: f"v{row['version']}"),
+    ("SINCE", lambda row: row["created_at"]),
+)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """The items under a header line, each column as wide as its widest value (none when
+    there are no items)."""
+    if not rows:
+        return []
+    cells = [[h for h, _ in COLUMNS]] + [[str(v(row)) for _, v in COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+            for line in cells]  # fmt: skip
 
 
 @click.group()

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Decimal
 
-from outbox.currencies import MINOR_UNITS
+from outbox.currencies import format_amount
 
-
-def amount(minor: object, currency: object) -> str:
-    """``10000, "CNY"`` as ``100.00 CNY``; an empty string where the kind has no amount."""
-    if not isinstance(minor, int) or isinstance(minor, bool) or not isinstance(currency, str):
-        return ""
-    digits = MINOR_UNITS.get(currency, 0)
-    return f"{Decimal(minor).scaleb(-digits):.{digits}f} {currency}"
+#: ``10000, "CNY"`` as ``100.00 CNY``; an empty string where the kind has no amount.
+amount = format_amount
 
 
 def age(since: str | datetime, now: datetime) -> str:

@@ -50,6 +50,7 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(
     )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
+    assert "kombu" not in result.stderr  # no "No hostname was supplied" as its first line
     assert "Nothing happened twice; the report matches the ledger." in out
     assert "MISMATCH" not in out
     assert ("Refunds go through the Stripe gateway" in out) is stripe
@@ -98,4 +99,5 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(
     )
     assert listed.returncode == 0, listed.stderr
     assert "lookup_unavailable" in listed.stdout
+    assert listed.stdout.split()[:2] == ["ITEM", "TENANT"]  # a header above the columns
     shutil.rmtree(kept)

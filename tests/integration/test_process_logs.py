@@ -37,11 +37,14 @@ class Processes:
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *args: str, **extra: str) -> None:
-        with (self.folder / f"{name}.err").open("wb") as err:
+        with (
+            (self.folder / f"{name}.err").open("wb") as err,
+            (self.folder / f"{name}.out").open("wb") as out,
+        ):
             self.running[name] = subprocess.Popen(
                 [sys.executable, "-m", "settled.cli", *args],
                 env={**self.env, **extra},
-                stdout=subprocess.DEVNULL,
+                stdout=out,
                 stderr=err,
                 cwd=self.folder,
             )
@@ -69,12 +72,16 @@ class Processes:
                 proc.kill()
                 proc.wait()
 
-    def lines(self, name: str) -> list[dict[str, Any]]:
-        """Every stderr line of ``name``, each of which must be a JSON object."""
+    def stdout(self, name: str) -> str:
+        return (self.folder / f"{name}.out").read_text()
+
+    def lines(self, name: str, *, besides: str | None = None) -> list[dict[str, Any]]:
+        """Every stderr line of ``name`` (but those starting with ``besides``), each of which
+        must be a JSON object."""
         text = (self.folder / f"{name}.err").read_text()
         parsed = []
         for line in text.splitlines():
-            if line.strip():
+            if line.strip() and not (besides and line.startswith(besides)):
                 try:
                     parsed.append(json.loads(line))
                 except json.JSONDecodeError:
@@ -114,7 +121,7 @@ def test_every_process_writes_json_lines_with_the_operations_keys(
     processes: Processes, outbox: Outbox
 ) -> None:
     sim_port = int(processes.env["SIM_PORT"])
-    metrics_port, web_port = free_port(), free_port()
+    metrics_port, web_port, mcp_port = free_port(), free_port(), free_port()
     processes.start(
         "simulator", "simulator", f"--port={sim_port}", "--test-mode", f"--tenant=acme={API_KEY}"
     )
@@ -124,6 +131,9 @@ def test_every_process_writes_json_lines_with_the_operations_keys(
     processes.start("worker", "worker", "--pool=solo", SETTLED_METRICS_PORT=str(metrics_port))
     processes.start("beat", "beat")  # its sweeper hints the operation: no relay here
     processes.start("web", "web", f"--port={web_port}")
+    processes.start(
+        "mcp", "mcp", "--transport=http", f"--port={mcp_port}", SETTLED_LOG_LEVEL="INFO"
+    )
 
     engine = make_engine(processes.env["SETTLED_DATABASE_URL"])
     try:
@@ -149,6 +159,24 @@ def test_every_process_writes_json_lines_with_the_operations_keys(
         timeout=10,
     )
     assert answer.status_code == 200, answer.text
+    mcp = f"http://127.0.0.1:{mcp_port}/mcp?order=A1042"
+    wait_until(_answers(mcp), 30, "the MCP server")
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "logs-test", "version": "1"},
+        },
+    }
+    mcp_answer = httpx.post(
+        mcp,
+        json=initialize,
+        headers={"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"},
+        timeout=10,
+    )
     metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text.splitlines()
     listed = processes.run(
         "cli", "review", "list", "--staff=alice", "--role=support", SETTLED_LOG_LEVEL="INFO"
@@ -181,6 +209,27 @@ def test_every_process_writes_json_lines_with_the_operations_keys(
     assert (access["status"], access["tenant"]) == (200, "acme")
     assert access["duration_ms"] >= 0
     assert any(line["logger"].startswith("uvicorn") for line in web)
+
+    # The MCP server's access log has the status API's shape: no client address, no query.
+    mcp_lines = processes.lines("mcp", besides="MCP server on ")
+    accessed = [line for line in mcp_lines if line["logger"] == "settled.access"]
+    assert {"method": "POST", "path": "/mcp", "status": mcp_answer.status_code} in [
+        {k: line[k] for k in ("method", "path", "status")} for line in accessed
+    ]
+    (keyed,) = [line for line in accessed if line["method"] == "POST"]
+    assert keyed["tenant"] == "acme" and keyed["duration_ms"] >= 0
+    assert mcp_answer.status_code == 200, mcp_answer.text
+    assert not any(line["logger"] == "uvicorn.access" for line in mcp_lines)
+    assert "A1042" not in (processes.folder / "mcp.err").read_text()  # the query never
+    # Quiet: no Celery banner on stdout (only the note its signal handler writes there when
+    # it stops), no kombu warning; every stderr line is JSON.
+    assert set(processes.stdout("worker").splitlines()) <= {
+        "",
+        "worker: Warm shutdown (MainProcess)",
+    }
+    assert processes.stdout("beat") == ""
+    for name in ("worker", "beat", "cli"):
+        assert not any(line["logger"].startswith("kombu") for line in processes.lines(name))
 
     simulator = processes.lines("simulator")
     assert any(line["msg"] == "simulator listening" for line in simulator)

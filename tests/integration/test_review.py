@@ -242,6 +242,10 @@ def test_review_cli_end_to_end(rig: Rig) -> None:
     assert [i["id"] for i in json.loads(listed.output)] == [item]
     text = cli(rig, "list", role="viewer")
     assert "lookup_unavailable" in text.output and "1 item(s)" in text.output
+    header, row, _ = text.output.splitlines()  # the columns have headers, values under them
+    assert header.split() == ["ITEM", "TENANT", "OP_ID", "KIND", "REASON", "VERSION", "SINCE"]
+    for column, value in (("ITEM", f"#{item}"), ("TENANT", "acme"), ("REASON", "lookup_")):
+        assert row.index(value) == header.index(column), (header, row)
     shown = json.loads(cli(rig, "show", str(item)).output)
     version = shown["item"]["version"]
     refused = cli(rig, "resolve", str(item), "--as", "rejected", "--version", str(version),

@@ -112,13 +112,13 @@ def test_cancel_with_operations_in_every_state_then_the_reconciler_settles(rig: 
     assert rep.line("op-no").evidence["reason"] == "business_rejected"
     assert rep.line("op-no").evidence["code"] == "amount_exceeds_refundable"
     en, zh = rep.as_dict("en")["text"], rep.as_dict("zh")["text"]
-    for op_id in ("op-lost", "op-sub"):
+    for op_id, amount in (("op-lost", "20.00 CNY"), ("op-sub", "30.00 CNY")):
         assert (
-            f"Stopped further processing, but the result of operation {op_id} (refund) "
-            "is still pending confirmation." in en
+            f"Stopped further processing, but the result of operation {op_id} (refund of "
+            f"{amount}) is still pending confirmation." in en
         )
-        assert f"已停止继续处理，但操作 {op_id}（refund）的结果仍待确认。" in zh
-    assert "Operation op-later (refund) was cancelled before it was sent." in en
+        assert f"已停止继续处理，但操作 {op_id}（refund，{amount}）的结果仍待确认。" in zh
+    assert "Operation op-later (refund of 40.00 CNY) was cancelled before it was sent." in en
 
     # The reconciler looks the lost one up: it did happen.
     assert rig.reconciler().run_once().outcomes == {"found": 1}
@@ -128,7 +128,10 @@ def test_cancel_with_operations_in_every_state_then_the_reconciler_settles(rig: 
     assert [line.op_id for line in rep.group(Group.DONE)] == ["op-ok", "op-lost"]
     assert [line.op_id for line in rep.group(Group.UNCERTAIN)] == ["op-sub"]
     en = rep.as_dict("en")["text"]
-    assert f"Operation op-lost (refund) is done (receipt {rig.op(lost).downstream_ref})." in en
+    assert (
+        f"Operation op-lost (refund of 20.00 CNY) is done (receipt {rig.op(lost).downstream_ref})."
+        in en
+    )
     assert "result of operation op-lost" not in en
     assert "已停止继续处理，但操作 op-lost" not in rep.as_dict("zh")["text"]
 

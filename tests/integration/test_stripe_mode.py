@@ -10,12 +10,13 @@ so the guarantees are stated once and checked in both modes.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from outbox import logs
 from outbox.settings import Settings
 from settled.console.auth import ConsoleUser, current_user, require_csrf
 from settled.simulator import SimulatorControl, start_in_thread
@@ -27,7 +28,7 @@ from tests.integration import test_review as review_tests
 from tests.integration import test_review_reasons as reason_tests
 from tests.integration.test_console_pages import ANN, CSRF
 from tests.integration.test_review import in_review
-from tests.support.rig import Rig
+from tests.support.rig import GOOD, HOLD, Rig
 from workers.stripe_gateway import LIST_LIMIT
 
 with warnings.catch_warnings():
@@ -167,3 +168,53 @@ def test_a_console_requery_of_a_refund_asks_stripe_not_the_wire_protocol_service
             assert stripe_rig.effects(op) == 1 and stripe_rig.sends(op) == 1
     finally:
         wire.stop()
+
+
+@pytest.fixture
+def settled_logging() -> Iterator[None]:
+    """``logs.configure`` changes process-wide loggers: put them back afterwards."""
+    import logging
+
+    names = ["", *logs.QUIETED, *logs.SILENCED]
+    saved = [(logging.getLogger(n), logging.getLogger(n).handlers[:]) for n in names]
+    levels = [lg.level for lg, _ in saved]
+    try:
+        yield
+    finally:
+        for (lg, handlers), level in zip(saved, levels, strict=True):
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+
+
+@pytest.mark.usefixtures("settled_logging")
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_no_order_amount_or_payee_reaches_the_log_in_stripe_mode(
+    stripe_rig: Rig,
+    level: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refund, a refusal and a lost answer settled by a lookup through the Stripe SDK,
+    with Settled's logging at ``level`` and the SDK's own console printing asked for
+    (``STRIPE_LOG``): the SDK writes request URLs (the payment intent names the order),
+    bodies (amount, payee) and the service's error messages; none of it may be heard."""
+    from stripe import _util
+
+    monkeypatch.setattr(_util, "STRIPE_LOG", level.lower())
+    logs.configure(level, "json")
+    capsys.readouterr()
+    executor_tests.test_happy_path_records_the_receipt(stripe_rig)
+    refused = stripe_rig.enqueue("op-refused", params={**GOOD, "amount_minor": 987654})
+    stripe_rig.executor().execute([refused])
+    assert stripe_rig.op(refused).state == "rejected"
+    stripe_rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    lost = stripe_rig.enqueue("op-lost", params={**GOOD, "amount_minor": 4321})
+    stripe_rig.executor().execute([lost])
+    assert stripe_rig.op(lost).state == "unknown"
+    assert stripe_rig.reconciler().run_once().outcomes == {"found": 1}
+    written = capsys.readouterr()
+    text = written.out + written.err
+    assert '"logger": "workers.stripe_gateway"' in written.err  # the capture works
+    for secret in ("A1042", "pi_A1042", "P-7", "10000", "100.00", "987654", "9876.54", "4321"):
+        assert secret not in text, secret

@@ -202,8 +202,9 @@ def test_report_in_english_and_chinese_through_http(api: Api) -> None:
     assert status == 200
     assert body["cancelled"] is False
     assert body["counts"] == {"done": 0, "not_done": 1, "uncertain": 1}
-    assert "The result of operation op-acme-2 (refund) is still pending confirmation." in str(
-        body["text"]
+    assert (
+        "The result of operation op-acme-2 (refund of 0.05 CNY) is still pending confirmation."
+        in str(body["text"])
     )
 
     status, cancelled = api.post(f"/v1/runs/{t.handle}/cancel?lang=en", t.key)
@@ -215,17 +216,21 @@ def test_report_in_english_and_chinese_through_http(api: Api) -> None:
     status, en = api.get(f"/v1/runs/{t.handle}?lang=en", t.key)
     assert status == 200 and en["cancelled"] is True
     assert (
-        "Stopped further processing, but the result of operation op-acme-2 (refund) "
+        "Stopped further processing, but the result of operation op-acme-2 (refund of 0.05 CNY) "
         "is still pending confirmation." in str(en["text"])
     )
-    assert "Operation op-acme-1 (refund) was cancelled before it was sent." in str(en["text"])
+    assert "Operation op-acme-1 (refund of 100.00 CNY) was cancelled before it was sent." in str(
+        en["text"]
+    )
     status, zh = api.get(f"/v1/runs/{t.handle}?lang=zh", t.key)
     assert status == 200
-    assert "已停止继续处理，但操作 op-acme-2（refund）的结果仍待确认。" in str(zh["text"])
-    assert "操作 op-acme-1（refund）在发送前已取消。" in str(zh["text"])
+    assert "已停止继续处理，但操作 op-acme-2（refund，0.05 CNY）的结果仍待确认。" in str(zh["text"])
+    assert "操作 op-acme-1（refund，100.00 CNY）在发送前已取消。" in str(zh["text"])
     (uncertain,) = zh["uncertain"]  # type: ignore[misc]
     assert uncertain["op_id"] == "op-acme-2"
-    assert uncertain["text"] == "已停止继续处理，但操作 op-acme-2（refund）的结果仍待确认。"
+    assert (
+        uncertain["text"] == "已停止继续处理，但操作 op-acme-2（refund，0.05 CNY）的结果仍待确认。"
+    )
 
     status, plain = api.get(f"/v1/runs/{t.handle}", t.key)
     assert status == 200 and "text" not in plain

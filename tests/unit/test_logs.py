@@ -102,7 +102,7 @@ def test_text_lines_carry_the_same_fields_as_keys() -> None:
 @pytest.fixture
 def root_logging() -> Iterator[None]:
     """``configure`` changes process-wide loggers: put them back afterwards."""
-    names = ["", "py.warnings", *logs._ADOPTED, *logs._QUIETED]
+    names = ["", "py.warnings", *logs._ADOPTED, *logs.QUIETED, *logs.SILENCED]
     loggers = [logging.getLogger(name) for name in names]
     saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     try:
@@ -162,3 +162,65 @@ def test_a_commands_default_level_gives_way_to_the_setting(monkeypatch: pytest.M
     monkeypatch.setenv("SETTLED_LOG_LEVEL", "INFO")
     logs.configure(default_level="WARNING")
     assert logging.getLogger().level == logging.INFO
+
+
+SECRET_LINES = {
+    # what each library writes when it is heard: an order id, an amount, a payee
+    "stripe": "message='Post details' post_data=amount=10000&metadata[order_id]=A1042&payee=P-7",
+    "httpx": 'HTTP Request: GET http://sim/v1/refunds?payment_intent=pi_A1042 "HTTP/1.1 200 OK"',
+    "httpcore.http11": "send_request_body.started request=<Request [b'POST']> A1042",
+    "urllib3.connectionpool": 'https://api.stripe.com:443 "GET /v1/refunds?pi_A1042 HTTP/1.1"',
+    "sqlalchemy.engine.Engine": "[generated] {'payee': 'P-7', 'amount_minor': 10000}",
+    "kombu.transport": "message body {'order_id': 'A1042'}",
+    "mcp.server.lowlevel.server": "Received request {'payee': 'P-7'}",
+    "uvicorn.access": '127.0.0.1:51234 - "GET /v1/runs/x?order=A1042 HTTP/1.1" 200',
+    "some.other.library": "payload payee=P-7",
+}
+
+
+@pytest.mark.usefixtures("root_logging")
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_no_other_library_writes_what_it_was_given(
+    monkeypatch: pytest.MonkeyPatch, level: str
+) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    logs.configure(level, "json")
+    for name, message in SECRET_LINES.items():
+        logging.getLogger(name).info(message)
+        logging.getLogger(name).debug(message)
+    logging.getLogger("stripe").warning("Stripe v1 API error received error_message=A1042")
+    logging.getLogger("settled.test").info("ours", extra={"operation_id": 1})
+    logging.getLogger("celery.worker.consumer.connection").info("Connected to redis://x//")
+    written = stream.getvalue()
+    for secret in ("A1042", "P-7", "10000"):
+        assert secret not in written
+    names = [json.loads(line)["logger"] for line in written.splitlines()]
+    assert names == ["settled.test", "celery.worker.consumer.connection"]
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_another_librarys_warning_is_still_heard(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    logs.configure("INFO", "json")
+    logging.getLogger("kombu.connection").warning("connection lost")
+    logging.getLogger("some.other.library").error("failed")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["logger"], line["level"]) for line in lines] == [
+        ("kombu.connection", "warning"),
+        ("some.other.library", "error"),
+    ]
+
+
+def test_sqlalchemy_errors_never_carry_a_statements_parameters() -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from outbox.db import make_engine
+
+    engine = make_engine("sqlite://")
+    with pytest.raises(SQLAlchemyError) as caught, engine.begin() as conn:
+        conn.execute(text("INSERT INTO missing (payee) VALUES (:payee)"), {"payee": "P-7"})
+    assert "P-7" not in str(caught.value)
+    engine.dispose()

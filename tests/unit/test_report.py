@@ -378,3 +378,31 @@ def test_a_fault_of_ours_is_the_stop_the_report_names(fault: ConfigFault, lang: 
     )
     staff = build_line(by_staff, cancelled=False)
     assert staff.evidence["reason"] == reason
+
+
+@pytest.mark.parametrize(
+    ("minor", "currency", "written"),
+    [(10000, "CNY", "100.00 CNY"), (5, "USD", "0.05 USD"), (500, "JPY", "500 JPY"),
+     (1234, "KWD", "1.234 KWD")],
+)  # fmt: skip
+def test_a_line_names_the_amount_in_the_currencys_minor_units(
+    minor: int, currency: str, written: str
+) -> None:
+    facts = OpFacts("op-9", "refund", State.SUCCEEDED, reference="re_1", receipt_status="succeeded",
+                    amount_minor=minor, currency=currency)  # fmt: skip
+    assert one_line(facts) == f"Operation op-9 (refund of {written}) is done (receipt re_1)."
+    assert one_line(facts, "zh") == f"操作 op-9（refund，{written}）已完成（回执 re_1）。"
+    line = build_report(run(facts)).lines[0].as_dict()
+    assert (line["amount_minor"], line["currency"]) == (minor, currency)
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_every_line_of_an_operation_with_an_amount_names_it(state: State) -> None:
+    facts = OpFacts("op-9", "refund", state, amount_minor=10000, currency="CNY", sent=True)
+    for lang, cancelled in itertools.product(("en", "zh"), (False, True)):
+        assert "100.00 CNY" in one_line(facts, lang, cancelled=cancelled)
+
+
+def test_a_kind_without_an_amount_is_named_alone() -> None:
+    facts = OpFacts("op-t", "after_sales_ticket", State.PLANNED)
+    assert one_line(facts) == "Operation op-t (after_sales_ticket) has not been sent yet."
