@@ -95,8 +95,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "duration.h": "{n} h",
         "stop.deadline_passed": "gave up at its deadline after {tries}{span}{cause}",
         "stop.attempts_exhausted": (
-            "gave up after {tries}{span}; the service turned it away {n} times, all the "
-            "attempts it was allowed{cause}"
+            "gave up after {tries}{span}, all the attempts it was allowed ({n}) spent without "
+            "effect{cause}"
         ),
         "stop.retry_after_past_deadline": (
             "gave up after {tries}{span}; the service asked to wait past its deadline"
@@ -170,7 +170,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "duration.h": "{n} 小时",
         "stop.deadline_passed": "已到截止时间，放弃重试：共尝试 {tries}{span}{cause}",
         "stop.attempts_exhausted": (
-            "放弃重试：共尝试 {tries}{span}；对方服务拒绝了 {n} 次，已用完全部尝试次数{cause}"
+            "放弃重试：共尝试 {tries}{span}，允许的 {n} 次尝试均已用完且未生效{cause}"
         ),
         "stop.retry_after_past_deadline": (
             "放弃重试：共尝试 {tries}{span}；对方服务要求等待的时间超过了截止时间"

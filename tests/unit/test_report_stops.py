@@ -42,9 +42,9 @@ def line(stopped: Stopped | None, lang: str = "en", **facts: object) -> str:
         ),
         (
             Stopped("attempts_exhausted", 7, 5, 125.0, **UNAVAILABLE),  # type: ignore[arg-type]
-            "gave up after 7 tries over 2 min; the service turned it away 5 times, all the "
-            "attempts it was allowed (the service declined to process it, HTTP 503)",
-            "放弃重试：共尝试 7 次，历时 2 分钟；对方服务拒绝了 5 次，已用完全部尝试次数"
+            "gave up after 7 tries over 2 min, all the attempts it was allowed (5) spent "
+            "without effect (the service declined to process it, HTTP 503)",
+            "放弃重试：共尝试 7 次，历时 2 分钟，允许的 5 次尝试均已用完且未生效"
             "（对方服务未处理该请求，HTTP 503）",
         ),
         (
