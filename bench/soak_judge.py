@@ -38,7 +38,9 @@ def judge(soak: Soak, *, last_fault: float, settled: bool, settled_at: float) ->
             " o.max_attempts, o.receipt->>'source',"
             " EXISTS (SELECT 1 FROM review_items r WHERE r.operation_id = o.id"
             "         AND r.resolved_at IS NULL),"
-            " (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id)"
+            # the attempts max_attempts counts: those not proven unsent
+            " (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id"
+            "  AND (a.proof IS NULL OR a.proof <> 'not_sent'))"
             " FROM operations o ORDER BY o.id"
         ).fetchall()
         business = {(t, o) for t, o in conn.execute("SELECT tenant, op_id FROM soak_requests")}

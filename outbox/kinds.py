@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from outbox.currencies import MINOR_UNITS
 from outbox.errors import InvalidParams, UnknownKind
+from outbox.retry import DEFAULT_CAP_SECONDS
 
 #: Largest accepted amount in minor units (10^12 = ten billion in a 2-digit currency).
 MAX_AMOUNT_MINOR = 10**12
@@ -118,6 +119,10 @@ class DownstreamContract:
     #: nothing until it has passed (``reconciler.decide``). 5 minutes: far beyond the pauses
     #: and retransmissions seen in practice, short against the key retention (24 h)
     max_request_delay: timedelta = timedelta(minutes=5)
+    #: the longest wait between two tries of a send that provably did not execute (refused
+    #: connections, a documented 429 or 503): backoff doubles up to it, for as long as the
+    #: operation's deadline allows (``outbox.retry``)
+    retry_cap: timedelta = timedelta(seconds=DEFAULT_CAP_SECONDS)
 
     @property
     def rests_on(self) -> str:

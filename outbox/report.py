@@ -101,7 +101,7 @@ def render_line(line: Line, cancelled: bool, lang: Lang) -> str:
         op=line.op_id,
         kind=_what(line, m),
         ref=line.evidence.get("reference"),
-        reason=m[f"reason.{line.evidence.get('reason')}"],
+        reason=_reason(line.evidence, m),
         code=m["code"].format(code=code) if code else "",
     )
     rests_on = line.evidence.get("rests_on")
@@ -121,6 +121,39 @@ def _what(line: Line, m: dict[str, str]) -> str:
     """The kind, with the amount where the intent has one: "refund of 100.00 CNY"."""
     amount = format_amount(line.amount_minor, line.currency)
     return m["kind_amount"].format(kind=line.kind, amount=amount) if amount else line.kind
+
+
+def _reason(evidence: Mapping[str, Any], m: dict[str, str]) -> str:
+    """Why it was not done: the reject reason, or for tries given up, their true stop
+    ("gave up at its deadline after 9 tries over 14 min (the service refused connections)")."""
+    stop = evidence.get("stop")
+    if stop is None:
+        return m[f"reason.{evidence.get('reason')}"]
+    tries = evidence.get("tries")
+    cause = evidence.get("cause")
+    return m[f"stop.{stop}"].format(
+        tries=m["tries.one" if tries == 1 else "tries.many"].format(n=tries),
+        span=_span(evidence.get("seconds"), m),
+        n=evidence.get("reached"),
+        cause=m["cause"].format(text=m[f"cause.{cause}"].format(status=evidence.get("status")))
+        if cause
+        else "",
+    )
+
+
+def _span(seconds: object, m: dict[str, str]) -> str:
+    """How long tries went on, roughly: "over 14 min", "within a second"."""
+    if not isinstance(seconds, (int, float)):
+        return m["span.unknown"]
+    if seconds < 1:
+        return m["span.short"]
+    if seconds < 60:
+        d = m["duration.s"].format(n=round(seconds))
+    elif seconds < 7200:
+        d = m["duration.min"].format(n=round(seconds / 60))
+    else:
+        d = m["duration.h"].format(n=round(seconds / 3600))
+    return m["span.over"].format(d=d)
 
 
 def _duration(seconds: object, m: dict[str, str]) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.retry import STOPS
 from outbox.states import State
 
 
@@ -32,6 +33,30 @@ class Compensation(enum.StrEnum):
     PENDING = "pending"  # sent, or recorded done without a receipt: not confirmed
     NOT_SENT = "not_sent"  # planned: not sent yet
     NOT_DONE = "not_done"  # rejected or cancelled: the offset did not happen
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Where the tries of an operation given up as ``not_executed`` stopped: its give-up
+    event's ``stop`` (``outbox.retry.STOPS``) and what it spent, and what its last try met."""
+
+    stop: str
+    tries: int  # every try made, those whose request never left included
+    reached: int  # the tries that reached the service
+    seconds: float | None = None  # from the first try to the give-up
+    last_proof: str | None = None  # the last try's proof: not_sent, not_executed, ...
+    last_status: int | None = None
+    last_phase: str | None = None  # where a try that never left stopped (``SendPhase``)
+    last_detail: str | None = None  # why (``ConnectError``, ``ConnectTimeout``, ...)
+
+    def cause(self) -> str | None:
+        """What the service did to the last try, as a message key's tail (None: not said)."""
+        if self.last_proof == "not_sent":
+            refused = self.last_phase == "connect" and self.last_detail == "ConnectError"
+            return "refused" if refused else "unreachable"
+        if self.last_proof == "not_executed":
+            return "busy" if self.last_status == 429 else "not_processed"
+        return None
 
 
 @dataclass(frozen=True)
@@ -61,6 +86,8 @@ class OpFacts:
     #: the intent's amount, in minor units of ``currency`` (None for a kind without one)
     amount_minor: int | None = None
     currency: str | None = None
+    #: a ``not_executed`` rejection: where its tries stopped (None where it was not tried)
+    stopped: Stopped | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +159,8 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
             evidence["reason"] = "not_executed_sent"  # sent, and proven not carried out
         if op.fault and not op.by_staff:
             evidence["reason"] = op.fault  # the true stop: our credentials, our keys
+        else:
+            evidence.update(_stop_evidence(op))
         if op.code:
             evidence["code"] = op.code
     elif op.state is State.CANCELLED:
@@ -164,6 +193,24 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         amount_minor=op.amount_minor,
         currency=op.currency,
     )
+
+
+def _stop_evidence(op: OpFacts) -> dict[str, Any]:
+    """The true stop of a ``not_executed`` rejection that was tried: which limit ended its
+    tries, how many over how long, and what the service did to them."""
+    stopped = op.stopped
+    if op.reason != "not_executed" or op.by_staff or stopped is None:
+        return {}
+    if stopped.stop not in STOPS or stopped.tries < 1:
+        return {}
+    return {
+        "stop": stopped.stop,
+        "tries": stopped.tries,
+        "reached": stopped.reached,
+        "seconds": stopped.seconds,
+        "cause": stopped.cause(),
+        "status": stopped.last_status,
+    }
 
 
 def _for_want_of_proof(op: OpFacts) -> bool:

@@ -13,7 +13,8 @@ Lang = Literal["en", "zh"]
 LANGS: tuple[str, ...] = get_args(Lang)
 
 #: Every sentence of the report, per language. Placeholders: op, kind, ref, reason, code, of,
-#: comp, delay (a duration), n; counts: done, not_done, uncertain.
+#: comp, delay (a duration), n; counts: done, not_done, uncertain; a stop's: tries, span, n
+#: (tries that reached the service), cause, and a cause's status.
 MESSAGES: dict[str, dict[str, str]] = {
     "en": {
         "title": "Run {handle}: {done} done, {not_done} not done, {uncertain} uncertain.",
@@ -100,6 +101,26 @@ MESSAGES: dict[str, dict[str, str]] = {
         "duration.min": "{n} min",
         "duration.s": "{n} s",
         "duration.unknown": "the declared delay",
+        "duration.h": "{n} h",
+        "stop.deadline_passed": "gave up at its deadline after {tries}{span}{cause}",
+        "stop.attempts_exhausted": (
+            "gave up after {tries}{span}, all the attempts it was allowed ({n}) spent without "
+            "effect{cause}"
+        ),
+        "stop.retry_after_past_deadline": (
+            "gave up after {tries}{span}; the service asked to wait past its deadline"
+        ),
+        "stop.tries_exhausted": "gave up after {tries}{span}, the most tries allowed{cause}",
+        "tries.one": "1 try",
+        "tries.many": "{n} tries",
+        "span.over": " over {d}",
+        "span.short": " within a second",
+        "span.unknown": "",
+        "cause": " ({text})",
+        "cause.refused": "the service refused connections",
+        "cause.unreachable": "the service could not be reached",
+        "cause.busy": "the service was busy, HTTP 429",
+        "cause.not_processed": "the service declined to process it, HTTP {status}",
     },
     "zh": {
         "title": "任务 {handle}：已完成 {done} 项，未完成 {not_done} 项，待确认 {uncertain} 项。",
@@ -162,6 +183,25 @@ MESSAGES: dict[str, dict[str, str]] = {
         "duration.min": "{n} 分钟",
         "duration.s": "{n} 秒",
         "duration.unknown": "声明的延迟上限",
+        "duration.h": "{n} 小时",
+        "stop.deadline_passed": "已到截止时间，放弃重试：共尝试 {tries}{span}{cause}",
+        "stop.attempts_exhausted": (
+            "放弃重试：共尝试 {tries}{span}，允许的 {n} 次尝试均已用完且未生效{cause}"
+        ),
+        "stop.retry_after_past_deadline": (
+            "放弃重试：共尝试 {tries}{span}；对方服务要求等待的时间超过了截止时间"
+        ),
+        "stop.tries_exhausted": "放弃重试：共尝试 {tries}{span}，已达尝试次数上限{cause}",
+        "tries.one": "1 次",
+        "tries.many": "{n} 次",
+        "span.over": "，历时 {d}",
+        "span.short": "，历时不到 1 秒",
+        "span.unknown": "",
+        "cause": "（{text}）",
+        "cause.refused": "对方服务拒绝连接",
+        "cause.unreachable": "无法连接对方服务",
+        "cause.busy": "对方服务繁忙，HTTP 429",
+        "cause.not_processed": "对方服务未处理该请求，HTTP {status}",
     },
 }
 

@@ -20,11 +20,16 @@ from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Enqueued, Outbox
 from outbox.models import Operation, Run
 from outbox.report import Report, RunFacts, build_report
-from outbox.report_lines import OpFacts, build_line
+from outbox.report_lines import OpFacts, Stopped, build_line
 from outbox.states import State
 from outbox.storage import runs as storage_runs
 from outbox.storage import storage_for
-from outbox.storage.events import not_found_assumptions, rejection_codes, rejection_faults
+from outbox.storage.events import (
+    give_ups,
+    not_found_assumptions,
+    rejection_codes,
+    rejection_faults,
+)
 from outbox.storage.operations import compensations_of, find_operation, op_ids_of
 from outbox.storage.reviews import in_review
 from outbox.storage.runs import cancel_planned, request_run_cancel
@@ -191,11 +196,14 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
     reviewed: set[int] = set()
     assumed: dict[int, dict[str, Any]] = {}
     faults: dict[int, str] = {}
+    stopped: dict[int, dict[str, Any]] = {}
     if ids:
         codes = rejection_codes(session, ids)
         faults = rejection_faults(session, ids)
         reviewed = in_review(session, ids)
         assumed = not_found_assumptions(session, ids)
+        given_up = [op.id for op in ops if op.reason == "not_executed"]
+        stopped = give_ups(session, given_up) if given_up else {}
     op_ids = {op.id: op.op_id for op in ops}
     missing = {op.compensates_id for op in ops if op.compensates_id is not None} - set(op_ids)
     if missing:
@@ -218,6 +226,7 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             rests_on=assumed.get(op.id, {}).get("rests_on"),
             max_request_delay_seconds=assumed.get(op.id, {}).get("max_request_delay_seconds"),
             **_amount(op.params),
+            stopped=Stopped(**stopped[op.id]) if op.id in stopped else None,
         )
         for op in ops
     ]

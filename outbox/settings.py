@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.errors import InvalidInput
 from outbox.kinds import KindRegistry
+from outbox.retry import DEFAULT_CAP_SECONDS, DEFAULT_MAX_TRIES
 
 
 class ContractSettings(BaseModel):
@@ -32,7 +33,8 @@ class ContractSettings(BaseModel):
     processing"; ``enforces_deadline``: it refuses a request that arrives after its
     ``Settled-Deadline``, before any effect (``408 deadline_exceeded``);
     ``max_request_delay_seconds``: without that, the longest a request may take to land after
-    its attempt ended.
+    its attempt ended; ``retry_cap_seconds``: the longest wait between two tries of a send that
+    did not execute (default ``SETTLED_RETRY_CAP_SECONDS``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,6 +46,7 @@ class ContractSettings(BaseModel):
     not_executed_statuses: frozenset[int] | None = None
     enforces_deadline: bool | None = None
     max_request_delay_seconds: float | None = Field(default=None, ge=0, le=86400)
+    retry_cap_seconds: float | None = Field(default=None, gt=0, le=86400)
 
     @field_validator("not_executed_statuses")
     @classmethod
@@ -70,6 +73,8 @@ class ContractSettings(BaseModel):
             changes["enforces_deadline"] = self.enforces_deadline
         if self.max_request_delay_seconds is not None:
             changes["max_request_delay"] = timedelta(seconds=self.max_request_delay_seconds)
+        if self.retry_cap_seconds is not None:
+            changes["retry_cap"] = timedelta(seconds=self.retry_cap_seconds)
         return changes
 
 
@@ -121,9 +126,15 @@ class Settings(BaseSettings):
     #: Stripe's API base URL (the simulator's Stripe mode: its URL + ``/stripe``).
     stripe_api_base: str = "https://api.stripe.com"
 
-    #: Budget given to a new operation.
+    #: Budget given to a new operation: its deadline, and how many of its attempts may reach
+    #: the downstream (one whose request never left, a refused connection, costs none of them).
+    #: A send that provably did not execute is tried again by time until one of the two is
+    #: spent, waiting up to ``retry_cap_seconds`` between tries (a kind's contract may set its
+    #: own), at most ``retry_max_tries`` tries in all (a sanity ceiling).
     max_attempts: int = Field(default=5, ge=1)
     deadline_seconds: float = Field(default=3600.0, gt=0)
+    retry_cap_seconds: float = Field(default=DEFAULT_CAP_SECONDS, gt=0, le=86400)
+    retry_max_tries: int = Field(default=DEFAULT_MAX_TRIES, ge=1, le=1_000_000)
     #: How long a claim lasts unless its holder renews it. A live worker renews the leases it
     #: is working on every third of a lease; a dead one's lapse this long after, and the
     #: sweeper and reconciler take its operations over. No send starts, or runs, past the lease
@@ -285,10 +296,13 @@ class Settings(BaseSettings):
                 code="invalid_setting",
                 setting="SETTLED_DOWNSTREAM_CONTRACTS",
             )
-        margin = timedelta(seconds=self.key_retention_margin_seconds)
+        defaults = {
+            "retention_margin": timedelta(seconds=self.key_retention_margin_seconds),
+            "retry_cap": timedelta(seconds=self.retry_cap_seconds),
+        }
         for name in registry.names():
             changes = self.downstream_contracts.get(name, ContractSettings()).changes()
-            registry = registry.with_contract(name, retention_margin=margin, **changes)
+            registry = registry.with_contract(name, **{**defaults, **changes})
         return registry
 
     def as_environment(self) -> dict[str, str]:

@@ -167,6 +167,7 @@ def build_runtime(
         lease_seconds=settings.lease_seconds,
         batch_extra=settings.claim_batch,
         clock_margin=settings.clock_margin_seconds,
+        max_tries=settings.retry_max_tries,
         clock_watch=watch,
     )
     reconciler = Reconciler(

@@ -18,9 +18,10 @@ from sqlalchemy import Connection
 from outbox.errors import InvalidInput, SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
+from outbox.retry import DEFAULT_MAX_TRIES
 from outbox.states import ConfigFault, State
 from outbox.storage import Storage
-from outbox.storage.attempts import reached_downstream, start_attempts
+from outbox.storage.attempts import start_attempts
 from outbox.storage.claims import Claimed, claim_for_send
 from outbox.storage.runs import cancelled_runs
 from outbox.storage.transitions import Transition
@@ -61,6 +62,8 @@ class SendClaims:
     fingerprinter: Fingerprinter
     worker: str
     lease_seconds: float
+    #: the most tries an operation may record (``SETTLED_RETRY_MAX_TRIES``)
+    max_tries: int = DEFAULT_MAX_TRIES
 
     def claim(self, conn: Connection, ids: Sequence[int], extra: int) -> Claims:
         """Claim the operations ``ids`` and up to ``extra`` other due ones, in one step."""
@@ -109,11 +112,12 @@ class SendClaims:
             deadline=one.deadline,
             attempts=one.attempts,
             max_attempts=one.max_attempts,
-            reached_downstream=0 if kind.contract.idempotent else reached_downstream(conn, one.id),
+            reached_downstream=one.reached,
             first_sent_at=one.first_sent_at,
             contract=kind.contract,
             run_cancelled=cancelled,
             fingerprint_ok=fingerprint_ok,
+            max_tries=self.max_tries,
         )
         return None if check is None else Transition.of(one, check)
 

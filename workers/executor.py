@@ -61,6 +61,7 @@ from outbox.errors import SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LeaseKeeper
+from outbox.retry import DEFAULT_MAX_TRIES
 from outbox.states import ConfigFault, Event, State
 from outbox.storage import Storage, storage_for
 from outbox.storage.claims import Claimed
@@ -102,6 +103,8 @@ class Executor:
     #: an outcome back waits at least this long for the next to be written with it in one
     #: step (the first ones longer: ``_send_and_record``); none waits for the slowest send
     record_linger: float = 0.1
+    #: the most tries an operation may record, sent or not (``SETTLED_RETRY_MAX_TRIES``)
+    max_tries: int = DEFAULT_MAX_TRIES
     rand: Callable[[], float] = random.random
     monotonic: Monotonic = time.monotonic
     #: this process's watch on the database's clock (shared with its other services)
@@ -204,7 +207,12 @@ class Executor:
 
     def _claim(self, ids: Sequence[int], extra: int) -> Claims:
         claims = SendClaims(
-            self.storage, self.registry, self.fingerprinter, self.worker, self.lease_seconds
+            self.storage,
+            self.registry,
+            self.fingerprinter,
+            self.worker,
+            self.lease_seconds,
+            self.max_tries,
         )
         # One commit for the claim, the stops and the attempts started (a claim lost with its
         # connection is undone, and free again at once).
@@ -362,10 +370,13 @@ class Executor:
         claimed = sent.claimed
         return judge_submit(
             sent.outcome,
-            budget=Budget(claimed.attempts, claimed.max_attempts, claimed.deadline),
+            budget=Budget(
+                claimed.attempts, claimed.reached, claimed.max_attempts, claimed.deadline
+            ),
             contract=sent.kind.contract,
             now=sent.at,
             rand=self.rand,
+            max_tries=self.max_tries,
         )
 
     def _record_each(

@@ -24,13 +24,19 @@ from outbox.downstream import (
     settlement,
 )
 from outbox.kinds import DownstreamContract
-from outbox.retry import RetryAt, RetryPolicy, next_retry
+from outbox.retry import DEFAULT_MAX_TRIES, RetryAt, RetryPolicy, next_retry
 from outbox.states import ConfigFault, Event, RejectReason, State
 
 
 @dataclass(frozen=True)
 class Budget:
-    attempts_made: int  # including the attempt whose outcome is being judged
+    """What an operation has spent, with the attempt being judged counted in."""
+
+    #: every attempt started, this one included (those whose request never left too)
+    tries: int
+    #: attempts that may have reached the downstream, this one included (until its outcome
+    #: proves it never left): what ``max_attempts`` counts
+    reached: int
     max_attempts: int
     deadline: datetime
 
@@ -42,9 +48,13 @@ def judge_submit(
     contract: DownstreamContract,
     now: datetime,
     rand: Callable[[], float],
-    policy: RetryPolicy = RetryPolicy(),  # noqa: B008
+    max_tries: int = DEFAULT_MAX_TRIES,
 ) -> Change:
-    """The change one attempt's outcome calls for (DESIGN.md, "What an outcome proves")."""
+    """The change one attempt's outcome calls for (DESIGN.md, "What an outcome proves").
+
+    A send that provably did not execute is tried again by time (``outbox.retry``), waiting
+    up to the contract's ``retry_cap``; a request that never left (``NotSent``) is not counted
+    against ``max_attempts``."""
     match outcome:
         case Accepted(receipt=receipt):
             return Change(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
@@ -67,13 +77,16 @@ def judge_submit(
             if isinstance(outcome, NotExecuted) and not contract.idempotent:
                 # Without idempotency only one automatic send is allowed, and this was it.
                 return _give_up("one_send_without_idempotency")
+            # The budget counts what reached the downstream: a request that never left did not.
+            reached = budget.reached - 1 if isinstance(outcome, NotSent) else budget.reached
             decision = next_retry(
-                attempts_made=budget.attempts_made,
+                tries=budget.tries,
+                reached=reached,
                 max_attempts=budget.max_attempts,
                 deadline=budget.deadline,
                 now=now,
                 retry_after=retry_after,
-                policy=policy,
+                policy=retry_policy(contract, max_tries),
                 rand=rand,
             )
             if isinstance(decision, RetryAt):
@@ -83,7 +96,7 @@ def judge_submit(
                     next_attempt_at=decision.when,
                     evidence={"retry_after": retry_after} if retry_after is not None else {},
                 )
-            return _give_up(decision.reason)
+            return _give_up(decision.reason, tries=budget.tries, reached=reached)
         case Unknown(detail=detail, status=status):
             review = None
             if not contract.idempotent and not contract.queryable:
@@ -104,9 +117,19 @@ def judge_submit(
     raise TypeError(f"not a submit outcome: {outcome!r}")  # pragma: no cover
 
 
-def _give_up(why: str) -> Change:
+def retry_policy(contract: DownstreamContract, max_tries: int = DEFAULT_MAX_TRIES) -> RetryPolicy:
+    """How a kind's sends that did not execute are tried again: up to its contract's cap."""
+    return RetryPolicy(cap=contract.retry_cap.total_seconds(), max_tries=max_tries)
+
+
+def _give_up(why: str, **spent: int) -> Change:
+    """Rejected ``not_executed``: ``why`` names the limit (``outbox.retry.STOPS``), ``spent``
+    the tries made and the attempts of them that reached the downstream."""
     return Change(
-        Event.GIVE_UP, State.REJECTED, reason=RejectReason.NOT_EXECUTED, evidence={"stop": why}
+        Event.GIVE_UP,
+        State.REJECTED,
+        reason=RejectReason.NOT_EXECUTED,
+        evidence={"stop": why, **spent},
     )
 
 
@@ -143,9 +166,11 @@ def check_before_send(
     contract: DownstreamContract,
     run_cancelled: bool,
     fingerprint_ok: bool,
+    max_tries: int = DEFAULT_MAX_TRIES,
 ) -> Change | None:
     """The last checks before a send: None to send it, else the change that stops it (why, in
-    its evidence's ``stop``). ``reached_downstream`` counts attempts not proven unsent."""
+    its evidence's ``stop``). ``attempts`` counts every try made; ``reached_downstream`` the
+    attempts not proven unsent, which is what ``max_attempts`` bounds."""
     if run_cancelled:
         return Change(
             Event.CANCEL, State.CANCELLED, evidence={"stop": "run_cancelled", "sent": False}
@@ -155,8 +180,10 @@ def check_before_send(
         stop = "fingerprint_mismatch"
     elif now >= deadline:
         stop = "deadline_passed"
-    elif attempts >= max_attempts:
+    elif reached_downstream >= max_attempts:
         stop = "attempts_exhausted"
+    elif attempts >= max_tries:
+        stop = "tries_exhausted"
     elif first_sent_at is not None and now >= contract.resend_until(first_sent_at):
         stop = "key_retention_passed"
     elif not contract.idempotent and reached_downstream >= 1:
@@ -165,11 +192,12 @@ def check_before_send(
         return None
     # A mismatch is never sent (the row may have been altered), and a person looks at it.
     mismatch = ConfigFault.FINGERPRINT_MISMATCH if stop == "fingerprint_mismatch" else None
+    spent = {"tries": attempts, "reached": reached_downstream}
     return Change(
         Event.GIVE_UP,
         State.REJECTED,
         reason=RejectReason.NOT_EXECUTED,
-        evidence={"stop": stop, "sent": False},
+        evidence={"stop": stop, "sent": False, **spent},
         review=mismatch,
         note=mismatch,
     )

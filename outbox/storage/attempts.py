@@ -13,14 +13,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, or_, select
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.orm import Session
 
 from outbox.errors import StaleLease
 from outbox.models import Attempt, Operation
 from outbox.states import Event, State
 from outbox.storage.claims import Claimed
-from outbox.storage.connection import Bind, connection_of
+from outbox.storage.connection import Bind
 from outbox.storage.database import Storage
 from outbox.storage.reviews import open_review_id
 from outbox.storage.transitions import Transition
@@ -28,10 +28,6 @@ from outbox.storage.transitions import Transition
 ops: Table = Operation.__table__  # type: ignore[assignment]
 attempts: Table = Attempt.__table__  # type: ignore[assignment]
 
-REACHED_DOWNSTREAM = select(func.count()).where(
-    attempts.c.operation_id == bindparam("operation_id"),
-    or_(attempts.c.proof.is_(None), attempts.c.proof != "not_sent"),
-)
 ATTEMPTS_OF = (
     select(Attempt)
     .where(Attempt.operation_id == bindparam("operation_id"))
@@ -65,6 +61,7 @@ def start_attempts(
             c,
             state=State.SUBMITTED,
             attempts=c.attempts + 1,
+            reached=c.reached + 1,  # in flight: not proven unsent
             first_sent_at=c.first_sent_at or c.now,
         )
         for c in claims
@@ -78,11 +75,6 @@ def start_attempt(storage: Storage, bind: Bind, claimed: Claimed, *, worker: str
     if not started:
         raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
     return started[0]
-
-
-def reached_downstream(bind: Bind, operation_id: int) -> int:
-    """Attempts of this operation that may have reached the downstream (not proven unsent)."""
-    return int(connection_of(bind).scalar(REACHED_DOWNSTREAM, {"operation_id": operation_id}) or 0)
 
 
 def attempts_of(session: Session, operation_id: int) -> list[Attempt]:

@@ -15,15 +15,42 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, Table, and_, bindparam, or_, select, tuple_, update
+from sqlalchemy import (
+    Float,
+    Table,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from outbox.db import db_now, db_statement_now, in_once
-from outbox.models import Operation
+from outbox.models import Attempt, Operation
 from outbox.states import State
 from outbox.storage.connection import Bind, connection_of
 
 ops: Table = Operation.__table__  # type: ignore[assignment]
+attempts: Table = Attempt.__table__  # type: ignore[assignment]
+
+#: The attempts of the claimed row that may have reached the downstream: every one whose
+#: outcome is not "not sent" (in flight or lost with its worker included). Read from the
+#: attempt rows, the one record of what each send proved (an index range per operation).
+#: The row's id is named in full: SQLite's RETURNING drops table names, and a bare ``id``
+#: inside the sub-select would be the attempt's.
+REACHED = (
+    select(func.count())
+    .where(
+        attempts.c.operation_id == literal_column("operations.id"),
+        or_(attempts.c.proof.is_(None), attempts.c.proof != "not_sent"),
+    )
+    .scalar_subquery()
+    .label("reached")
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,9 @@ class Claimed:
     lease_version: int
     lease_until: datetime
     now: datetime
+    #: attempts that may have reached the downstream (every one not proven unsent): what
+    #: ``max_attempts`` counts; ``attempts`` counts every try
+    reached: int = 0
 
 
 _COLUMNS = [
@@ -66,6 +96,7 @@ _COLUMNS = [
     ops.c.run_id,
     ops.c.lease_version,
     ops.c.lease_until,
+    REACHED,
 ]
 
 Clock = Callable[[], Any]

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from outbox.models import OperationEvent
+from outbox.models import Attempt, OperationEvent
 from outbox.states import ConfigFault, State
 
 EVENTS_OF = (
@@ -83,6 +83,73 @@ def not_found_assumptions(session: Session, ids: Collection[int]) -> dict[int, d
             delay = (evidence or {}).get("max_request_delay_seconds")
             found[operation_id] = {"rests_on": rests_on, "max_request_delay_seconds": delay}
     return found
+
+
+#: the give-up events of a retry budget: to ``rejected``, their evidence naming the stop
+GIVE_UPS_OF = (
+    select(OperationEvent.operation_id, OperationEvent.evidence, OperationEvent.at)
+    .where(
+        OperationEvent.operation_id.in_(bindparam("ids", expanding=True)),
+        OperationEvent.to_state == State.REJECTED.value,
+        OperationEvent.reason == "not_executed",
+    )
+    .order_by(OperationEvent.id)
+)
+TRIES_OF = (
+    select(
+        Attempt.operation_id,
+        Attempt.started_at,
+        Attempt.proof,
+        Attempt.status_code,
+        Attempt.detail,
+    )
+    .where(Attempt.operation_id.in_(bindparam("ids", expanding=True)))
+    .order_by(Attempt.operation_id, Attempt.number)
+)
+
+
+def give_ups(session: Session, ids: Collection[int]) -> dict[int, dict[str, Any]]:
+    """Per operation given up as ``not_executed`` (of ``ids``), where its tries stopped: the
+    ``stop``, the ``tries`` made and those that ``reached`` the downstream (from the give-up's
+    evidence, else counted from the attempt rows), the ``seconds`` from its first try to the
+    give-up, and its last try's ``last_proof``, ``last_status``, ``last_phase`` and
+    ``last_detail``. Operations with no try are left out."""
+    stops: dict[int, tuple[dict[str, Any], Any]] = {}
+    for operation_id, evidence, at in session.execute(GIVE_UPS_OF, {"ids": sorted(ids)}):
+        if isinstance((evidence or {}).get("stop"), str):
+            stops[operation_id] = (evidence, at)
+    if not stops:
+        return {}
+    tries: dict[int, list[Any]] = {}
+    for row in session.execute(TRIES_OF, {"ids": sorted(stops)}):
+        tries.setdefault(row.operation_id, []).append(row)
+    found: dict[int, dict[str, Any]] = {}
+    for operation_id, (evidence, at) in stops.items():
+        rows = tries.get(operation_id)
+        if not rows:
+            continue
+        last = rows[-1]
+        detail = last.detail if isinstance(last.detail, dict) else {}
+        reached = sum(1 for r in rows if r.proof != "not_sent")
+        found[operation_id] = {
+            "stop": evidence["stop"],
+            "tries": _count(evidence.get("tries"), len(rows)),
+            "reached": _count(evidence.get("reached"), reached),
+            "seconds": max(0.0, (at - rows[0].started_at).total_seconds()),
+            "last_proof": last.proof,
+            "last_status": last.status_code,
+            "last_phase": _text(detail.get("phase")),
+            "last_detail": _text(detail.get("detail")),
+        }
+    return found
+
+
+def _count(value: object, otherwise: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else otherwise
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def events_of(session: Session, operation_id: int) -> list[OperationEvent]:

@@ -1,7 +1,9 @@
 """A TCP fault proxy to put in front of the simulator (or any downstream) in tests.
 
 Modes: ``pass`` forwards bytes both ways; ``refuse`` closes the listening socket and the open
-connections, so a client must connect anew and is refused (nothing is sent); ``delay`` holds the
+connections, so a client must connect anew and is refused (nothing is sent), and
+``refuse_for`` does so for a window (an outage: a restart of the service, a deploy), then
+listens again; ``delay`` holds the
 response for some seconds (the request has reached the downstream); ``cut`` forwards the first
 bytes of the response, then resets the client; ``trickle`` forwards the response one byte at a
 time, a pause before each (a slow network, or a downstream answering byte by byte);
@@ -50,6 +52,9 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._clients: set[socket.socket] = set()
+        #: bumped by every change of mode: a timed outage ends only the mode it set
+        self._generation = 0
+        self._outage: threading.Timer | None = None
         #: responses that came back from upstream (to a client still there or not)
         self.answered = 0
         self._listener: socket.socket | None = self._listen(0)
@@ -96,6 +101,7 @@ class FaultProxy:
         """Stop listening and close the open connections: connects are refused until another
         mode is set."""
         with self._lock:
+            self._generation += 1
             listener, self._listener = self._listener, None
             clients = list(self._clients)
         if listener is not None:
@@ -104,11 +110,39 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 client.shutdown(socket.SHUT_RDWR)
 
+    def refuse_for(self, seconds: float) -> None:
+        """An outage: refuse connections now (as ``refuse``), and listen and forward again
+        ``seconds`` later, unless another mode was set meanwhile (``refusing`` says which)."""
+        self.refuse()
+        with self._lock:
+            generation = self._generation
+
+        def end() -> None:
+            with self._lock:
+                if self._generation == generation and not self._stopping.is_set():
+                    self._set_locked(_Setting())
+
+        timer = threading.Timer(seconds, end)
+        timer.daemon = True
+        with self._lock:
+            self._outage = timer
+        timer.start()
+
+    @property
+    def refusing(self) -> bool:
+        """Whether connections are refused now (``refuse``, or an outage not over yet)."""
+        with self._lock:
+            return self._listener is None and not self._stopping.is_set()
+
     def _set(self, setting: _Setting) -> None:
         with self._lock:
-            self._setting = setting
-            if self._listener is None:
-                self._listener = self._listen(self.port)
+            self._set_locked(setting)
+
+    def _set_locked(self, setting: _Setting) -> None:
+        self._generation += 1
+        self._setting = setting
+        if self._listener is None:
+            self._listener = self._listen(self.port)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -120,6 +154,11 @@ class FaultProxy:
             listener, self._listener = self._listener, None
             threads = list(self._threads)
             released = self._setting.released
+            outage = self._outage
+        if outage is not None:
+            outage.cancel()
+            if outage is not threading.current_thread():
+                outage.join()
         if released is not None:
             released.set()
         if listener is not None:

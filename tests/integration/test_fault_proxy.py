@@ -119,3 +119,27 @@ def test_refuse_also_ends_open_connections_so_nothing_is_sent_on_them(
     )
     assert outcome == NotSent("ConnectError", SendPhase.CONNECT)
     assert sim_control.requests("acme", "stl_proxy_key_2") == 0
+
+
+def test_an_outage_refuses_connections_for_its_window_then_forwards_again(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy, sim_control: SimulatorControl
+) -> None:
+    sim_proxy.refuse_for(1.0)
+    assert sim_proxy.refusing
+    assert submit(proxied_gateway) == NotSent("ConnectError", SendPhase.CONNECT)
+    assert sim_control.requests("acme", KEY) == 0
+    wait_until(lambda: not sim_proxy.refusing, 10, "the outage to end")
+    assert isinstance(submit(proxied_gateway), Accepted)
+    assert sim_control.effects("acme", KEY) == 1
+
+
+def test_a_mode_set_during_an_outage_is_not_undone_when_it_ends(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy
+) -> None:
+    sim_proxy.refuse_for(0.2)
+    sim_proxy.refuse()  # an operator's refusal, with no end
+    outage = sim_proxy._outage
+    assert outage is not None
+    outage.join(10)  # the window's end has run
+    assert sim_proxy.refusing
+    assert submit(proxied_gateway) == NotSent("ConnectError", SendPhase.CONNECT)

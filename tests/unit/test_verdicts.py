@@ -21,6 +21,7 @@ from outbox.downstream import (
     Unknown,
 )
 from outbox.kinds import DownstreamContract
+from outbox.retry import DEFAULT_MAX_TRIES
 from outbox.states import ConfigFault, Event, RejectReason, State
 from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
 
@@ -44,9 +45,15 @@ CONTRACTS = {
     "neither": DownstreamContract(idempotent=False, queryable=False),
 }
 BUDGETS = {
-    "room": Budget(1, 5, NOW + timedelta(seconds=60)),
-    "last_attempt": Budget(5, 5, NOW + timedelta(seconds=60)),
-    "deadline_near": Budget(1, 5, NOW + timedelta(seconds=3)),
+    "room": Budget(1, 1, 5, NOW + timedelta(seconds=60)),
+    # the fifth attempt, and the four before it reached the downstream
+    "last_attempt": Budget(5, 5, 5, NOW + timedelta(seconds=60)),
+    "deadline_near": Budget(1, 1, 5, NOW + timedelta(seconds=3)),
+    # the fifth try in a few seconds, the four before it refused connections (finding 1 of
+    # issue 28: this was given up, "not carried out in time", an hour before its deadline)
+    "refused_before": Budget(5, 1, 5, NOW + timedelta(hours=1)),
+    # the sanity ceiling on tries recorded
+    "tries_ceiling": Budget(DEFAULT_MAX_TRIES, 1, 5, NOW + timedelta(hours=1)),
 }
 
 
@@ -64,8 +71,10 @@ def expected(outcome: str, contract: str, budget: str) -> tuple[Event, State, st
     # not sent / not executed: retry within the budget, with the same key
     if outcome != "not_sent" and contract in ("not_idempotent", "neither"):
         return Event.GIVE_UP, State.REJECTED, None  # one automatic send only
-    if budget == "last_attempt":
+    if budget == "tries_ceiling":
         return Event.GIVE_UP, State.REJECTED, None
+    if budget == "last_attempt" and outcome != "not_sent":
+        return Event.GIVE_UP, State.REJECTED, None  # a request that never left costs none
     if outcome == "rate_limited" and budget == "deadline_near":
         return Event.GIVE_UP, State.REJECTED, None  # Retry-After does not fit
     return Event.DEFER, State.PLANNED, None
@@ -133,7 +142,13 @@ CHECK_BASE: dict[str, object] = {
         ({"run_cancelled": True}, "run_cancelled"),
         ({"fingerprint_ok": False}, "fingerprint_mismatch"),
         ({"deadline": NOW}, "deadline_passed"),
-        ({"attempts": 5}, "attempts_exhausted"),
+        ({"reached_downstream": 5}, "attempts_exhausted"),
+        # tries whose request never left are not attempts of the budget...
+        ({"attempts": 5}, None),
+        ({"attempts": 999}, None),
+        # ...but there is a ceiling on them
+        ({"attempts": 1000}, "tries_exhausted"),
+        ({"attempts": 12, "max_tries": 12}, "tries_exhausted"),
         ({"first_sent_at": NOW - timedelta(hours=24)}, "key_retention_passed"),
         # automatic resends stop the retention margin (1 h by default) before the key expires
         ({"first_sent_at": NOW - timedelta(hours=23)}, "key_retention_passed"),
@@ -194,6 +209,64 @@ def test_a_fingerprint_mismatch_is_named_a_fault_of_ours_and_goes_to_review() ->
     check = check_before_send(**{**CHECK_BASE, "fingerprint_ok": False})  # type: ignore[arg-type]
     assert check is not None
     assert (check.note, check.review) == (ConfigFault.FINGERPRINT_MISMATCH,) * 2
-    for other in ({"deadline": NOW}, {"attempts": 5}, {"run_cancelled": True}):
+    for other in (
+        {"deadline": NOW},
+        {"attempts": 5, "reached_downstream": 5},
+        {"run_cancelled": True},
+    ):
         stop = check_before_send(**{**CHECK_BASE, **other})  # type: ignore[arg-type]
         assert stop is not None and (stop.note, stop.review) == (None, None)
+
+
+def test_refused_connections_are_tried_again_by_time_not_given_up_after_five() -> None:
+    """Finding 1 of issue 28: five refused connections in about 4 s rejected the refund with
+    its deadline an hour away. A request that never left costs no attempt of the budget."""
+    deadline = NOW + timedelta(hours=1)
+    for tries in range(1, 40):
+        v = judge_submit(
+            NotSent("ConnectError"),
+            # the earlier ones proved unsent; this one counted until its outcome says so
+            budget=Budget(tries, 1, 5, deadline),
+            contract=DownstreamContract(),
+            now=NOW,
+            rand=lambda: 0.5,
+        )
+        assert (v.event, v.to) == (Event.DEFER, State.PLANNED), tries
+        assert v.next_attempt_at is not None and NOW < v.next_attempt_at < deadline
+
+
+def test_the_wait_between_tries_is_capped_by_the_contract() -> None:
+    budget = Budget(30, 1, 5, NOW + timedelta(hours=1))
+    for cap in (5.0, 60.0, 300.0):
+        v = judge_submit(
+            NotSent("ConnectError"),
+            budget=budget,
+            contract=DownstreamContract(retry_cap=timedelta(seconds=cap)),
+            now=NOW,
+            rand=lambda: 0.999999,
+        )
+        assert v.next_attempt_at is not None
+        assert (v.next_attempt_at - NOW).total_seconds() == pytest.approx(cap, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "budget", "stop", "spent"),
+    [
+        (NotExecuted(503), Budget(9, 5, 5, NOW + timedelta(hours=1)), "attempts_exhausted", 5),
+        (NotSent("ConnectError"), Budget(9, 2, 5, NOW + timedelta(seconds=0.05)),
+         "deadline_passed", 1),
+        (NotExecuted(429, 120.0), Budget(3, 1, 5, NOW + timedelta(seconds=60)),
+         "retry_after_past_deadline", 1),
+        (NotSent("ConnectError"), Budget(12, 1, 5, NOW + timedelta(hours=1)),
+         "tries_exhausted", 0),
+    ],
+)  # fmt: skip
+def test_a_give_up_names_its_true_stop_and_what_was_spent(
+    outcome: SubmitOutcome, budget: Budget, stop: str, spent: int
+) -> None:
+    v = judge_submit(
+        outcome, budget=budget, contract=DownstreamContract(), now=NOW, rand=lambda: 0.5,
+        max_tries=12,
+    )  # fmt: skip
+    assert (v.event, v.to, v.reason) == (Event.GIVE_UP, State.REJECTED, RejectReason.NOT_EXECUTED)
+    assert v.evidence == {"stop": stop, "tries": budget.tries, "reached": spent}

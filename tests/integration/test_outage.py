@@ -1,0 +1,95 @@
+"""A 30 s outage of the downstream under load: a real Celery worker (prefork, with beat's
+sweeper) sends refunds that a producer keeps enqueueing while the service refuses every
+connection (the fault proxy stops listening), and every refund ends done, exactly once by the
+simulator's ledger, none rejected: the outage costs latency only (finding 1 of issue 28).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.intake import Outbox
+from outbox.models import Attempt, Operation
+from settled.simulator import SimulatorControl, SimulatorHandle
+from settled.simulator.proxy import FaultProxy
+from tests.integration.test_celery_worker import App, wait_settled
+from tests.support.judge import check_truthful
+from tests.support.simtools import SimTenant, wait_until
+from tests.support.stack import Stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+OUTAGE_SECONDS = 30.0
+#: refunds enqueued before, during and after the outage
+BEFORE, DURING, AFTER = 12, 30, 12
+
+
+@pytest.fixture
+def stack(
+    pg_url: str,
+    redis_url: str,
+    simulator: SimulatorHandle,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    sim_proxy: FaultProxy,
+    tmp_path: Path,
+) -> Iterator[Stack]:
+    sim_control.create_order("acme", "A1042", 10**9)
+    s = Stack(
+        database_url=pg_url,
+        broker_url=redis_url,
+        downstream_url=sim_proxy.url,  # the worker reaches the service through the proxy
+        api_keys={sim_tenant.name: sim_tenant.api_key.get_secret_value()},
+        workdir=tmp_path,
+        # tries at most 2 s apart: the refunds go through soon after the service is back
+        env_extra={"SETTLED_RETRY_CAP_SECONDS": "2"},
+    )
+    yield s
+    s.stop_all()
+
+
+def refused_tries(sessions: sessionmaker[Session]) -> int:
+    with sessions() as s:
+        return int(s.scalar(select(func.count()).where(Attempt.proof == "not_sent")) or 0)
+
+
+def test_a_30_s_outage_of_refused_connections_under_load_costs_latency_only(
+    stack: Stack, pg: Engine, outbox: Outbox, sim_control: SimulatorControl, sim_proxy: FaultProxy
+) -> None:
+    app = App(stack, pg, outbox)
+    try:
+        stack.start_worker(pool="prefork", concurrency=2, beat=True)
+        ids = app.enqueue(BEFORE, prefix="before")
+        sim_proxy.refuse_for(OUTAGE_SECONDS)
+        # The producer goes on enqueueing while the worker meets refused connections: each
+        # transaction waits for one more refused try to be recorded.
+        for n in range(DURING // 3):
+            seen = refused_tries(app.sessions)
+            ids += app.enqueue(3, prefix=f"during-{n}")
+            wait_until(
+                lambda seen=seen: refused_tries(app.sessions) > seen,  # type: ignore[misc]
+                20,
+                "a refused try",
+            )
+        assert sim_proxy.refusing, "the outage ended before the load was in: make it longer"
+        wait_until(lambda: not sim_proxy.refusing, OUTAGE_SECONDS + 10, "the outage to end")
+        ids += app.enqueue(AFTER, prefix="after")
+        states = wait_settled(app, stack, ids, timeout=120)
+        assert sorted(set(states.values())) == ["succeeded"], states
+        effects = [sim_control.effects("acme", key) for key in app.keys(ids)]
+        assert effects == [1] * len(ids)  # each done, exactly once
+        with app.sessions() as s:
+            rows = s.execute(select(Operation.id, Operation.attempts).where(Operation.id.in_(ids)))
+            tries = {op_id: n for op_id, n in rows}
+        # The outage was met: refunds were tried more often than the old budget of 5 allowed,
+        # and went through in the end.
+        assert max(tries.values()) > 5, tries
+        assert refused_tries(app.sessions) > len(ids)
+        check_truthful(app.sessions, sim_control)
+    finally:
+        app.close()
