@@ -104,7 +104,8 @@ def test_no_network_for_the_stripe_gateway_is_tried_by_time_until_the_deadline(
     with rig.sessions() as s:
         text = run_report(s, "acme", handle).as_dict("en")["not_done"][0]["text"]
     assert text.startswith(
-        f"Operation op-1 (refund) was not done: gave up at its deadline after {TRIES} tries"
+        "Operation op-1 (refund of 100.00 CNY) was not done: "
+        f"gave up at its deadline after {TRIES} tries"
     )
     assert text.endswith("(the service could not be reached).")
 
@@ -163,11 +164,12 @@ def test_the_operation_status_says_the_true_stop_in_both_languages(
     )
     assert status["evidence"]["cause"] == "refused"
     assert report.as_dict("en")["not_done"][0]["text"] == (
-        "Operation op-1 (refund) was not done: gave up at its deadline after 9 tries over 14 min "
+        "Operation op-1 (refund of 100.00 CNY) was not done: "
+        "gave up at its deadline after 9 tries over 14 min "
         "(the service refused connections)."
     )
     assert report.as_dict("zh")["not_done"][0]["text"] == (
-        "操作 op-1（refund）未完成：已到截止时间，放弃重试：共尝试 9 次，历时 14 分钟"
+        "操作 op-1（refund，100.00 CNY）未完成：已到截止时间，放弃重试：共尝试 9 次，历时 14 分钟"
         "（对方服务拒绝连接）。"
     )
     assert "not carried out in time" not in report.as_dict("en")["text"]
