@@ -125,6 +125,8 @@ def _line(status: dict[str, Any]) -> Line:
         message=status["message"],
         evidence=status["evidence"],
         compensates=status.get("compensates"),
+        amount_minor=status.get("amount_minor"),
+        currency=status.get("currency"),
         compensation=None
         if note is None
         else CompensationNote(note["op_id"], Compensation(note["status"]), note["reference"]),

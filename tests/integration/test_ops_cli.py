@@ -124,13 +124,15 @@ def test_list_narrows_by_state_reason_tenant_and_age_in_the_reports_words(rig: R
     (row,) = rows
     assert row.split()[:6] == ["2", "h", "0", "min", "acme", "op-old"]
     assert "rejected/not_executed" in row and " not done " in row
-    assert row.endswith("Operation op-old (refund) was not done: it could not be sent in time.")
+    assert row.endswith(
+        "Operation op-old (refund of 100.00 CNY) was not done: it could not be sent in time."
+    )
     assert count == "1 operation(s)"
 
     listed = json.loads(ok(settled(rig, "ops", "list", "--state", "rejected", "--json")))
     assert [r["op_id"] for r in listed] == ["op-old", "op-young"]  # oldest first
     assert {r["report"]["group"] for r in listed} == {"not_done"}
-    assert listed[0]["report"]["text"]["zh"].startswith("操作 op-old（refund）未完成")
+    assert listed[0]["report"]["text"]["zh"].startswith("操作 op-old（refund，100.00 CNY）未完成")
     assert listed[0]["age_seconds"] >= 7200 > listed[1]["age_seconds"]
 
     other = json.loads(ok(settled(rig, "ops", "list", "--tenant", "t2", "--json")))
@@ -178,7 +180,7 @@ def test_show_prints_the_report_and_the_timeline_as_the_console_does(rig: Rig) -
     lines = out.splitlines()
     assert lines[0] == "Operation op-done of acme"
     ref = rig.op(op).downstream_ref
-    assert lines[1] == f"done: Operation op-done (refund) is done (receipt {ref})."
+    assert lines[1] == f"done: Operation op-done (refund of 1.00 CNY) is done (receipt {ref})."
     assert "  amount           1.00 CNY" in lines
     assert "  state            succeeded" in lines
     attempts = lines[lines.index("Attempts") + 1 :][:2]
@@ -205,7 +207,7 @@ def test_show_prints_the_report_and_the_timeline_as_the_console_does(rig: Rig) -
 def test_show_names_the_review_item_of_an_operation_in_review(rig: Rig) -> None:
     in_review(rig, "op-r")
     out = ok(settled(rig, "ops", "show", "acme", "op-r", "--lang", "zh"))
-    assert out.splitlines()[1].startswith("uncertain: 操作 op-r（refund）的结果仍待确认")
+    assert out.splitlines()[1].startswith("uncertain: 操作 op-r（refund，2.00 CNY）的结果仍待确认")
     assert out.splitlines()[2].startswith("in review: item #")
 
 
