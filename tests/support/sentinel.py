@@ -50,7 +50,8 @@ class RedisSentinel:
         for port in self.ports[1:]:
             replica = subprocess.Popen(
                 [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--replicaof", "127.0.0.1", str(self.ports[0])],
+                 "--appendonly", "no", "--replicaof", "127.0.0.1", str(self.ports[0]),
+                 "--dir", str(self.root)],  # where a replica writes the master's snapshot
                 stdout=subprocess.DEVNULL,
             )  # fmt: skip
             self.procs.append(replica)
