@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Float, Select, bindparam, create_engine, event
+from sqlalchemy import Engine, Float, Select, bindparam, create_engine, event, make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -58,7 +58,36 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    url, threshold = _prepare_threshold(url)
+    if threshold is not _UNSET:
+        kwargs["connect_args"] = {**kwargs.get("connect_args", {}), "prepare_threshold": threshold}
     return create_engine(url, **kwargs)
+
+
+_UNSET: Any = object()
+
+
+def _prepare_threshold(url: str) -> tuple[Any, Any]:
+    """``url`` without its ``prepare_threshold`` query parameter, and psycopg's
+    ``prepare_threshold`` from it: an integer, or None for ``none`` (never prepare on the
+    server: PgBouncer < 1.21 in transaction mode). psycopg would take the URL's text as is and
+    fail at the fifth execution of a statement. Raises SettledError (``invalid_setting``) for
+    another value."""
+    parsed = make_url(url)
+    if "prepare_threshold" not in parsed.query:
+        return parsed, _UNSET
+    value = parsed.query["prepare_threshold"]
+    value = value[-1] if isinstance(value, tuple) else value
+    rest = parsed.difference_update_query(["prepare_threshold"])
+    if value.strip().lower() == "none":
+        return rest, None
+    if value.strip().isdigit():
+        return rest, int(value)
+    raise SettledError(
+        "SETTLED_DATABASE_URL: prepare_threshold must be a whole number or none",
+        code="invalid_setting",
+        setting="SETTLED_DATABASE_URL",
+    )
 
 
 @event.listens_for(Session, "after_transaction_create")

@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///settled.sqlite3"
     #: Celery broker: ``redis://...`` in production, ``filesystem://`` for the embedded default.
     broker_url: str = "redis://127.0.0.1:6379/0"
+    #: The master's name that the Sentinels of a ``sentinel://h1:26379;sentinel://h2:26379``
+    #: broker watch (required with one, refused without: docs/production.md, Redis).
+    redis_sentinel_master: str | None = Field(default=None, min_length=1)
     #: Folder of the filesystem broker (embedded default only).
     broker_folder: str = "var/broker"
     #: Fingerprint keys by version, e.g. ``{"v1": "..."}``; at least 16 bytes each.
@@ -246,6 +249,23 @@ class Settings(BaseSettings):
             raise ValueError(
                 "SETTLED_CLOCK_STEP_DISTRUST_SECONDS must be at least SETTLED_LEASE_SECONDS: "
                 "after a step of the database's clock, every send in flight must be over"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sentinel_master_with_sentinels(self) -> Settings:
+        scheme = self.broker_url.partition("://")[0].lower()
+        if "cluster" in scheme:  # kombu has no Redis Cluster transport
+            raise ValueError("SETTLED_BROKER_URL: Redis Cluster is not supported as the broker")
+        if scheme == "sentinel" and self.redis_sentinel_master is None:
+            raise ValueError(
+                "SETTLED_BROKER_URL is a sentinel:// URL: set SETTLED_REDIS_SENTINEL_MASTER "
+                "to the name of the master its Sentinels watch"
+            )
+        if scheme != "sentinel" and self.redis_sentinel_master is not None:
+            raise ValueError(
+                "SETTLED_REDIS_SENTINEL_MASTER is set but SETTLED_BROKER_URL is not a "
+                "sentinel:// URL"
             )
         return self
 

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.sentinel
 from celery import Celery
 from celery.signals import worker_process_shutdown
 from kombu.transport import redis as kombu_redis
@@ -99,6 +101,45 @@ class RedisTransport(kombu_redis.Transport):
     Channel = _RedisChannel
 
 
+class _SentinelChannel(_RedisChannel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool follows the master the Sentinels name) with what
+    ``_RedisChannel`` adds."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with ``_SentinelChannel``; used for ``sentinel://`` brokers
+    (``SETTLED_REDIS_SENTINEL_MASTER`` names the master)."""
+
+    Channel = _SentinelChannel
+
+
+def broker_redis(settings: Settings, timeout: float = 2.0) -> redis.Redis[Any] | None:
+    """A Redis client on the broker's Redis: with ``sentinel://`` URLs, on the master the
+    Sentinels name now (found again after a failover). None when the broker is not Redis.
+
+    As kombu reads a Sentinel URL: ``sentinel://[user:password@]host:port[/db]`` per Sentinel,
+    separated by ``;``; the first one's credentials and database are the master's."""
+    url = settings.broker_url
+    if url.startswith(("redis://", "rediss://")):
+        return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    if settings.redis_sentinel_master is None:
+        return None
+    nodes = [urlsplit(part) for part in url.split(";") if part.strip()]
+    first = nodes[0]
+    db = first.path.strip("/")
+    sentinel = redis.sentinel.Sentinel(
+        [(node.hostname or "127.0.0.1", node.port or 26379) for node in nodes],
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+    return sentinel.master_for(
+        settings.redis_sentinel_master,
+        username=unquote(first.username) if first.username else None,
+        password=unquote(first.password) if first.password else None,
+        db=int(db) if db.isdigit() else 0,
+    )
+
+
 def celery_broker_url(settings: Settings) -> str:
     """The broker URL as Celery is given it: a bare ``filesystem://`` names a host, which the
     folder transport ignores, so that kombu does not warn "No hostname was supplied" at the
@@ -120,7 +161,10 @@ def broker_options(settings: Settings) -> dict[str, Any]:
             "processed_folder": str(folder / "processed"),
         }
     # Far above the longest task (one HTTP attempt is bounded by downstream_timeout).
-    return {"visibility_timeout": 6 * 3600}
+    options: dict[str, Any] = {"visibility_timeout": 6 * 3600}
+    if settings.redis_sentinel_master is not None:
+        options["master_name"] = settings.redis_sentinel_master
+    return options
 
 
 def check_broker(settings: Settings, timeout: float = 5.0) -> None:
@@ -131,7 +175,9 @@ def check_broker(settings: Settings, timeout: float = 5.0) -> None:
     if settings.broker_url.startswith("filesystem"):
         return  # a folder: created when the app is
     connection: Any = kombu_connection.Connection  # kombu's annotations are partial
-    conn = connection(settings.broker_url, connect_timeout=timeout)
+    conn = connection(
+        settings.broker_url, connect_timeout=timeout, transport_options=broker_options(settings)
+    )
     try:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
     except Exception as exc:
@@ -171,11 +217,9 @@ def _bell(settings: Settings) -> Doorbell | None:
     """The broker's doorbell count; None when the broker is not Redis. A worker answers the
     id-less hints an app rang for whatever its own settings say (the app's may differ): with
     the doorbell or extra claims off here, it uses their defaults for those hints."""
-    if not settings.broker_url.startswith(("redis://", "rediss://")):
+    client = broker_redis(settings)
+    if client is None:
         return None
-    client = redis.Redis.from_url(
-        settings.broker_url, socket_timeout=2.0, socket_connect_timeout=2.0
-    )
     return Doorbell(
         client,
         pending=settings.hint_doorbell or Settings.model_fields["hint_doorbell"].default,
@@ -230,6 +274,8 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     )
     if settings.broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = f"{__name__}:RedisTransport"
+    elif settings.redis_sentinel_master is not None:
+        app.conf.broker_transport = f"{__name__}:SentinelTransport"
 
     @app.task(name=SUBMIT, ignore_result=True, shared=False)
     def submit(operation_ids: list[int] | int) -> None:
