@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -387,6 +388,27 @@ def _plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_none=True)
     return value
+
+
+def masked(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``; a relative SQLite path made
+    absolute, so that the line says which file."""
+    from sqlalchemy.exc import ArgumentError
+
+    from outbox.db import sqlite_file
+
+    try:
+        path = sqlite_file(url)
+    except (ArgumentError, ValueError):  # not a database URL (a broker's): masked below
+        path = None
+    if path is not None:
+        return f"sqlite:///{path}"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def settings_error(exc: ValidationError) -> str:

@@ -24,11 +24,11 @@ masked) and the schema version.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from outbox.errors import InvalidSetting
 from outbox.kinds import KindRegistry, default_registry
-from outbox.settings import Settings
+from outbox.settings import Settings, masked
 from settled.runtime import check_providers
 
 
@@ -45,25 +45,17 @@ class Started:
         return f"settled {command}: database {self.database} at schema {self.schema}{broker}"
 
 
-def masked(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``; a relative SQLite path made
-    absolute, so that the line says which file."""
-    from sqlalchemy.exc import ArgumentError
+def announce(started: Started, command: str) -> None:
+    """Log the start line (logger ``settled.start``, JSON like every line), whatever the log
+    level: every start says what it runs against."""
+    import logging
 
-    from outbox.db import sqlite_file
-
-    try:
-        path = sqlite_file(url)
-    except (ArgumentError, ValueError):  # not a database URL (a broker's): masked below
-        path = None
-    if path is not None:
-        return f"sqlite:///{path}"
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    log = logging.getLogger("settled.start")
+    log.setLevel(logging.INFO)  # shown at a person's command's WARNING too
+    fields = {"command": command, "database": started.database, "schema": started.schema}
+    if started.broker is not None:
+        fields["broker"] = started.broker
+    log.info(started.line(command), extra=fields)
 
 
 def preflight(settings: Settings, *, broker: bool, registry: KindRegistry | None = None) -> Started:

@@ -31,7 +31,7 @@ def mcp(transport: str, host: str, port: int) -> None:
     from outbox.ids import validate_tenant
     from outbox.settings import Settings
     from settled.mcp_server import AgentDesk, build_server
-    from settled.preflight import preflight
+    from settled.preflight import announce, preflight
 
     settings = Settings()
     if transport == "stdio" and settings.agent_tenant is None:
@@ -42,8 +42,7 @@ def mcp(transport: str, host: str, port: int) -> None:
     if settings.agent_tenant is not None:
         validate_tenant(settings.agent_tenant)
     # It approves (and so fingerprints) and publishes hints: the worker's checks, broker too.
-    started = preflight(settings, broker=True)
-    click.echo(started.line(f"mcp --transport {transport}"), err=True)
+    announce(preflight(settings, broker=True), f"mcp --transport {transport}")
     engine = make_engine(settings.database_url)
     try:
         desk = AgentDesk.from_settings(settings, _hinting_sessions(settings, engine))

@@ -17,8 +17,7 @@ def _database(url: str | None) -> tuple[str, str]:
     """The database URL to work on and how the line names it: ``--url``, else the settings
     (read whole: an unknown SETTLED_* variable, a misspelt SETTLED_DATABASE_URL among them,
     is refused before anything is created); the default is said to be one."""
-    from outbox.settings import Settings
-    from settled.preflight import masked
+    from outbox.settings import Settings, masked
 
     settings = Settings()
     if url is None:

@@ -14,10 +14,9 @@ from settled.cli.common import CONCURRENCY, LOGLEVEL, PORT, TEXT
 def _preflight(settings: Any, command: str, *, broker: bool) -> None:
     """Refuse to start on a misconfiguration, before anything runs (``settled.preflight``:
     one line naming what to fix); then say, in one line, what this start runs against."""
-    from settled.preflight import preflight
+    from settled.preflight import announce, preflight
 
-    started = preflight(settings, broker=broker)
-    click.echo(started.line(command), err=True)
+    announce(preflight(settings, broker=broker), command)
 
 
 @click.command()
