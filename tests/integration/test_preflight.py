@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 
-from outbox.db import schema_heads, upgrade
+from outbox.db import alembic_config, upgrade
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Attempt, Operation, OperationEvent
 from settled.simulator import SimulatorControl, SimulatorHandle
@@ -36,7 +37,7 @@ from tests.support.simtools import SimTenant, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-(HEAD,) = schema_heads("sqlite://")
+(HEAD,) = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
 GOOD = {"order_id": "A1042", "amount_minor": 100, "currency": "CNY", "payee": "P-7"}
 #: A password the trust-authenticated test server ignores, and no line may show.
 PASSWORD = "pw-never-shown"
