@@ -103,8 +103,11 @@ def test_reading_the_settings_refuses_an_unknown_variable(
     )
 
 
-#: ``SETTLED_``-prefixed words in the repository that are not variables.
-NOT_VARIABLES = {"SETTLED_SINCE"}  # a statement's name (outbox/storage/overview.py)
+#: ``SETTLED_``-prefixed words in the repository that are not variables: a statement's name
+#: (outbox/storage/overview.py), and the misspellings the docs and these tests show.
+NOT_VARIABLES = {"SETTLED_SINCE", "SETTLED_DATABSE_URL", "SETTLED_ZZZZZZZZZZZZZZZZZZZZ"}
+#: Files that name variables of earlier releases on purpose.
+HISTORY = {"CHANGELOG.md"}
 
 
 def test_every_settled_variable_the_repository_uses_is_known() -> None:
@@ -116,7 +119,7 @@ def test_every_settled_variable_the_repository_uses_is_known() -> None:
     used: dict[str, str] = {}
     for name in files:
         path = ROOT / name
-        if not path.is_file() or path.suffix in (".png", ".ico", ".woff2"):
+        if name in HISTORY or not path.is_file() or path.suffix in (".png", ".ico", ".woff2"):
             continue
         for word in re.findall(
             r"(?<![A-Za-z0-9_])SETTLED_[A-Z0-9_]*[A-Z0-9]\b(?!_)", path.read_text(errors="replace")
