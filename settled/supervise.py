@@ -112,7 +112,7 @@ class _Child:
             say(f"{self.name} exited with status {status} before it was ready; stopping")
             self.proc = None
             self.close_pipe()
-            return status or 1
+            return status if status > 0 else 1  # killed by a signal: a failure too
         if now - self.started >= HEALTHY_AFTER:
             self.delay = FIRST_DELAY
         say(f"{self.name} exited with status {status}; restarting in {self.delay:g} s")
