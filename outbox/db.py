@@ -198,37 +198,68 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
-def check_schema(url: str) -> None:
-    """Raise SettledError (``database_not_migrated``) unless the database at ``url`` is at the
-    newest migration. Connection errors are raised as they come (DBAPIError)."""
+def schema_heads(url: str) -> set[str]:
+    """The newest revisions of the migration scripts (one: migrations are a line)."""
     from alembic.script import ScriptDirectory
-    from sqlalchemy.pool import NullPool
 
-    from outbox.storage.schema import applied_revisions  # here: storage imports this module
-
-    engine = make_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            current = applied_revisions(conn)
-    finally:
-        engine.dispose()
     alembic_log = logging.getLogger("alembic")
     level = alembic_log.level
     alembic_log.setLevel(logging.WARNING)  # loading the scripts logs its plugins at INFO
     try:
-        newest = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
+        return set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
     finally:
         alembic_log.setLevel(level)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL (None: not SQLite, or in memory)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).resolve()
+
+
+def schema_revisions(url: str) -> set[str]:
+    """The revisions the database at ``url`` is at (empty: never migrated). An SQLite file
+    that does not exist is at nothing, and is not created. Connection errors are raised as
+    they come (DBAPIError)."""
+    from sqlalchemy.pool import NullPool
+
+    from outbox.storage.schema import applied_revisions  # here: storage imports this module
+
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        return set()
+    engine = make_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return applied_revisions(conn)
+    finally:
+        engine.dispose()
+
+
+def check_schema(url: str) -> str:
+    """The revision the database at ``url`` is at; raise SettledError
+    (``database_not_migrated``) unless it is the newest migration. Connection errors are
+    raised as they come (DBAPIError). Writes nothing (an SQLite file is never created)."""
+    current = schema_revisions(url)
+    newest = schema_heads(url)
     if current != newest:
         raise SettledError(
             f"the database is not migrated (at {sorted(current) or 'nothing'}, newest "
             f"{sorted(newest)}): run `settled db upgrade`",
             code="database_not_migrated",
         )
+    return ", ".join(sorted(current))
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Apply migrations up to ``revision``."""
+def upgrade(url: str, revision: str = "head") -> tuple[set[str], set[str]]:
+    """Apply migrations up to ``revision``; return the revisions the database was at before
+    and is at after."""
     from alembic import command
 
+    before = schema_revisions(url)
     command.upgrade(alembic_config(url), revision)
+    return before, schema_revisions(url)

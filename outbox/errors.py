@@ -7,7 +7,9 @@ misuse, bad input and broken invariants::
     ├── InvalidInput            bad input: nothing was written (code names what was wrong)
     │   ├── InvalidIdentifier   tenant or op_id fails the allow-list
     │   ├── UnknownKind         no operation kind of that name is registered
-    │   └── InvalidParams       params fail the kind's intent model
+    │   ├── InvalidParams       params fail the kind's intent model
+    │   └── InvalidSetting      the configuration is refused: nothing was started, written
+    │                           or sent (``setting`` names the variable)
     ├── IdempotencyConflict     same (tenant, op_id) already holds another intent
     ├── IllegalTransition       the state machine forbids this event in this state
     ├── StaleLease              a write whose fencing version is no longer current
@@ -65,6 +67,12 @@ class InvalidParams(InvalidInput):
     """The operation parameters do not match the kind's intent model."""
 
     code = "invalid_params"
+
+
+class InvalidSetting(InvalidInput):
+    """The configuration is refused; nothing was started, written or sent."""
+
+    code = "invalid_setting"
 
 
 class IdempotencyConflict(SettledError):

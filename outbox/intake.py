@@ -76,6 +76,13 @@ class Outbox:
 
     @classmethod
     def from_settings(cls, settings: Settings, registry: KindRegistry | None = None) -> Outbox:
+        """The outbox the settings describe.
+
+        Raises InvalidSetting (``development_secrets``) for the development fingerprint key or
+        idempotency secret against PostgreSQL (``Settings.development_secrets``): the worker,
+        configured with the real ones, would refuse every operation this app wrote.
+        """
+        settings.refuse_development_secrets()
         return cls(
             registry=registry or default_registry(),
             fingerprinter=Fingerprinter(

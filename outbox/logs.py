@@ -65,6 +65,11 @@ ALLOWED = frozenset(
         "host",
         "port",
         "test_mode",
+        # a start: what it runs against (passwords masked: ``settled.preflight``)
+        "command",
+        "database",
+        "schema",
+        "broker",
         # a step of the database's clock (outbox.clock_steps)
         "step_seconds",
         "direction",

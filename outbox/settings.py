@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -18,7 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outbox.errors import InvalidInput
+from outbox.errors import InvalidInput, InvalidSetting
 from outbox.kinds import KindRegistry
 from outbox.retry import DEFAULT_CAP_SECONDS, DEFAULT_MAX_TRIES
 
@@ -81,6 +85,53 @@ class ContractSettings(BaseModel):
 #: Development values: the demo and tests run on them; production must set its own.
 DEV_FINGERPRINT_KEY = "settled-dev-fingerprint-key-change-me"
 DEV_IDEMPOTENCY_SECRET = "settled-dev-idempotency-secret"  # noqa: S105 (a known, public value)
+
+
+#: ``SETTLED_*`` variables that are not settings, and what reads them. ``SETTLED_TEST_*`` belong
+#: to the test suite (``tests/support``). Any other ``SETTLED_*`` variable is refused.
+OTHER_VARIABLES = {
+    "SETTLED_STAFF_ID": "settled review, settled proposals: the member of staff (--staff)",
+    "SETTLED_STAFF_ROLE": "settled review: the staff's role (--role)",
+    "SETTLED_SIMULATOR_TENANTS": "settled simulator: its tenants (--tenant)",
+    "SETTLED_TRACING": "settled.tracing: 1 turns traces on",
+    "SETTLED_FAILPOINT": "workers.failpoints: the step a crash test stops a worker at",
+    "SETTLED_FAILPOINT_MARKER": "workers.failpoints: the file a failpoint leaves",
+    "SETTLED_RUN_READY_FD": "settled run: the pipe its child says it is ready on",
+}
+TEST_VARIABLES = "SETTLED_TEST_"
+
+
+def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """The ``SETTLED_*`` names in ``environ`` that no setting and nothing else reads (in any
+    case, as the settings are read), each with the nearest valid name (None: none is near)."""
+    known = {f"SETTLED_{name.upper()}" for name in Settings.model_fields} | set(OTHER_VARIABLES)
+    found: dict[str, str | None] = {}
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("SETTLED_") or upper in known:
+            continue
+        if upper.startswith(TEST_VARIABLES):
+            continue
+        near = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+        found[name] = near[0] if near else None
+    return found
+
+
+def refuse_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Raise InvalidSetting (``unknown_setting``) naming every ``SETTLED_*`` variable of
+    ``environ`` that nothing reads, with the nearest valid name: a typo is never ignored."""
+    found = unknown_variables(environ)
+    if not found:
+        return
+    parts = [
+        f"unknown setting {name}" + (f"; did you mean {near}?" if near else "")
+        for name, near in found.items()
+    ]
+    raise InvalidSetting(
+        " / ".join(parts) + ("" if all(found.values()) else ' (README, "Settings", lists them)'),
+        code="unknown_setting",
+        setting=next(iter(found)),
+    )
 
 
 #: A log level, in any case (``info`` is ``INFO``).
@@ -209,6 +260,14 @@ class Settings(BaseSettings):
     agent_repeat_window_seconds: float = Field(default=86400.0, gt=0)
     agent_proposal_ttl_seconds: float = Field(default=86400.0, gt=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_variables(cls, data: Any) -> Any:
+        # Every reader of the settings refuses a typo, an app's Outbox included: a misspelt
+        # SETTLED_DATABASE_URL would otherwise mean the default database.
+        refuse_unknown_variables(os.environ)
+        return data
+
     @field_validator("fingerprint_keys")
     @classmethod
     def _long_enough_keys(cls, keys: dict[str, SecretStr]) -> dict[str, SecretStr]:
@@ -288,6 +347,20 @@ class Settings(BaseSettings):
             found.append("SETTLED_IDEMPOTENCY_SECRET")
         return found
 
+    def refuse_development_secrets(self) -> None:
+        """Raise InvalidSetting (``development_secrets``) when ``development_secrets`` finds
+        any: fingerprints and keys made with them would not match a correctly configured
+        worker's, and every operation would be refused."""
+        found = self.development_secrets()
+        if found:
+            raise InvalidSetting(
+                f"refusing to start against PostgreSQL with the development value of "
+                f"{' and '.join(found)}: set your own (or SETTLED_DEVELOPMENT=1 on a development "
+                "machine)",
+                code="development_secrets",
+                setting=found[0],
+            )
+
     def apply_contracts(self, registry: KindRegistry) -> KindRegistry:
         """``registry`` with the configured contracts and the key retention margin applied.
 
@@ -349,6 +422,27 @@ def _plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_none=True)
     return value
+
+
+def masked(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``; a relative SQLite path made
+    absolute, so that the line says which file."""
+    from sqlalchemy.exc import ArgumentError
+
+    from outbox.db import sqlite_file
+
+    try:
+        path = sqlite_file(url)
+    except (ArgumentError, ValueError):  # not a database URL (a broker's): masked below
+        path = None
+    if path is not None:
+        return f"sqlite:///{path}"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def settings_error(exc: ValidationError) -> str:

@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet -e ".[dev]"
 rm -rf test-artifacts/console
-SETTLED_REQUIRE_BROWSER=1 .venv/bin/pytest -q tests/e2e/test_console_browser.py
+SETTLED_TEST_REQUIRE_BROWSER=1 .venv/bin/pytest -q tests/e2e/test_console_browser.py
 mkdir -p docs/console
 for page in login queue item find operation overview proposal; do
   cp "test-artifacts/console/$page.png" "docs/console/$page.png"

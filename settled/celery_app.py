@@ -24,7 +24,7 @@ from kombu.transport import redis as kombu_redis
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.errors import SettledError
 from outbox.relay import Publish
-from outbox.settings import Settings
+from outbox.settings import Settings, masked
 from settled import observe
 from settled.runtime import Runtime, build_runtime
 from workers.sweeper import expire_proposals, sweep
@@ -181,7 +181,7 @@ def check_broker(settings: Settings, timeout: float = 5.0) -> None:
     try:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
     except Exception as exc:
-        where = conn.as_uri(include_password=False)
+        where = masked(settings.broker_url)
         raise SettledError(
             f"cannot reach the broker at {where} ({type(exc).__name__}): is it running? "
             "(SETTLED_BROKER_URL)",

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.clock_steps import ClockWatch
 from outbox.db import make_engine
 from outbox.downstream import Gateway
-from outbox.errors import InvalidInput
+from outbox.errors import InvalidSetting
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings
@@ -76,16 +76,9 @@ def worker_name() -> str:
 PROVIDER_KINDS = {"stripe": frozenset({"refund"})}
 
 
-def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
-    """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
-    protocol's ``HttpGateway`` unless a kind names ``stripe``.
-
-    Raises InvalidInput (code ``invalid_setting``) for a kind not registered or one its
-    provider cannot serve.
-    """
-    http = HttpGateway(
-        settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
-    )
+def check_providers(settings: Settings, registry: KindRegistry) -> None:
+    """Raise InvalidSetting for a kind not registered or one its provider cannot serve, and
+    for Stripe with no keys (every refund would be refused for want of one)."""
     wrong = sorted(
         name
         for name, provider in settings.downstream_providers.items()
@@ -93,12 +86,29 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
         or (provider != "http" and name not in PROVIDER_KINDS[provider])
     )
     if wrong:
-        http.close()
-        raise InvalidInput(
+        raise InvalidSetting(
             f"SETTLED_DOWNSTREAM_PROVIDERS names kinds its providers cannot serve: {wrong}",
-            code="invalid_setting",
             setting="SETTLED_DOWNSTREAM_PROVIDERS",
         )
+    stripe_kinds = sorted(k for k, p in settings.downstream_providers.items() if p == "stripe")
+    if stripe_kinds and not settings.stripe_api_keys:
+        raise InvalidSetting(
+            f"SETTLED_DOWNSTREAM_PROVIDERS sends {stripe_kinds} to Stripe, but "
+            "SETTLED_STRIPE_API_KEYS is empty: set each tenant's Stripe secret key",
+            setting="SETTLED_STRIPE_API_KEYS",
+        )
+
+
+def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
+    """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
+    protocol's ``HttpGateway`` unless a kind names ``stripe``.
+
+    Raises InvalidSetting as ``check_providers`` does.
+    """
+    check_providers(settings, registry)
+    http = HttpGateway(
+        settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
+    )
     stripe_kinds = [k for k, p in settings.downstream_providers.items() if p == "stripe"]
     if not stripe_kinds:
         return http

@@ -1,13 +1,18 @@
 """``settled run``: worker, beat and web for a single machine, as child processes.
 
-Each child is an ordinary ``settled`` command. The supervisor starts them, restarts one that
-dies (after 1 s, doubling up to 30 s while it keeps dying soon after its start; a child that
-ran a minute counts as healthy again) and says so on stderr, and on SIGINT or SIGTERM stops
-them all and exits: 0 when every child stopped cleanly.
+Each child is an ordinary ``settled`` command. It says when it is ready (``say_ready``: its
+preflight passed and it serves: the worker consumes, beat schedules, web listens) on a pipe
+the supervisor gives it (``READY_FD``). A child that exits before it was ever ready failed its
+preflight or its start (database down, no secrets, port taken): that will not mend by itself,
+so the supervisor stops the others and exits with that child's status. A child that dies after
+it was ready is restarted (after 1 s, doubling up to 30 s while it keeps dying soon after its
+start; a child that ran a minute counts as healthy again), and said so on stderr. On SIGINT or
+SIGTERM it stops them all and exits: 0 when every child stopped cleanly.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +25,22 @@ from types import FrameType
 FIRST_DELAY = 1.0
 MAX_DELAY = 30.0
 HEALTHY_AFTER = 60.0
+
+
+#: The environment variable naming the pipe a child says it is ready on.
+READY_FD = "SETTLED_RUN_READY_FD"
+
+
+def say_ready() -> None:
+    """Tell the supervising ``settled run`` (if any) that this process is ready; once."""
+    fd = os.environ.pop(READY_FD, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"ready\n")
+        os.close(int(fd))
+    except (OSError, ValueError):
+        pass  # not started by ``settled run`` after all: nobody to tell
 
 
 def settled_command(*args: str) -> list[str]:
@@ -38,31 +59,66 @@ class _Child:
     delay: float = field(default_factory=lambda: FIRST_DELAY)
     restart_at: float | None = None
     restarts: int = field(default=0)
+    #: it said it was ready, since ``settled run`` started (once is enough)
+    was_ready: bool = False
+    _ready_pipe: int | None = None
 
     @property
     def name(self) -> str:
         return " ".join(self.command[3:]) or self.command[-1]
 
     def start(self, now: float) -> None:
-        self.proc = subprocess.Popen(self.command)  # noqa: S603 - our own commands
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        env = {**os.environ, READY_FD: str(write)}
+        try:
+            self.proc = subprocess.Popen(self.command, env=env, pass_fds=(write,))  # noqa: S603 - our own commands
+        finally:
+            os.close(write)
+        self.close_pipe()
+        self._ready_pipe = read
         self.started, self.restart_at = now, None
 
-    def check(self, now: float, say: Callable[[str], None]) -> None:
-        """Restart the child when it is due; schedule a restart when it has died."""
+    def close_pipe(self) -> None:
+        if self._ready_pipe is not None:
+            os.close(self._ready_pipe)
+            self._ready_pipe = None
+
+    def _read_ready(self) -> None:
+        if self._ready_pipe is None:
+            return
+        try:
+            said = os.read(self._ready_pipe, 64)
+        except BlockingIOError:
+            return
+        if said:
+            self.was_ready = True
+        self.close_pipe()  # said, or closed without a word: nothing more will come
+
+    def check(self, now: float, say: Callable[[str], None]) -> int | None:
+        """Restart the child when it is due; schedule a restart when it died after it was
+        ready. Returns its exit status when it died before it was ever ready (None: go on)."""
         if self.proc is None:
             if self.restart_at is not None and now >= self.restart_at:
                 self.restarts += 1
                 say(f"restarting {self.name} (restart {self.restarts})")
                 self.start(now)
-            return
+            return None
         status = self.proc.poll()
+        self._read_ready()  # after the poll: what it said before it exited is read too
         if status is None:
-            return
+            return None
+        if not self.was_ready:
+            say(f"{self.name} exited with status {status} before it was ready; stopping")
+            self.proc = None
+            self.close_pipe()
+            return status if status > 0 else 1  # killed by a signal: a failure too
         if now - self.started >= HEALTHY_AFTER:
             self.delay = FIRST_DELAY
         say(f"{self.name} exited with status {status}; restarting in {self.delay:g} s")
         self.proc, self.restart_at = None, now + self.delay
         self.delay = min(MAX_DELAY, self.delay * 2)
+        return None
 
 
 def supervise(
@@ -72,11 +128,13 @@ def supervise(
     say: Callable[[str], None] = _say,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
-    """Run ``commands``, restarting any that dies, until a stop signal; return an exit status."""
+    """Run ``commands``, restarting any that dies after it was ready, until a stop signal or a
+    child that exits before it was ever ready; return an exit status (that child's)."""
     children = [_Child(list(cmd)) for cmd in commands]
     for child in children:
         child.start(clock())
     stopping = False
+    failed_start: int | None = None
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
@@ -84,10 +142,13 @@ def supervise(
 
     previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stopping:
+        while not stopping and failed_start is None:
             for child in children:
-                child.check(clock(), say)
-            time.sleep(poll)
+                failed_start = child.check(clock(), say)
+                if failed_start is not None:
+                    break
+            else:
+                time.sleep(poll)
     finally:
         procs = [c.proc for c in children if c.proc is not None]
         for p in procs:
@@ -100,7 +161,11 @@ def supervise(
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for child in children:
+            child.close_pipe()
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if failed_start is not None:
+        return failed_start
     failed = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGTERM)]
     return 1 if failed else 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -324,8 +324,16 @@ def serve(settings: Settings, *, host: str, port: int) -> None:
     with query) the app's own (``settled.access``, with the duration and the tenant)."""
     import uvicorn
 
+    from settled.supervise import say_ready
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # listening (a port taken exits instead)
+                say_ready()
+
     logs.configure(settings.log_level, settings.log_format)
-    uvicorn.run(
+    config = uvicorn.Config(
         create_web_app(settings),
         host=host,
         port=port,
@@ -333,3 +341,8 @@ def serve(settings: Settings, *, host: str, port: int) -> None:
         log_level=settings.log_level.lower(),
         access_log=False,
     )
+    server = Server(config)
+    with suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        raise SystemExit(3)  # as ``uvicorn.run``: it never served (its error is logged)

@@ -1,8 +1,8 @@
 """The ``settled`` command line: the root group and its commands, one module per group.
 
     common       one-line errors, the checked input types, the runtime from the settings
-    processes    worker, beat, web, run (and the checks before they start)
-    db           db upgrade
+    processes    worker, beat, web, run (and the checks before they start), check
+    db           db upgrade, db current
     review       review list, show, requery, resolve (support staff)
     apikey       apikey create, revoke
     staff        staff create, disable, password, list (the console's accounts)
@@ -22,11 +22,11 @@ import click
 
 from settled.cli.agents import mcp, proposals
 from settled.cli.apikey import apikey
-from settled.cli.common import OneLineErrors
+from settled.cli.common import OneLineErrors, version_option
 from settled.cli.db import db
 from settled.cli.demo import demo
 from settled.cli.ops import ops
-from settled.cli.processes import beat, run_stack, web, worker
+from settled.cli.processes import beat, check, run_stack, web, worker
 from settled.cli.reconcile import reconcile
 from settled.cli.review import review
 from settled.cli.simulator import simulator
@@ -36,7 +36,7 @@ __all__ = ["main"]
 
 
 @click.group(cls=OneLineErrors)
-@click.version_option(package_name="settled", prog_name="settled")
+@version_option
 def main() -> None:
     """Settled: safe side-effecting operations."""
     from outbox import logs
@@ -61,3 +61,4 @@ main.add_command(demo)
 main.add_command(ops)
 main.add_command(mcp)
 main.add_command(proposals)
+main.add_command(check)

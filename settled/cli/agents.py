@@ -32,18 +32,22 @@ def mcp(transport: str, host: str, port: int) -> None:
     from outbox.settings import Settings
     from settled.mcp_http import serve
     from settled.mcp_server import AgentDesk, build_server
+    from settled.preflight import announce, preflight
 
     settings = Settings()
+    if transport == "stdio" and settings.agent_tenant is None:
+        raise InvalidInput(
+            "a stdio server speaks for one tenant: set SETTLED_AGENT_TENANT",
+            code="invalid_setting",
+        )
+    if settings.agent_tenant is not None:
+        validate_tenant(settings.agent_tenant)
+    # It approves (and so fingerprints) and publishes hints: the worker's checks, broker too.
+    announce(preflight(settings, broker=True), f"mcp --transport {transport}")
     engine = make_engine(settings.database_url)
     try:
         desk = AgentDesk.from_settings(settings, _hinting_sessions(settings, engine))
         if transport == "stdio":
-            if settings.agent_tenant is None:
-                raise InvalidInput(
-                    "a stdio server speaks for one tenant: set SETTLED_AGENT_TENANT",
-                    code="invalid_setting",
-                )
-            validate_tenant(settings.agent_tenant)
             build_server(desk).run("stdio")
             return
         url = f"http://{host}:{port}"
@@ -84,11 +88,14 @@ def _in_transaction(action: Any) -> Any:
     database, with the MCP server's rules (the configured contracts, the repeat window)."""
     from outbox.proposals import Proposals
     from outbox.settings import Settings
+    from settled.preflight import preflight
 
+    settings = Settings()
+    preflight(settings, broker=False)  # an approval fingerprints: the worker's keys, or none
     # Not the MCP server's module (its SDK takes seconds to import), the same service. No
     # hint from a one-shot command: a broker that is down would hold it in the publish's
     # retries, and the sweeper picks the approved operation up within SETTLED_SWEEP_SECONDS.
-    service = Proposals.from_settings(Settings())
+    service = Proposals.from_settings(settings)
     return in_transaction(lambda session: action(service, session))
 
 

@@ -142,12 +142,15 @@ LOGLEVEL = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_
 
 
 def runtime() -> Any:
-    """The runtime (engine, reconciler, review queue, ...) built from the settings; the caller
-    closes it."""
+    """The runtime (engine, reconciler, review queue, ...) built from the settings, once they
+    passed the preflight (``settled.preflight``); the caller closes it."""
     from outbox.settings import Settings
+    from settled.preflight import preflight
     from settled.runtime import build_runtime
 
-    return build_runtime(Settings())
+    settings = Settings()
+    preflight(settings, broker=False)
+    return build_runtime(settings)
 
 
 def in_transaction(action: Any) -> Any:
@@ -163,3 +166,26 @@ def in_transaction(action: Any) -> Any:
             return action(session)
     finally:
         engine.dispose()
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from outbox.db import schema_heads
+
+    head = ", ".join(sorted(schema_heads("sqlite://")))
+    click.echo(f"settled, version {version('settled')}, schema head {head}")
+    ctx.exit()
+
+
+#: ``--version``: the installed version and the newest migration it brings.
+version_option = click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and the schema head, and exit.",
+)

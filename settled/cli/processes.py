@@ -1,5 +1,6 @@
 """The long-running processes: ``worker``, ``beat``, ``web`` and ``run`` (the three under one
-supervisor), and the checks each makes before it starts."""
+supervisor), the checks each makes before it starts (``settled.preflight``), and ``check``,
+which makes them alone."""
 
 from __future__ import annotations
 
@@ -10,26 +11,12 @@ import click
 from settled.cli.common import CONCURRENCY, LOGLEVEL, PORT, TEXT
 
 
-def _preflight(settings: Any, *, broker: bool) -> None:
-    """Refuse to start on a misconfiguration, before anything runs: the development secrets
-    against PostgreSQL, a contract for an unknown kind, a database that does not answer or is
-    not migrated, a broker that does not answer. Each is one line naming what to fix."""
-    from outbox.db import check_schema
-    from outbox.kinds import default_registry
+def _preflight(settings: Any, command: str, *, broker: bool) -> None:
+    """Refuse to start on a misconfiguration, before anything runs (``settled.preflight``:
+    one line naming what to fix); then say, in one line, what this start runs against."""
+    from settled.preflight import announce, preflight
 
-    found = settings.development_secrets()
-    if found:
-        raise click.ClickException(
-            f"refusing to start against PostgreSQL with the development value of "
-            f"{' and '.join(found)}: set your own (or SETTLED_DEVELOPMENT=1 on a development "
-            "machine)"
-        )
-    settings.apply_contracts(default_registry())
-    check_schema(settings.database_url)
-    if broker:
-        from settled.celery_app import check_broker
-
-        check_broker(settings)
+    announce(preflight(settings, broker=broker), command)
 
 
 @click.command()
@@ -57,7 +44,7 @@ def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str
 
     settings = Settings()
     logs.configure(loglevel)
-    _preflight(settings, broker=True)
+    _preflight(settings, "worker", broker=True)
     if beat:
         _beat_folder(settings)
     if settings.metrics_port is not None:
@@ -78,18 +65,25 @@ def _run_worker(app: Any, argv: list[str]) -> int:
     ``standalone_mode=False``, so click returns the status that ``ctx.exit`` gave it, and
     ``start`` drops it. The worker object, which keeps it, is taken from ``worker_init``.
     """
-    from celery.signals import worker_init
+    from celery.signals import worker_init, worker_ready
+
+    from settled.supervise import say_ready
 
     workers: list[Any] = []
 
     def keep(sender: Any, **_: Any) -> None:
         workers.append(sender)
 
+    def ready(**_: Any) -> None:
+        say_ready()  # consuming: `settled run` restarts it from now on if it dies
+
     worker_init.connect(keep, weak=False)
+    worker_ready.connect(ready, weak=False)
     try:
         app.start(argv)
     finally:
         worker_init.disconnect(keep)
+        worker_ready.disconnect(ready)
     if not workers:
         return 1  # the worker was never built: Celery refused the command
     status = workers[-1].exitcode  # 1 after "Unrecoverable error", 0 after a stop signal
@@ -120,14 +114,18 @@ def _serve_metrics(settings: Any) -> None:
 )
 def beat(loglevel: str) -> None:
     """Run celery beat: the sweeper and the reconciler on their schedules (run one)."""
+    from celery.signals import beat_init
+
     from outbox import logs
     from outbox.settings import Settings
     from settled.celery_app import create_app
+    from settled.supervise import say_ready
 
     logs.configure(loglevel)
     settings = Settings()
-    _preflight(settings, broker=True)
+    _preflight(settings, "beat", broker=True)
     _beat_folder(settings)
+    beat_init.connect(lambda **_: say_ready(), weak=False)
     # Beat returns when a stop signal ends it; any failure is raised (exit status 1).
     create_app(settings).start(["--quiet", "beat", f"--loglevel={loglevel}"])  # no banner
 
@@ -150,7 +148,7 @@ def web(host: str, port: int) -> None:
     from settled.web import serve
 
     settings = Settings()
-    _preflight(settings, broker=False)
+    _preflight(settings, "web", broker=False)
     click.echo(f"status API on http://{host}:{port}")
     serve(settings, host=host, port=port)
 
@@ -177,9 +175,31 @@ def run_children(*, web_host: str, web_port: int, concurrency: int) -> list[list
 def run_stack(web_host: str, web_port: int, concurrency: int) -> None:
     """Worker, beat and web for a single machine, against the configured PostgreSQL and Redis.
 
-    A child that dies is restarted with back-off (said on stderr); SIGTERM stops them all.
+    The preflight runs first (one line and a non-zero exit on a misconfiguration). A child that
+    exits before it was ready (its own preflight, a port taken) stops them all, with its exit
+    status; one that dies after is restarted with back-off (said on stderr). SIGTERM stops
+    them all.
     """
+    from outbox.settings import Settings
     from settled.supervise import settled_command, supervise
 
+    _preflight(Settings(), "run", broker=True)
     children = run_children(web_host=web_host, web_port=web_port, concurrency=concurrency)
     raise SystemExit(supervise([settled_command(*args) for args in children]))
+
+
+@click.command("check")
+@click.option(
+    "--broker/--no-broker",
+    default=True,
+    show_default=True,
+    help="check that the broker answers too (web alone needs none)",
+)
+def check(broker: bool) -> None:
+    """Run the preflight alone, as every start runs it (for a deploy pipeline): exit 0 and one
+    line naming the database, its schema and the broker; or one ``Error:`` line and exit 1.
+    Writes nothing, sends nothing."""
+    from outbox.settings import Settings
+    from settled.preflight import preflight
+
+    click.echo(preflight(Settings(), broker=broker).line("check"))

@@ -7,7 +7,7 @@ queue. Every wait is Playwright's auto-waiting ``expect``. Each main page is pho
 ``test-artifacts/console/`` (``scripts/console_screenshots.sh`` copies them into the README's
 ``docs/console/``).
 
-Without ``/usr/bin/chromium`` the module is skipped, unless ``SETTLED_REQUIRE_BROWSER`` is set
+Without ``/usr/bin/chromium`` the module is skipped, unless ``SETTLED_TEST_REQUIRE_BROWSER`` is set
 (as in ``.ci/run``): then a missing browser is a failure.
 """
 
@@ -34,10 +34,10 @@ from tests.support.simtools import wait_until
 from tests.support.stack import Stack
 
 CHROMIUM = Path("/usr/bin/chromium")
-REQUIRED = bool(os.environ.get("SETTLED_REQUIRE_BROWSER"))
+REQUIRED = bool(os.environ.get("SETTLED_TEST_REQUIRE_BROWSER"))
 if not CHROMIUM.exists() and not REQUIRED:
     pytest.skip(
-        "no /usr/bin/chromium (apt-get install chromium; SETTLED_REQUIRE_BROWSER=1 makes this "
+        "no /usr/bin/chromium (apt-get install chromium; SETTLED_TEST_REQUIRE_BROWSER=1 makes this "
         "a failure)",
         allow_module_level=True,
     )
@@ -55,7 +55,7 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgro
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
-        pytest.fail("SETTLED_REQUIRE_BROWSER is set and /usr/bin/chromium is missing")
+        pytest.fail("SETTLED_TEST_REQUIRE_BROWSER is set and /usr/bin/chromium is missing")
     with sync_playwright() as p:
         launched = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         yield launched

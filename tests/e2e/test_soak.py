@@ -1,7 +1,7 @@
 """The fault soak, short: about 1,000 operations through worker, beat, Redis and PostgreSQL
 kills and a faulty downstream (``bench/soak.py``), so that every change is soaked.
 
-The seed is fixed (``SETTLED_SOAK_SEED`` chooses another); a failure names it, and
+The seed is fixed (``SETTLED_TEST_SOAK_SEED`` chooses another); a failure names it, and
 ``python bench/soak.py --ops 1000 --duration 40 --seed <seed>`` repeats the same schedule of
 faults and kills. The soak must also have done what it says: every kind of kill and every
 downstream fault happened at least once.
@@ -23,7 +23,7 @@ from bench.soak_plan import DOWNSTREAM_KINDS, KILLS
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = int(os.environ.get("SETTLED_SOAK_SEED", "15"))
+SEED = int(os.environ.get("SETTLED_TEST_SOAK_SEED", "15"))
 OPS = 1000
 
 
@@ -46,7 +46,7 @@ def test_a_short_fault_soak_has_no_duplicate_no_loss_no_lie(tmp_path: Path) -> N
         check=False,
     )  # fmt: skip
     said = (
-        f"soak seed {SEED} (repeat: SETTLED_SOAK_SEED={SEED}, or python bench/soak.py --ops "
+        f"soak seed {SEED} (repeat: SETTLED_TEST_SOAK_SEED={SEED}, or python bench/soak.py --ops "
         f"{OPS} --duration 40 --seed {SEED}); output in {out}\n"
         f"--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-4000:]}"
     )

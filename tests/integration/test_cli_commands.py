@@ -40,6 +40,9 @@ def settled(rig: Rig, *args: str | bytes) -> subprocess.CompletedProcess[bytes]:
         SETTLED_DOWNSTREAM_URL=rig.url,
         SETTLED_DOWNSTREAM_API_KEYS=json.dumps({"acme": rig.tenant.api_key.get_secret_value()}),
         SETTLED_DOWNSTREAM_TIMEOUT="2",
+        # The rig's own keys: review refuses the development ones against PostgreSQL.
+        SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "test-fingerprint-key-0001"}),
+        SETTLED_IDEMPOTENCY_SECRET="test-idempotency-secret",
         SETTLED_STAFF_ID="alice",
         SETTLED_STAFF_ROLE="support",
     )

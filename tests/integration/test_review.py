@@ -219,12 +219,21 @@ def test_requery_that_finds_nothing_is_recorded(rig: Rig) -> None:
 # -- the CLI, end to end -------------------------------------------------------------------
 
 
+#: The rig's keys: ``settled review`` and ``reconcile`` refuse the development ones against
+#: PostgreSQL.
+OWN_KEYS = {
+    "SETTLED_FINGERPRINT_KEYS": json.dumps({"v1": "test-fingerprint-key-0001"}),
+    "SETTLED_IDEMPOTENCY_SECRET": "test-idempotency-secret",
+}
+
+
 def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> Any:
     env = {
         "SETTLED_DATABASE_URL": rig.engine.url.render_as_string(hide_password=False),
         "SETTLED_DOWNSTREAM_URL": rig.url,
         "SETTLED_DOWNSTREAM_API_KEYS": json.dumps({"acme": rig.tenant.api_key.get_secret_value()}),
         "SETTLED_DOWNSTREAM_TIMEOUT": "2",
+        **OWN_KEYS,
         "SETTLED_STAFF_ID": staff,
         "SETTLED_STAFF_ROLE": role,
     }
@@ -280,6 +289,7 @@ def test_reconcile_once_prints_the_pass_report(rig: Rig) -> None:
         "SETTLED_DATABASE_URL": rig.engine.url.render_as_string(hide_password=False),
         "SETTLED_DOWNSTREAM_URL": rig.url,
         "SETTLED_DOWNSTREAM_API_KEYS": json.dumps({"acme": rig.tenant.api_key.get_secret_value()}),
+        **OWN_KEYS,
     }
     result = CliRunner().invoke(main, ["reconcile", "--once"], env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output

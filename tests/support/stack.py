@@ -41,7 +41,9 @@ class Stack:
             SETTLED_BROKER_URL=self.broker_url,
             SETTLED_DOWNSTREAM_URL=self.downstream_url,
             SETTLED_DOWNSTREAM_API_KEYS=json.dumps(self.api_keys),
-            SETTLED_DOWNSTREAM_TIMEOUT="5.0",  # generous: a loaded CI machine must not time out
+            # What a send gets within the 2 s lease less the 1 s clock margin (the preflight
+            # refuses a timeout that does not fit in the lease).
+            SETTLED_DOWNSTREAM_TIMEOUT="1.0",
             SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "test-fingerprint-key-0001"}),
             SETTLED_IDEMPOTENCY_SECRET="test-idempotency-secret",
             SETTLED_LEASE_SECONDS="2",

@@ -287,12 +287,15 @@ def test_review_list_on_a_database_never_migrated_says_to_upgrade(
     assert "run `settled db upgrade`" in line
 
 
-def test_version_names_the_installed_distribution(cli: CliRunner) -> None:
+def test_version_names_the_installed_distribution_and_the_schema_head(cli: CliRunner) -> None:
     from importlib.metadata import version
 
+    from outbox.db import schema_heads
+
+    (head,) = schema_heads("sqlite://")
     result = settled(cli, ["--version"])
     assert result.exit_code == 0
-    assert result.output.strip() == f"settled, version {version('settled')}"
+    assert result.output.strip() == f"settled, version {version('settled')}, schema head {head}"
 
 
 @pytest.mark.parametrize(("flag", "fence"), [([], True), (["--no-deadline-fence"], False)])

@@ -11,6 +11,7 @@ the systemd units and ``settled run`` are parsed whole, options included.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -138,9 +139,16 @@ def dockerfile_commands() -> list[list[str]]:
     return commands
 
 
-def run_children(monkeypatch: pytest.MonkeyPatch, *args: str) -> list[list[str]]:
-    """The commands ``settled run ARGS`` starts, captured instead of started."""
+def run_children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> list[list[str]]:
+    """The commands ``settled run ARGS`` starts, captured instead of started (after its
+    preflight, on a migrated SQLite file and the filesystem broker)."""
     import settled.supervise
+    from outbox.db import upgrade
+
+    url = f"sqlite:///{tmp_path / 'settled.sqlite3'}"
+    upgrade(url)
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SETTLED_")}
+    env.update(SETTLED_DATABASE_URL=url, SETTLED_BROKER_URL="filesystem://")
 
     started: list[list[str]] = []
 
@@ -149,7 +157,7 @@ def run_children(monkeypatch: pytest.MonkeyPatch, *args: str) -> list[list[str]]
         return 0
 
     monkeypatch.setattr(settled.supervise, "supervise", supervise)
-    result = CliRunner().invoke(main, ["run", *args])
+    result = CliRunner(env=env).invoke(main, ["run", *args])
     assert result.exit_code == 0, result.output
     prefix = [sys.executable, "-m", "settled.cli"]
     assert all(c[:3] == prefix for c in started), started
@@ -211,8 +219,10 @@ def test_the_dockerfile_runs_commands_that_exist() -> None:
         assert_runs(argv, "Dockerfile")
 
 
-def test_settled_run_starts_commands_that_exist(monkeypatch: pytest.MonkeyPatch) -> None:
-    children = run_children(monkeypatch, "--web-port=8123", "--concurrency=3")
+def test_settled_run_starts_commands_that_exist(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    children = run_children(monkeypatch, tmp_path, "--web-port=8123", "--concurrency=3")
     assert [c[0] for c in children] == ["worker", "beat", "web"]
     assert "--port=8123" in children[2]
     for argv in children:

@@ -37,6 +37,7 @@ CURATED = [
     "InvalidIdentifier",
     "UnknownKind",
     "InvalidParams",
+    "InvalidSetting",
     "IdempotencyConflict",
     "IllegalTransition",
     "StaleLease",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from outbox.db import upgrade
 from outbox.downstream import Gateway
 from outbox.errors import InvalidInput
 from outbox.kinds import KindRegistry, default_registry
@@ -87,6 +88,7 @@ def test_the_console_and_settled_review_ask_each_kind_where_the_worker_sends_it(
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    upgrade(env["SETTLED_DATABASE_URL"])  # ``settled review`` checks it is migrated
     worker = build_runtime(Settings())  # as a Celery worker builds it (settled.celery_app)
     cli = cli_runtime()  # as ``settled review`` builds it
     web = create_web_app(Settings())  # as ``settled web`` builds it

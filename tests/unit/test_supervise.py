@@ -1,5 +1,6 @@
-"""``settled run``'s supervisor: a child that dies is restarted with back-off; a stop signal
-stops them all."""
+"""``settled run``'s supervisor: a child that dies after it said it was ready is restarted with
+back-off; one that exits before it was ever ready (its preflight refused) stops them all, with
+its exit status; a stop signal stops them all. The children are real processes."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_a_child_that_dies_is_restarted_with_back_off_and_the_others_left_alone(
     dies = [
         sys.executable,
         "-c",
-        f"import os; open({str(starts)!r}, 'a').write(f'{{os.getpid()}}\\n'); raise SystemExit(3)",
+        "import os; from settled.supervise import say_ready; say_ready(); "
+        f"open({str(starts)!r}, 'a').write(f'{{os.getpid()}}\\n'); raise SystemExit(3)",
     ]
     said: list[str] = []
     stop_when(lambda: starts.exists() and len(starts.read_text().split()) >= 5)
@@ -75,3 +77,55 @@ def test_a_stop_signal_stops_every_child_and_succeeds(tmp_path: Path) -> None:
     assert result == [0]
     pid = int(pidfile.read_text())
     assert not Path(f"/proc/{pid}").exists()
+
+
+READY_THEN_SLEEP = (
+    "import os, sys, time; from settled.supervise import say_ready; say_ready(); "
+    "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+)
+
+
+def test_a_child_that_exits_before_it_was_ready_stops_them_all_with_its_status(
+    tmp_path: Path,
+) -> None:
+    pidfile = tmp_path / "ready.pid"
+    ready = [sys.executable, "-c", READY_THEN_SLEEP, str(pidfile)]
+    # As a child whose preflight refused: it waits for the other to be up, then exits 1.
+    refused = [
+        sys.executable,
+        "-c",
+        "import os, sys, time\n"
+        "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n"
+        "print('Error: refused', file=sys.stderr); raise SystemExit(4)",
+        str(pidfile),
+    ]
+    said: list[str] = []
+    assert supervise([ready, refused], poll=0.01, say=said.append) == 4
+    assert any("exited with status 4 before it was ready; stopping" in m for m in said), said
+    assert not any("restarting" in m for m in said), said  # never restarted
+    assert not Path(f"/proc/{int(pidfile.read_text())}").exists()  # the other was stopped
+
+
+def test_a_child_once_ready_is_restarted_even_when_a_restart_fails_before_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Healthy once: a database down at its restart is waited out, not a reason to stop."""
+    monkeypatch.setattr(supervise_module, "FIRST_DELAY", 0.05)
+    monkeypatch.setattr(supervise_module, "MAX_DELAY", 0.1)
+    starts = tmp_path / "starts"
+    # Ready on its first start only; every start exits 3.
+    child = [
+        sys.executable,
+        "-c",
+        "import os, sys; from settled.supervise import say_ready\n"
+        "first = not os.path.exists(sys.argv[1])\n"
+        "open(sys.argv[1], 'a').write('x\\n')\n"
+        "if first: say_ready()\n"
+        "raise SystemExit(3)",
+        str(starts),
+    ]
+    said: list[str] = []
+    stop_when(lambda: starts.exists() and len(starts.read_text().split()) >= 4)
+    supervise([child], poll=0.01, say=said.append)
+    assert len(starts.read_text().split()) >= 4
+    assert not any("before it was ready" in m for m in said), said

@@ -1,0 +1,126 @@
+"""The checks before a start: one preflight for every command that fingerprints, approves,
+sends or serves (``worker``, ``beat``, ``web``, ``run``, ``mcp``, ``review``, ``proposals``,
+``reconcile``, and ``check``, which runs it alone).
+
+Each refusal is one ``InvalidSetting`` or ``SettledError`` naming what to fix, raised before
+anything is written, sent or published (and before an SQLite file is created). What reading
+the settings refuses already (an unknown ``SETTLED_*`` variable, a value out of range) is
+refused before this runs; an app's ``Outbox.from_settings`` refuses the development secrets
+against PostgreSQL itself. In order:
+
+    development secrets against PostgreSQL  SETTLED_FINGERPRINT_KEYS, SETTLED_IDEMPOTENCY_SECRET
+    contracts for unknown kinds              SETTLED_DOWNSTREAM_CONTRACTS
+    providers, Stripe without keys           SETTLED_DOWNSTREAM_PROVIDERS, SETTLED_STRIPE_API_KEYS
+    downstream URLs without http(s), host    SETTLED_DOWNSTREAM_URL, SETTLED_STRIPE_API_BASE
+    a lease a send does not fit in           SETTLED_LEASE_SECONDS
+    a broker URL of no known transport       SETTLED_BROKER_URL
+    the database: answers, at the newest migration
+    the broker answers (processes that publish or consume hints)
+
+``Started.line`` is the one line a start says: the database and the broker (passwords
+masked) and the schema version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from outbox.errors import InvalidSetting
+from outbox.kinds import KindRegistry, default_registry
+from outbox.settings import Settings, masked
+from settled.runtime import check_providers
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a start runs against, as its start line says it."""
+
+    database: str
+    schema: str
+    broker: str | None
+
+    def line(self, command: str) -> str:
+        broker = f", broker {self.broker}" if self.broker else ""
+        return f"settled {command}: database {self.database} at schema {self.schema}{broker}"
+
+
+def announce(started: Started, command: str) -> None:
+    """Log the start line (logger ``settled.start``, JSON like every line), whatever the log
+    level: every start says what it runs against."""
+    import logging
+
+    log = logging.getLogger("settled.start")
+    log.setLevel(logging.INFO)  # shown at a person's command's WARNING too
+    fields = {"command": command, "database": started.database, "schema": started.schema}
+    if started.broker is not None:
+        fields["broker"] = started.broker
+    log.info(started.line(command), extra=fields)
+
+
+def preflight(settings: Settings, *, broker: bool, registry: KindRegistry | None = None) -> Started:
+    """Refuse a misconfiguration before anything runs (module docstring), then check that the
+    database answers and is migrated, and (``broker``: a process that publishes or consumes
+    hints) that the broker answers. Returns what the start line says."""
+    from outbox.db import check_schema
+
+    registry = check_configuration(settings, registry)
+    schema = check_schema(settings.database_url)
+    if not broker:
+        return Started(masked(settings.database_url), schema, None)
+    from settled.celery_app import check_broker
+
+    check_broker(settings)
+    return Started(masked(settings.database_url), schema, masked(settings.broker_url))
+
+
+def check_configuration(settings: Settings, registry: KindRegistry | None = None) -> KindRegistry:
+    """The checks that need no server; returns ``registry`` (default: the default kinds)
+    with the configured contracts applied."""
+    settings.refuse_development_secrets()
+    registry = settings.apply_contracts(registry or default_registry())
+    check_providers(settings, registry)
+    _check_url(settings.downstream_url, "SETTLED_DOWNSTREAM_URL")
+    if "stripe" in settings.downstream_providers.values():
+        _check_url(settings.stripe_api_base, "SETTLED_STRIPE_API_BASE")
+    _check_lease(settings)
+    _check_broker_url(settings.broker_url)
+    return registry
+
+
+def _check_url(url: str, setting: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidSetting(
+            f"{setting} must be an http:// or https:// URL with a host, e.g. "
+            "https://payments.example.com",
+            setting=setting,
+        )
+
+
+def _check_lease(settings: Settings) -> None:
+    fits = settings.downstream_timeout + settings.clock_margin_seconds
+    if settings.lease_seconds < fits:
+        raise InvalidSetting(
+            f"SETTLED_LEASE_SECONDS ({settings.lease_seconds:g} s) is shorter than "
+            f"SETTLED_DOWNSTREAM_TIMEOUT ({settings.downstream_timeout:g} s) plus "
+            f"SETTLED_CLOCK_MARGIN_SECONDS ({settings.clock_margin_seconds:g} s): every send "
+            "would be cut at its lease; make the lease longer or the timeout shorter",
+            setting="SETTLED_LEASE_SECONDS",
+        )
+
+
+def _check_broker_url(url: str) -> None:
+    from kombu.transport import TRANSPORT_ALIASES
+
+    # ``redis+socket://``: kombu's transport is the part before the ``+``.
+    scheme = url.partition(":")[0].partition("+")[0]
+    if scheme not in TRANSPORT_ALIASES:
+        import difflib
+
+        near = difflib.get_close_matches(scheme, sorted(TRANSPORT_ALIASES), n=1)
+        hint = f"; did you mean {near[0]}://?" if near else ""
+        raise InvalidSetting(
+            f"SETTLED_BROKER_URL has no known transport {scheme + '://'!r}{hint}",
+            setting="SETTLED_BROKER_URL",
+        )
