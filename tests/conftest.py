@@ -19,7 +19,7 @@ from outbox.settings import Settings
 from tests.support import services
 from tests.support.simtools import fenced
 
-pytest_plugins = ["tests.support.sim", "tests.support.rig"]
+pytest_plugins = ["tests.support.sim", "tests.support.rig", "tests.support.no_skips"]
 
 TABLES = (
     "review_items, operation_events, attempts, operations, runs, api_keys,"
