@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -37,7 +38,13 @@ def test_readme_enqueue_example_runs_and_does_what_it_says(
     name = f"settled_readme_{uuid.uuid4().hex[:8]}"
     with services.throwaway_database(pg_server, name) as url:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
-        env.update(SETTLED_DATABASE_URL=url, SETTLED_BROKER_URL=broker)
+        env.update(
+            SETTLED_DATABASE_URL=url,
+            SETTLED_BROKER_URL=broker,
+            # what an operator sets: the development ones are refused against PostgreSQL
+            SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "readme-fingerprint-key-0001"}),
+            SETTLED_IDEMPOTENCY_SECRET="readme-idempotency-secret-0001",
+        )
         result = subprocess.run(
             [sys.executable, str(code)],
             env=env,

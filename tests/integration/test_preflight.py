@@ -186,7 +186,7 @@ MISTAKES = {
         "SETTLED_DOWNSTREAM_URL must be an http:// or https:// URL with a host",
     ),
     "broker-typo": (
-        {"SETTLED_BROKER_URL": "redsi://127.0.0.1:6379/0"},
+        {"SETTLED_BROKER_URL": "redsi://127.0.0.1:6399/0"},
         "SETTLED_BROKER_URL has no known transport 'redsi://'; did you mean redis://?",
     ),
     "development-secrets": (

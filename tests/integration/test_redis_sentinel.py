@@ -128,9 +128,9 @@ def test_after_a_sentinel_failover_the_next_refund_is_sent_once(
 
 def test_the_master_name_is_required_with_sentinels_and_refused_without() -> None:
     for bad, says in [
-        ({"broker_url": "sentinel://127.0.0.1:26379"}, "set SETTLED_REDIS_SENTINEL_MASTER"),
+        ({"broker_url": "sentinel://127.0.0.1:26390"}, "set SETTLED_REDIS_SENTINEL_MASTER"),
         (
-            {"broker_url": "redis://127.0.0.1:6379/0", "redis_sentinel_master": "m"},
+            {"broker_url": "redis://127.0.0.1:6399/0", "redis_sentinel_master": "m"},
             "is not a sentinel:// URL",
         ),
         ({"broker_url": "redis+cluster://127.0.0.1:7000"}, "Redis Cluster is not supported"),

@@ -179,7 +179,7 @@ MISCONFIGURED = {
         "SETTLED_STRIPE_API_BASE must be an http:// or https:// URL",
     ),
     "broker typo": (
-        {"SETTLED_BROKER_URL": "redsi://:broker-pw-not-shown@127.0.0.1:6379/0"},
+        {"SETTLED_BROKER_URL": "redsi://:broker-pw-not-shown@127.0.0.1:6399/0"},
         "SETTLED_BROKER_URL has no known transport 'redsi://'; did you mean redis://?",
     ),
 }
@@ -246,9 +246,9 @@ def test_a_start_line_masks_every_password() -> None:
     assert masked("postgresql+psycopg://settled:s3cret@db:5432/ops") == (
         "postgresql+psycopg://settled:***@db:5432/ops"
     )
-    assert masked("redis://:s3cret@redis:6379/0") == "redis://:***@redis:6379/0"
+    assert masked("redis://:s3cret@redis:6399/0") == "redis://:***@redis:6399/0"
     assert masked("rediss://user:s3cret@redis:6380/1") == "rediss://user:***@redis:6380/1"
-    assert masked("redis://redis:6379/0") == "redis://redis:6379/0"
+    assert masked("redis://redis:6399/0") == "redis://redis:6399/0"
     assert masked("sqlite:///settled.sqlite3") == f"sqlite:///{Path.cwd() / 'settled.sqlite3'}"
 
 
