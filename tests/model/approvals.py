@@ -50,11 +50,12 @@ proposal in a status may be approved or declined). Invariants: the policy never 
 second refund on the order by itself, counting the app's refund committed or written by a
 transaction still open that later commits; no approval of a declined, withdrawn or expired
 proposal, nor of one past its time to live; at most one approval and one operation per
-proposal; and every proposal ends approved, declined or expired. CI explores two
-configurations exhaustively (two agents' proposals; one proposal and the app's intake; both
-with the policy, a human and staff). Broken variants, each caught: the intake without its
-shared lock, the policy without its exclusive lock, the policy ignoring the app's own refunds,
-an approval UPDATE not conditional on the status, and one that ignores the time to live.
+proposal; and every proposal ends approved, declined or expired. CI explores three
+configurations exhaustively (two agents' proposals; one proposal and the app's intake; two
+proposals and the app's intake; each with the policy, a human per proposal and staff).
+Broken variants, each caught: the intake without its shared lock, the policy without its
+exclusive lock, the policy ignoring the app's own refunds, an approval UPDATE not conditional
+on the status, and one that ignores the time to live.
 Abstracted away: other orders and tenants (their locks never meet this one's, but for
 stripes, which cost a wait only), repeats (the agents ask for different amounts), the lock
 queue's fairness (PostgreSQL queues a shared request behind a waiting exclusive one: a matter
@@ -574,6 +575,15 @@ CONFIGURATIONS: dict[str, ApprovalsModel] = {
     "approvals: two agents": ApprovalsModel("approvals: two agents", amounts=TWO, app=False),
     "approvals: agent and app": ApprovalsModel(
         "approvals: agent and app", amounts=(1000,), app=True
+    ),
+    "approvals: two agents and app": ApprovalsModel(
+        "approvals: two agents and app", amounts=TWO, app=True
+    ),
+}
+#: larger configurations for a long run (three agents: about 140,000 states, 30 s)
+LONG: dict[str, ApprovalsModel] = {
+    "approvals: three agents": ApprovalsModel(
+        "approvals: three agents", amounts=(*TWO, 3000), app=False
     ),
 }
 VARIANTS: dict[str, ApprovalsModel] = {
