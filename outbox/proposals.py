@@ -29,7 +29,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -105,11 +105,59 @@ def repeat_of(
     return None
 
 
+class _Standing(Protocol):
+    """What the rules read of a proposal on the order (a ``Proposal`` row, or a model's)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def op_id(self) -> str | None: ...
+
+
+class _Done(Protocol):
+    """What the rules read of an operation on the order (an ``Operation`` row, or a model's)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def op_id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+ProposalT = TypeVar("ProposalT", bound=_Standing)
+OperationT = TypeVar("OperationT", bound=_Done)
+
+
+def on_the_order(
+    ever: Sequence[ProposalT],
+    operations: Sequence[OperationT],
+    kind: str,
+    repeated: ProposalT | None = None,
+) -> tuple[tuple[ProposalT, ...], tuple[OperationT, ...]]:
+    """What else of ``kind`` is on an order, as a new request (or ``repeated``, the one it
+    repeats) sees it: the live proposals among ``ever`` (every proposal on the order, however
+    old) other than ``repeated``, and the operations of the kind that no proposal made (the
+    app's own) and that were not rejected or cancelled. What an approval shows, and what keeps
+    the policy from approving by itself (``auto_approvable``)."""
+    live = tuple(p for p in ever if p.status in LIVE and p is not repeated)
+    proposed_ops = {p.op_id for p in ever if p.op_id is not None}
+    others = tuple(
+        op
+        for op in operations
+        if op.kind == kind and op.op_id not in proposed_ops and op.state not in _UNDID_NOTHING
+    )
+    return live, others
+
+
 def auto_approvable(
     limit: int | None,
     amount: int | None,
-    earlier: Sequence[Proposal],
-    others: Sequence[Operation] = (),
+    earlier: Sequence[_Standing],
+    others: Sequence[_Done] = (),
 ) -> bool:
     """Whether a tenant's policy approves a new proposal by itself: an amount at most the
     tenant's limit, no other live proposal for the same order, however old, and no operation
@@ -118,6 +166,20 @@ def auto_approvable(
     if limit is None or amount is None or amount > limit:
         return False
     return not any(p.status in LIVE for p in earlier) and not others
+
+
+def decision_check(status: str, expired: bool, to: str) -> str | None:
+    """Whether a proposal in ``status`` (``expired``: past its time to live, marked or not)
+    may be decided ``to`` (APPROVED or DECLINED): None to go on; ``to`` when it already is
+    (answered unchanged); else the refusal's code (``proposal_expired``, ``proposal_decided``).
+    The conditional UPDATE re-checks status and age under the row's lock (``store.decide``)."""
+    if status == to:
+        return to
+    if expired:
+        return "proposal_expired"
+    if status != PROPOSED:
+        return "proposal_decided"
+    return None
 
 
 # -- the service ---------------------------------------------------------------------------
@@ -271,15 +333,8 @@ class Proposals:
         ever = store.recent_for_order(
             session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=None
         )
-        live = tuple(p for p in ever if p.status in LIVE and p is not repeated)
-        proposed_ops = {p.op_id for p in ever if p.op_id is not None}
-        others = tuple(
-            op
-            for op in operations_on_orders(session, [(tenant, order_ref)])
-            if op.kind == spec.name
-            and op.op_id not in proposed_ops
-            and op.state not in _UNDID_NOTHING
-        )
+        on_order = operations_on_orders(session, [(tenant, order_ref)])
+        live, others = on_the_order(ever, on_order, spec.name, repeated)
         if repeated is not None:
             return Proposed(repeated, created=False, earlier=live, others=others)
         row = store.add_proposal(
@@ -342,11 +397,10 @@ class Proposals:
         """
         by = validate_label(by, field="actor", max_length=MAX_ACTOR)
         proposal = self.find(session, tenant, handle)
-        if proposal.status == APPROVED:
+        check = decision_check(proposal.status, self.expired(session, proposal), APPROVED)
+        if check == APPROVED:
             return proposal
-        self._refuse_if_expired(session, proposal)
-        if proposal.status != PROPOSED:
-            raise ProposalConflict(code="proposal_decided", status=proposal.status)
+        self._refuse(check, proposal)
         self._check_bound(proposal)
         # The one lock order: the order's lock before a compensation's (``_enqueue``).
         lock = order_lock(proposal.tenant, proposal.kind, proposal.order_ref)
@@ -412,12 +466,11 @@ class Proposals:
         harmless; an approved or expired one raises ProposalConflict."""
         by = validate_label(by, field="actor", max_length=MAX_ACTOR)
         proposal = self.find(session, tenant, handle)
-        if proposal.status == DECLINED:
+        check = decision_check(proposal.status, self.expired(session, proposal), DECLINED)
+        if check == DECLINED:
             return proposal
-        self._refuse_if_expired(session, proposal)
-        if proposal.status != PROPOSED or not store.decide(
-            session, proposal.id, status=DECLINED, by=by
-        ):
+        self._refuse(check, proposal)
+        if not store.decide(session, proposal.id, status=DECLINED, by=by):
             raise ProposalConflict(code="proposal_decided", status=proposal.status)
         session.expire(proposal)
         return proposal
@@ -453,6 +506,18 @@ class Proposals:
                 code="proposal_expired",
                 status=EXPIRED,
             )
+
+    @staticmethod
+    def _refuse(check: str | None, proposal: Proposal) -> None:
+        """ProposalConflict for a ``decision_check`` that refused (None: nothing)."""
+        if check == "proposal_expired":
+            raise ProposalConflict(
+                "the proposal expired without a decision; nothing was sent",
+                code="proposal_expired",
+                status=EXPIRED,
+            )
+        if check == "proposal_decided":
+            raise ProposalConflict(code="proposal_decided", status=proposal.status)
 
     def _check_bound(self, proposal: Proposal) -> None:
         """The stored parameters still match the fingerprint they were proposed with."""
