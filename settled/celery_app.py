@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 import redis
 import redis.sentinel
 from celery import Celery
+from celery.beat import PersistentScheduler
 from celery.signals import worker_process_shutdown
 from kombu.transport import redis as kombu_redis
 
@@ -104,6 +105,33 @@ class RedisTransport(kombu_redis.Transport):
 class _SentinelChannel(_RedisChannel, kombu_redis.SentinelChannel):
     """kombu's Sentinel channel (its pool follows the master the Sentinels name) with what
     ``_RedisChannel`` adds."""
+
+
+class BeatScheduler(PersistentScheduler):  # type: ignore[misc]
+    """Celery's persistent scheduler (``SETTLED_BEAT_SCHEDULE_FILE``), closed once.
+
+    Beat's SIGTERM handler closes the scheduler (its shelf) and raises ``SystemExit``; when
+    the signal lands while a due task is being sent, the send's ``finally`` syncs the shelf it
+    just closed, and the service's own ``finally`` closes it again: "invalid operation on
+    closed shelf", and a clean stop ends with exit status 1. Here a sync or a close after the
+    close does nothing (what was due to be saved was saved by the first close)."""
+
+    _closed = False
+
+    def sync(self) -> None:
+        if not self._closed:
+            super().sync()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        super().close()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if self._closed:  # stopping: nothing more is sent, and the shelf is not read again
+            return float(self.max_interval)
+        return float(super().tick(*args, **kwargs))
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):
@@ -271,6 +299,7 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
             },
         },
         beat_schedule_filename=settings.beat_schedule_file,
+        beat_scheduler=f"{__name__}:BeatScheduler",
     )
     if settings.broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = f"{__name__}:RedisTransport"

@@ -12,6 +12,7 @@ SIGTERM it stops them all and exits: 0 when every child stopped cleanly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,6 +26,11 @@ from types import FrameType
 FIRST_DELAY = 1.0
 MAX_DELAY = 30.0
 HEALTHY_AFTER = 60.0
+#: How long the children have to stop after SIGTERM before they are killed.
+STOP_SECONDS = 30.0
+#: Asks a child to write every thread's stack on stderr (``faulthandler``; ``settled.cli``
+#: registers it in every command), so that one that would not stop says where it hung.
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 #: The environment variable naming the pipe a child says it is ready on.
@@ -41,6 +47,13 @@ def say_ready() -> None:
         os.close(int(fd))
     except (OSError, ValueError):
         pass  # not started by ``settled run`` after all: nobody to tell
+
+
+def _dump_stacks(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(STACKS_SIGNAL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(1.0)  # time to write them (it stays alive: the handler only writes)
 
 
 def settled_command(*args: str) -> list[str]:
@@ -154,11 +167,14 @@ def supervise(
         for p in procs:
             if p.poll() is None:
                 p.terminate()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + STOP_SECONDS
         for p in procs:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                child = next(c for c in children if c.proc is p)
+                say(f"{child.name} did not stop within {STOP_SECONDS:g} s; its stacks, then kill")
+                _dump_stacks(p)
                 p.kill()
                 p.wait()
         for child in children:
@@ -167,5 +183,10 @@ def supervise(
             signal.signal(s, handler)
     if failed_start is not None:
         return failed_start
-    failed = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGTERM)]
+    failed = [
+        c for c in children if c.proc is not None and c.proc.returncode not in (0, -signal.SIGTERM)
+    ]
+    for child in failed:
+        assert child.proc is not None
+        say(f"{child.name} exited with status {child.proc.returncode} while stopping")
     return 1 if failed else 0

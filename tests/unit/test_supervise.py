@@ -129,3 +129,25 @@ def test_a_child_once_ready_is_restarted_even_when_a_restart_fails_before_ready(
     supervise([child], poll=0.01, say=said.append)
     assert len(starts.read_text().split()) >= 4
     assert not any("before it was ready" in m for m in said), said
+
+
+def test_a_child_that_will_not_stop_has_its_stacks_written_then_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(supervise_module, "STOP_SECONDS", 0.5)
+    ready = tmp_path / "ready"
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import faulthandler, signal, time; from settled.supervise import say_ready; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "faulthandler.register(signal.SIGUSR1, all_threads=True); say_ready(); "
+        f"open({str(ready)!r}, 'w').write('1'); time.sleep(60)",
+    ]
+    said: list[str] = []
+    stop_when(ready.exists)
+    status = supervise([stubborn], poll=0.01, say=said.append)
+    assert status == 1  # killed: not a clean stop
+    assert any("did not stop within 0.5 s" in m for m in said), said
+    assert any("exited with status -9 while stopping" in m for m in said), said
+    assert "Current thread" in capfd.readouterr().err  # where it hung, from faulthandler
