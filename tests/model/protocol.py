@@ -19,8 +19,9 @@ Every decision is made by Settled's own pure functions, with the values the serv
   interleavings are explored, never fewer); every operation is always due (``next_attempt_at``
   only narrows when things happen);
 - **the network** holds each request that left until it lands or can no longer land: after its
-  ``Settled-Deadline`` by the downstream's clock (within ``SLEW`` of the database's) where the
-  downstream enforces it, else after the end its sender knew plus the declared delay bound;
+  ``Settled-Deadline`` by the downstream's clock (``MARGIN`` behind the database's, the worst
+  the contract allows) where the downstream enforces it, else after the end its sender knew
+  plus the declared delay bound;
 - **the downstream** keeps a ledger: each landing, when it becomes visible to lookups
   (``visibility`` points later), and forgets a key ``retention`` points after it first landed.
 
@@ -65,7 +66,6 @@ TICK = timedelta(seconds=10)
 FAR = timedelta(days=3)
 #: ``Executor.clock_margin``; the downstream's clock is within it of the database's
 MARGIN = timedelta(seconds=1)
-SLEW = MARGIN
 #: ``Reconciler.client_timeout`` and ``ReviewQueue.lookup_timeout`` (their defaults)
 CLIENT_TIMEOUT = timedelta(seconds=10)
 REVIEW_AFTER = timedelta(seconds=600)
@@ -100,12 +100,19 @@ class Config:
     crashes: bool = True
     #: a broken rule swapped in for the real one (``VARIANTS``), or None
     variant: str | None = None
+    #: the world may break the contract's assumptions (``ASSUMPTIONS``): the downstream's
+    #: clock this many seconds behind the database's (the contract allows ``MARGIN``), and
+    #: requests landing up to this many points after their sender was done (None: the
+    #: declared ``delay``)
+    world_slew: float = MARGIN.total_seconds()
+    world_delay: int | None = None
 
     @property
     def horizon(self) -> int:
         """The index of ``TOP``: after every request could have landed."""
-        late = 0 if self.enforces_deadline else self.delay
-        return self.deadline + self.lease + late + self.visibility + 1
+        late = 0 if self.enforces_deadline else max(self.delay, self.world_delay or 0)
+        slow = 1 if self.world_slew > MARGIN.total_seconds() else 0
+        return self.deadline + self.lease + late + self.visibility + slow + 1
 
     @property
     def contract(self) -> DownstreamContract:
@@ -273,6 +280,17 @@ VARIANTS: dict[str, tuple[Rules, Config]] = {
 }
 
 
+#: Worlds that break an assumption of the contract, in which the real rules must fail: what
+#: each invariant rests on (``docs/model.md``).
+ASSUMPTIONS: dict[str, Config] = {
+    "clock_slew_beyond_the_margin": Config(world_slew=11, staff=False, cancel=False),
+    "requests_later_than_the_delay_bound": Config(
+        enforces_deadline=False, world_delay=2, staff=False, cancel=False
+    ),
+    "visible_later_than_the_processing_time": Config(visibility=2, staff=False, cancel=False),
+}
+
+
 # ---------------------------------------------------------------- the model
 
 
@@ -359,10 +377,13 @@ class ProtocolModel:
     def _last_landing(self, a: Attempt, r: Request) -> datetime:
         """The latest a request may land: its fence by the downstream's clock, or the end its
         sender knew plus the delay bound."""
+        c = self.config
         if self.contract.enforces_deadline:
-            return datetime.fromtimestamp(0, UTC) + timedelta(seconds=r.fence) + SLEW
+            fence = datetime.fromtimestamp(0, UTC) + timedelta(seconds=r.fence)
+            return fence + timedelta(seconds=c.world_slew)
         end = a.lease_end if a.finished is None else min(a.lease_end, a.finished)
-        return self.when(end) + self.contract.max_request_delay
+        delay = c.delay if c.world_delay is None else c.world_delay
+        return self.when(end) + delay * TICK
 
     def _can_land(self, w: World, r: Request, t: int) -> bool:
         a = w.ops[r.op].attempts[r.attempt]
