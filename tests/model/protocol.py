@@ -262,20 +262,31 @@ class StaffWithoutProof(Rules):
 
 #: Each broken rule, and the configuration it must be caught in.
 VARIANTS: dict[str, tuple[Rules, Config]] = {
-    "send_not_bounded_by_lease": (SendPastLease(), Config(deadline=5, staff=False, cancel=False)),
-    "not_found_dated_when_answered": (DatedWhenAnswered(), Config(staff=False, cancel=False)),
-    "not_found_before_quiescence": (BeforeQuiescence(), Config(staff=False, cancel=False)),
+    "send_not_bounded_by_lease": (
+        SendPastLease(),
+        Config(lease=1, deadline=3, staff=False, cancel=False, throttle=False),
+    ),
+    "not_found_dated_when_answered": (
+        DatedWhenAnswered(),
+        Config(staff=False, cancel=False, throttle=False),
+    ),
+    "not_found_before_quiescence": (
+        BeforeQuiescence(),
+        Config(staff=False, cancel=False, throttle=False),
+    ),
     "not_found_past_key_retention": (
         PastRetention(),
-        Config(staff=False, cancel=False, workers=1, retention=4),
+        Config(staff=False, cancel=False, workers=1, retention=4, throttle=False),
     ),
     "staff_rejecting_without_proof": (
         StaffWithoutProof(),
-        Config(idempotent=False, workers=1, cancel=False),
+        Config(idempotent=False, workers=1, cancel=False, throttle=False),
     ),
     "delay_bound_ignored": (
         DelayBoundIgnored(),
-        Config(enforces_deadline=False, delay=2, staff=False, cancel=False),
+        Config(
+            enforces_deadline=False, delay=2, lease=1, staff=False, cancel=False, throttle=False
+        ),
     ),
 }
 
