@@ -3,7 +3,7 @@ staff, a user's cancel, the network and the downstream (``docs/model.md``).
 
 Every decision is made by Settled's own pure functions, with the values the services pass:
 ``workers.verdicts.check_before_send`` (the claim's checks, ``workers.claiming``),
-``Executor.send_deadline``'s rule (the send bounded by the lease), ``judge_submit`` and
+``Executor.send_deadline`` (the send bounded by the lease), ``judge_submit`` and
 ``judge_recovery`` (``workers.executor``), ``reconciler.decide.decide`` with a real
 ``Situation`` (``reconciler.reconcile``), ``not_found_doubt`` and ``reconciler.evidence.weigh``
 (staff, ``reconciler.resolve``), ``outbox.states.transition`` for every move, and
@@ -34,9 +34,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from outbox.change import Change
+from outbox.clock import DbClock, Deadline
 from outbox.downstream import (
     Accepted,
     Found,
@@ -58,6 +60,7 @@ from outbox.states import Event, RejectReason, State, transition
 from reconciler.decide import Situation, decide, not_found_doubt
 from reconciler.evidence import weigh
 from tests.model.engine import Invariant, Step
+from workers.executor import Executor
 from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -203,9 +206,15 @@ class World:
 class Rules:
     """The decisions, as the services make them; a variant overrides one (``VARIANTS``)."""
 
-    def send_deadline(self, deadline: datetime, lease_end: datetime) -> datetime:
-        """``Executor.send_deadline``: the deadline, or the lease's end less the margin."""
-        return min(deadline, lease_end - MARGIN)
+    def send_deadline(
+        self, claimed_at: datetime, lease_end: datetime, deadline: datetime, now: datetime
+    ) -> Deadline:
+        """``Executor.send_deadline`` itself, on the claim's values and a clock read at the
+        claim (``now`` is where its monotonic clock has got to)."""
+        claimed = SimpleNamespace(lease_until=lease_end, deadline=deadline)
+        clock = DbClock(claimed_at, 0.0, lambda: (now - claimed_at).total_seconds())
+        executor = SimpleNamespace(clock_margin=MARGIN.total_seconds())
+        return Executor.send_deadline(executor, claimed, clock)  # type: ignore[arg-type]
 
     def situation(self, s: Situation) -> Situation:
         """The Situation the reconciler decides on (a variant misdates or misreads it)."""
@@ -221,8 +230,10 @@ class Rules:
 class SendPastLease(Rules):
     """The send bounded by the operation's deadline only, not by its lease."""
 
-    def send_deadline(self, deadline: datetime, lease_end: datetime) -> datetime:
-        return deadline
+    def send_deadline(
+        self, claimed_at: datetime, lease_end: datetime, deadline: datetime, now: datetime
+    ) -> Deadline:
+        return super().send_deadline(claimed_at, deadline + MARGIN, deadline, now)
 
 
 class DatedWhenAnswered(Rules):
@@ -620,9 +631,12 @@ class ProtocolModel:
     def _send(self, w: World, k: Worker) -> tuple[Step, World]:
         op = w.ops[k.op]
         a = op.attempts[k.attempt]
-        deadline = self.rules.send_deadline(self.deadline, self.when(a.lease_end))
+        bound = self.rules.send_deadline(
+            self.when(a.start), self.when(a.lease_end), self.deadline, self.when(w.t)
+        )
+        deadline = bound.at
         detail = (("send deadline", self.lbl(deadline)),)
-        if self.when(w.t) >= deadline:
+        if bound.left() <= 0:  # as ``Executor._send_one``
             new = replace(k, phase="got", outcome="not_sent")
             step = Step("worker", f"op{k.op}: not sent, the lease ended first", detail)
             return step, self._with(w, workers=self._replace_worker(w, k, new))
