@@ -72,6 +72,11 @@ def run_assumptions(max_states: int = 200_000) -> list[tuple[str, Result]]:
     ]
 
 
+def _stopped(result: Result) -> str:
+    """The figures of a run that ended at its first violation (not a whole exploration)."""
+    return result.figures.line().replace("exhaustive", "stopped at the first violation")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.model", description=__doc__)
     parser.add_argument("--long", action="store_true", help="explore bigger configurations")
@@ -96,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{result.figures.line()}: variant {name} NOT CAUGHT", flush=True)
             failed = True
         else:
-            print(f"{result.figures.line()}: caught ({result.violation.property})", flush=True)
+            print(f"{_stopped(result)}: caught ({result.violation.property})", flush=True)
     for name, result in run_assumptions():
         # The real rules rest on it: a world without it must break them (else the assumption,
         # or the model of it, is wrong).
@@ -104,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{result.figures.line()}: assumption {name} NOT NEEDED?", flush=True)
             failed = True
         else:
-            print(f"{result.figures.line()}: fails without it ({result.violation.property})")
+            print(f"{_stopped(result)}: fails without it ({result.violation.property})")
     print(f"model: {'FAILED' if failed else 'ok'} in {time.monotonic() - started:.1f} s")
     return 1 if failed else 0
 

@@ -99,7 +99,6 @@ class Config:
     max_attempts: int = 2
     throttle: bool = True  # the downstream may answer 429 (refused before processing)
     refusals: bool = False  # the downstream may refuse the refund (a business refusal)
-    lose_answers: bool = True
     crashes: bool = True
     #: a broken rule swapped in for the real one (``VARIANTS``), or None
     variant: str | None = None
