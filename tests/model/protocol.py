@@ -5,9 +5,10 @@ Every decision is made by Settled's own pure functions, with the values the serv
 ``workers.verdicts.check_before_send`` (the claim's checks, ``workers.claiming``),
 ``Executor.send_deadline`` (the send bounded by the lease), ``judge_submit`` and
 ``judge_recovery`` (``workers.executor``), ``reconciler.decide.decide`` with a real
-``Situation`` (``reconciler.reconcile``), ``not_found_doubt`` and ``reconciler.evidence.weigh``
-(staff, ``reconciler.resolve``), ``outbox.states.transition`` for every move, and
-``outbox.report_lines.build_line`` for the report. Only storage, network and time are modelled:
+``Situation`` (``reconciler.reconcile``), ``reconciler.resolve.doubt_of`` and ``record_of``
+(staff; the latter weighs with ``reconciler.evidence.weigh``), ``outbox.states.transition``
+for every move, and ``outbox.report_lines.build_line`` for the report. Only storage, network
+and time are modelled:
 
 - **time** is a short row of points ``t0 .. t{H-1}``, ten seconds apart, and a last point
   ``TOP`` long after everything (every lease over, every key forgotten); the clock steps one
@@ -57,8 +58,10 @@ from outbox.errors import ReviewConflict
 from outbox.kinds import DownstreamContract
 from outbox.report_lines import Group, OpFacts, build_line
 from outbox.states import Event, RejectReason, State, transition
-from reconciler.decide import Situation, decide, not_found_doubt
-from reconciler.evidence import weigh
+from outbox.storage.attempts import OperationFacts
+from reconciler.decide import Situation, decide
+from reconciler.resolve import Resolution, doubt_of, record_of
+from reconciler.staff import Role, Staff
 from tests.model.engine import Invariant, Step
 from workers.executor import Executor
 from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
@@ -222,8 +225,17 @@ class Rules:
     def decide(self, s: Situation, lookup: LookupOutcome | None) -> Change:
         return decide(self.situation(s), lookup)
 
-    def staff_doubt(self, s: Situation) -> str | None:
-        return not_found_doubt(s)
+    def staff_doubt(
+        self,
+        lookup: LookupOutcome | None,
+        snapshot: dict[str, Any],
+        contract: DownstreamContract,
+        facts: OperationFacts,
+        clock: DbClock,
+    ) -> str | None:
+        """``resolve.doubt_of``, as ``ReviewQueue.resolve`` calls it."""
+        return doubt_of(lookup, snapshot, contract, facts, clock,
+                        lookup_timeout=CLIENT_TIMEOUT.total_seconds())  # fmt: skip
 
 
 class SendPastLease(Rules):
@@ -266,7 +278,7 @@ class DelayBoundIgnored(Rules):
 class StaffWithoutProof(Rules):
     """Staff's "rejected" on any "not found", however doubtful."""
 
-    def staff_doubt(self, s: Situation) -> str | None:
+    def staff_doubt(self, *args: Any) -> str | None:
         return None
 
 
@@ -767,54 +779,59 @@ class ProtocolModel:
         return step, replace(fenced, ops=self._op(fenced, i, self._apply(op, change, t)))
 
     def _staff(self, w: World) -> Iterator[tuple[Step, World]]:
+        """``ReviewQueue.resolve``: a fresh lookup, its doubt (``resolve.doubt_of``), and what
+        the resolution stores (``resolve.record_of``, which weighs it: ``evidence.weigh``)."""
         t = w.t
         for i, op in enumerate(w.ops):
             if op.state is not State.UNKNOWN or not op.in_review:
                 continue
             code = self.lookup(w, i, t) if self.contract.queryable else None
             lookup = self._found(i, code)
-            s = replace(
-                self.situation(w, i, State.UNKNOWN, t, t),
-                review_after=timedelta(0),
-                in_review=True,
-            )
-            doubt = self.rules.staff_doubt(s) if isinstance(lookup, NotFound) else None
+            clock = DbClock(self.when(t), 0.0, lambda: 0.0)  # asked and answered at ``t``
+            snapshot, facts = self._snapshot(w, i), self._facts(w, i)
+            doubt = self.rules.staff_doubt(lookup, snapshot, self.contract, facts, clock)
             for to in (State.SUCCEEDED, State.REJECTED):
                 for override in (False, True):
                     reference = _reference(i) if to is State.SUCCEEDED else None
+                    role = Role.SUPERVISOR if override else Role.SUPPORT
+                    resolution = Resolution(Staff("staff-1", role), 1, to, 1, reference,
+                                            "checked with the provider", override)  # fmt: skip
                     try:
-                        weighed = weigh(lookup, to, reference, doubt=doubt, override=override)
+                        record = record_of(resolution, lookup, doubt=doubt, contract=self.contract)
                     except ReviewConflict:
                         continue
-                    if override and weighed.unproven is None:
+                    if override and "unproven" not in record.evidence:
                         continue  # the same write as without the override
-                    reason = RejectReason.NOT_EXECUTED if to is State.REJECTED else None
-                    if weighed.settles is not None:
-                        reason = weighed.settles.reason
-                    statement = lookup is None or weighed.unproven is not None
-                    record = weighed.record or {}
+                    receipt = record.receipt or {}
                     resolved = replace(
                         op,
-                        state=transition(op.state, Event.RESOLVE, to, reason),
+                        state=transition(op.state, Event.RESOLVE, to, record.reason),
                         lease_end=None,
                         in_review=False,
-                        reason=reason.value if reason else None,
-                        reference=record.get("reference", reference),
-                        receipt_status=record.get("status", to.value),
-                        by_staff=statement,
-                        rests_on=self.contract.rests_on
-                        if isinstance(lookup, NotFound) and not statement
-                        else op.rests_on,
+                        reason=record.reason.value if record.reason else None,
+                        reference=receipt.get("reference"),
+                        receipt_status=receipt.get("status"),
+                        # as the report reads a row (``outbox.runs``)
+                        by_staff=receipt.get("source") == "staff",
+                        rests_on=record.evidence.get("rests_on", op.rests_on),
                     )
                     how = " (override)" if override else ""
                     step = Step(
                         "staff",
                         f"resolves op{i} as {to}{how}",
                         (("lookup", lookup_name(lookup)), ("doubt", doubt),
-                         ("unproven", weighed.unproven)),
+                         ("unproven", record.evidence.get("unproven"))),
                     )  # fmt: skip
                     fenced = self._fence(w, i)
                     yield step, replace(fenced, ops=self._op(fenced, i, resolved))
+
+    def _snapshot(self, w: World, i: int) -> dict[str, Any]:
+        return {"deadline": self.deadline, "first_sent_at": self.at(w.ops[i].first_sent)}
+
+    def _facts(self, w: World, i: int) -> OperationFacts:
+        """``storage.attempts.operation_facts`` of operation ``i``."""
+        s = self.situation(w, i, State.UNKNOWN, w.t, w.t)
+        return OperationFacts(None, 0, s.last_sent_at, True, s.sends, s.lease_ends)
 
     def _cancel(self, w: World) -> Iterator[tuple[Step, World]]:
         """``cancel_run``: the run's flag, and every planned operation cancelled (fenced)."""
