@@ -101,3 +101,20 @@ def test_a_lookup_sees_a_landing_only_once_visible_and_while_the_key_is_kept() -
         "found:succeeded",
         "not_found",  # forgotten: four points after it landed
     ]
+
+
+def test_the_command_fails_on_a_variant_it_does_not_catch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tests.model.__main__ as runner
+    import tests.model.protocol as protocol
+
+    # "broken" in name only: the real rules, which the checker cannot catch
+    harmless = {"not_broken": (protocol.Rules(), Config(workers=1, staff=False, cancel=False))}
+    monkeypatch.setattr(protocol, "VARIANTS", harmless)
+    monkeypatch.setattr(runner, "VARIANTS", harmless)
+    monkeypatch.setattr(runner, "CI", ())
+    monkeypatch.setattr(runner, "ASSUMPTIONS", {})
+    assert runner.main([]) == 1
+    out = capsys.readouterr().out
+    assert "variant not_broken NOT CAUGHT" in out and "model: FAILED" in out
