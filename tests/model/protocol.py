@@ -1,0 +1,953 @@
+"""A model of the send/reconcile protocol: one kind of operation, workers, one reconciler,
+staff, a user's cancel, the network and the downstream (``docs/model.md``).
+
+Every decision is made by Settled's own pure functions, with the values the services pass:
+``workers.verdicts.check_before_send`` (the claim's checks, ``workers.claiming``),
+``Executor.send_deadline`` (the send bounded by the lease), ``judge_submit`` and
+``judge_recovery`` (``workers.executor``), ``reconciler.decide.decide`` with a real
+``Situation`` (``reconciler.reconcile``), ``reconciler.resolve.doubt_of`` and ``record_of``
+(staff; the latter weighs with ``reconciler.evidence.weigh``), ``outbox.states.transition``
+for every move, and ``outbox.report_lines.build_line`` for the report. Only storage, network
+and time are modelled:
+
+- **time** is a short row of points ``t0 .. t{H-1}``, ten seconds apart, and a last point
+  ``TOP`` long after everything (every lease over, every key forgotten); the clock steps one
+  point at a time, and anything may happen between two steps, so a worker "stalls past its
+  lease" by not moving while the clock does;
+- **storage** is the operation's row (state, lease, attempts) with fenced writes: a claim,
+  a cancel or a staff resolution makes every earlier claim's write refused (the lease
+  version); leases are not renewed (renewal only keeps others from claiming: without it more
+  interleavings are explored, never fewer); every operation is always due (``next_attempt_at``
+  only narrows when things happen);
+- **the network** holds each request that left until it lands or can no longer land: after its
+  ``Settled-Deadline`` by the downstream's clock (``MARGIN`` behind the database's, the worst
+  the contract allows) where the downstream enforces it, else after the end its sender knew
+  plus the declared delay bound;
+- **the downstream** keeps a ledger: each landing, when it becomes visible to lookups
+  (``visibility`` points later), and forgets a key ``retention`` points after it first landed.
+
+Workers are anonymous (their tuple is kept sorted) and a claim holds a "current" flag
+instead of a version number, so that equal situations are one state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from outbox.change import Change
+from outbox.clock import DbClock, Deadline
+from outbox.downstream import (
+    Accepted,
+    Found,
+    LookupOutcome,
+    NotExecuted,
+    NotFound,
+    NotSent,
+    Receipt,
+    Refused,
+    SendPhase,
+    SubmitOutcome,
+    Unknown,
+    lookup_name,
+)
+from outbox.errors import ReviewConflict
+from outbox.kinds import DownstreamContract
+from outbox.report_lines import Group, OpFacts, build_line
+from outbox.states import Event, RejectReason, State, transition
+from outbox.storage.attempts import OperationFacts
+from reconciler.decide import Situation, decide
+from reconciler.resolve import Resolution, doubt_of, record_of
+from reconciler.staff import Role, Staff
+from tests.model.engine import Invariant, Step
+from workers.executor import Executor
+from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
+
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+TICK = timedelta(seconds=10)
+#: how far after the row of points ``TOP`` lies: past every lease, deadline and key retention
+FAR = timedelta(days=3)
+#: ``Executor.clock_margin``; the downstream's clock is within it of the database's
+MARGIN = timedelta(seconds=1)
+#: ``Reconciler.client_timeout`` and ``ReviewQueue.lookup_timeout`` (their defaults)
+CLIENT_TIMEOUT = timedelta(seconds=10)
+REVIEW_AFTER = timedelta(seconds=600)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the model: the contract, the actors, the world's faults."""
+
+    name: str = "protocol"
+    ops: int = 1
+    workers: int = 2
+    reconciler: bool = True
+    staff: bool = True
+    cancel: bool = True
+    idempotent: bool = True
+    queryable: bool = True
+    enforces_deadline: bool = True
+    #: the contract's ``max_request_delay``, in points (the network honours it)
+    delay: int = 1
+    #: the contract's ``key_retention``, in points (less a margin of one point)
+    retention: int = 12
+    #: points from a landing to its being visible to lookups (the contract's
+    #: ``processing_time`` is one point: more breaks the assumption)
+    visibility: int = 1
+    lease: int = 2
+    deadline: int = 3
+    max_attempts: int = 2
+    throttle: bool = True  # the downstream may answer 429 (refused before processing)
+    refusals: bool = False  # the downstream may refuse the refund (a business refusal)
+    crashes: bool = True
+    #: a broken rule swapped in for the real one (``VARIANTS``), or None
+    variant: str | None = None
+    #: the world may break the contract's assumptions (``ASSUMPTIONS``): the downstream's
+    #: clock this many seconds behind the database's (the contract allows ``MARGIN``), and
+    #: requests landing up to this many points after their sender was done (None: the
+    #: declared ``delay``)
+    world_slew: float = MARGIN.total_seconds()
+    world_delay: int | None = None
+
+    @property
+    def horizon(self) -> int:
+        """The index of ``TOP``: after every request could have landed."""
+        late = 0 if self.enforces_deadline else max(self.delay, self.world_delay or 0)
+        slow = 1 if self.world_slew > MARGIN.total_seconds() else 0
+        return self.deadline + self.lease + late + self.visibility + slow + 1
+
+    @property
+    def contract(self) -> DownstreamContract:
+        return DownstreamContract(
+            idempotent=self.idempotent,
+            queryable=self.queryable,
+            key_retention=self.retention * TICK,
+            processing_time=TICK,
+            retention_margin=TICK,
+            enforces_deadline=self.enforces_deadline,
+            max_request_delay=self.delay * TICK,
+        )
+
+
+# ---------------------------------------------------------------- the state
+
+
+@dataclass(frozen=True)
+class Attempt:
+    start: int
+    lease_end: int  # the lease it was sent under (``attempts.not_after``)
+    finished: int | None = None  # its outcome written
+    proof: str | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    state: State = State.PLANNED
+    lease_end: int | None = None  # the row's lease (None: released)
+    tries: int = 0
+    first_sent: int | None = None
+    attempts: tuple[Attempt, ...] = ()
+    in_review: bool = False
+    reason: str | None = None
+    reference: str | None = None
+    receipt_status: str | None = None
+    by_staff: bool = False  # settled on staff's statement, no downstream record
+    rests_on: str | None = None  # what a trusted "not found" rested on
+
+    @property
+    def reached(self) -> int:
+        return sum(1 for a in self.attempts if a.proof != "not_sent")
+
+
+@dataclass(frozen=True, order=True)
+class Worker:
+    #: idle; claimed (attempt started, not sent); sent (waiting); got (answer in hand);
+    #: recover (claimed a submitted operation whose worker died)
+    phase: str = "idle"
+    op: int = -1
+    current: bool = False  # its claim still fences the row (no newer claim)
+    attempt: int = -1
+    outcome: str = ""  # accepted, refused, not_executed, unknown, not_sent
+
+
+@dataclass(frozen=True)
+class Rec:
+    phase: str = "idle"  # idle; claimed (asked); looked (answer in hand)
+    op: int = -1
+    current: bool = False
+    asked: int = -1  # the claim's time: read before the lookup was asked
+    lookup: str | None = None  # found:succeeded, found:rejected, not_found; None: no lookup
+
+
+@dataclass(frozen=True, order=True)
+class Request:
+    op: int
+    attempt: int
+    fence: int  # its Settled-Deadline, in seconds from BASE
+
+
+@dataclass(frozen=True)
+class World:
+    t: int
+    ops: tuple[Op, ...]
+    workers: tuple[Worker, ...]
+    rec: Rec
+    network: tuple[Request, ...] = ()
+    #: per operation: its landings at the downstream, (point, "succeeded" | "rejected")
+    ledger: tuple[tuple[tuple[int, str], ...], ...] = ()
+    cancelled: bool = False
+
+
+# ---------------------------------------------------------------- the rules
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The decisions, as the services make them; a variant overrides one (``VARIANTS``)."""
+
+    def send_deadline(
+        self, claimed_at: datetime, lease_end: datetime, deadline: datetime, now: datetime
+    ) -> Deadline:
+        """``Executor.send_deadline`` itself, on the claim's values and a clock read at the
+        claim (``now`` is where its monotonic clock has got to)."""
+        claimed = SimpleNamespace(lease_until=lease_end, deadline=deadline)
+        clock = DbClock(claimed_at, 0.0, lambda: (now - claimed_at).total_seconds())
+        executor = SimpleNamespace(clock_margin=MARGIN.total_seconds())
+        return Executor.send_deadline(executor, claimed, clock)  # type: ignore[arg-type]
+
+    def situation(self, s: Situation) -> Situation:
+        """The Situation the reconciler decides on (a variant misdates or misreads it)."""
+        return s
+
+    def decide(self, s: Situation, lookup: LookupOutcome | None) -> Change:
+        return decide(self.situation(s), lookup)
+
+    def staff_doubt(
+        self,
+        lookup: LookupOutcome | None,
+        snapshot: dict[str, Any],
+        contract: DownstreamContract,
+        facts: OperationFacts,
+        clock: DbClock,
+    ) -> str | None:
+        """``resolve.doubt_of``, as ``ReviewQueue.resolve`` calls it."""
+        return doubt_of(lookup, snapshot, contract, facts, clock,
+                        lookup_timeout=CLIENT_TIMEOUT.total_seconds())  # fmt: skip
+
+
+class SendPastLease(Rules):
+    """The send bounded by the operation's deadline only, not by its lease."""
+
+    def send_deadline(
+        self, claimed_at: datetime, lease_end: datetime, deadline: datetime, now: datetime
+    ) -> Deadline:
+        return super().send_deadline(claimed_at, deadline + MARGIN, deadline, now)
+
+
+class DatedWhenAnswered(Rules):
+    """A "not found" dated when the answer came back (the decision's time)."""
+
+    def situation(self, s: Situation) -> Situation:
+        return replace(s, asked_at=None)
+
+
+class BeforeQuiescence(Rules):
+    """A "not found" trusted before quiescence: as if asked once all was quiet."""
+
+    def situation(self, s: Situation) -> Situation:
+        return replace(s, asked_at=max(s.asked, s.quiet_at))
+
+
+class PastRetention(Rules):
+    """A "not found" trusted past the key retention."""
+
+    def situation(self, s: Situation) -> Situation:
+        return replace(s, first_sent_at=None) if s.sends else s
+
+
+class DelayBoundIgnored(Rules):
+    """Quiescence reckoned as if no request could land after its sender was done."""
+
+    def situation(self, s: Situation) -> Situation:
+        return replace(s, contract=replace(s.contract, max_request_delay=timedelta(0)))
+
+
+class StaffWithoutProof(Rules):
+    """Staff's "rejected" on any "not found", however doubtful."""
+
+    def staff_doubt(self, *args: Any) -> str | None:
+        return None
+
+
+#: Each broken rule, and the configuration it must be caught in.
+VARIANTS: dict[str, tuple[Rules, Config]] = {
+    "send_not_bounded_by_lease": (
+        SendPastLease(),
+        Config(lease=1, deadline=3, staff=False, cancel=False, throttle=False),
+    ),
+    "not_found_dated_when_answered": (
+        DatedWhenAnswered(),
+        Config(staff=False, cancel=False, throttle=False),
+    ),
+    "not_found_before_quiescence": (
+        BeforeQuiescence(),
+        Config(staff=False, cancel=False, throttle=False),
+    ),
+    "not_found_past_key_retention": (
+        PastRetention(),
+        Config(staff=False, cancel=False, workers=1, retention=4, throttle=False),
+    ),
+    "staff_rejecting_without_proof": (
+        StaffWithoutProof(),
+        Config(idempotent=False, workers=1, cancel=False, throttle=False),
+    ),
+    "delay_bound_ignored": (
+        DelayBoundIgnored(),
+        Config(
+            enforces_deadline=False, delay=2, lease=1, staff=False, cancel=False, throttle=False
+        ),
+    ),
+}
+
+
+#: Worlds that break an assumption of the contract, in which the real rules must fail: what
+#: each invariant rests on (``docs/model.md``).
+ASSUMPTIONS: dict[str, Config] = {
+    "clock_slew_beyond_the_margin": Config(world_slew=11, staff=False, cancel=False),
+    "requests_later_than_the_delay_bound": Config(
+        enforces_deadline=False, world_delay=2, staff=False, cancel=False
+    ),
+    "visible_later_than_the_processing_time": Config(visibility=2, staff=False, cancel=False),
+}
+
+
+# ---------------------------------------------------------------- the model
+
+
+def at(t: int, horizon: int) -> datetime:
+    """The database time of point ``t`` (``TOP`` and beyond: long after everything)."""
+    if t < horizon:
+        return BASE + t * TICK
+    return BASE + FAR + (t - horizon) * TICK
+
+
+def label(when: datetime | None, horizon: int) -> str:
+    """A time as a point, for traces: ``t3``, ``t3-1s``, ``TOP``."""
+    if when is None:
+        return "-"
+    if when >= BASE + FAR:
+        return "TOP"
+    seconds = (when - BASE).total_seconds()
+    n, rest = divmod(seconds, TICK.total_seconds())
+    return f"t{int(n)}" + (f"+{rest:g}s" if rest else "")
+
+
+def _reference(i: int) -> str:
+    return f"re_{i}"
+
+
+@dataclass
+class ProtocolModel:
+    config: Config = field(default_factory=Config)
+    rules: Rules = field(default_factory=Rules)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        if c.variant is not None:
+            self.rules = VARIANTS[c.variant][0]
+        self.name = c.name if c.variant is None else f"{c.name}[{c.variant}]"
+        self.contract = c.contract
+        self.H = c.horizon
+        self.deadline = at(c.deadline, self.H)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def at(self, t: int | None) -> datetime | None:
+        return None if t is None else at(t, self.H)
+
+    def when(self, t: int) -> datetime:
+        return at(t, self.H)
+
+    def lbl(self, when: datetime | None) -> str:
+        return label(when, self.H)
+
+    def initial(self) -> Iterable[World]:
+        c = self.config
+        return [
+            World(
+                t=0,
+                ops=(Op(),) * c.ops,
+                workers=(Worker(),) * c.workers,
+                rec=Rec(),
+                ledger=((),) * c.ops,
+            )
+        ]
+
+    def _with(self, w: World, **changes: Any) -> World:
+        out = replace(w, **changes)
+        return replace(out, workers=tuple(sorted(out.workers)), network=tuple(sorted(out.network)))
+
+    def _op(self, w: World, i: int, op: Op) -> tuple[Op, ...]:
+        return (*w.ops[:i], op, *w.ops[i + 1 :])
+
+    def _fence(self, w: World, i: int) -> World:
+        """A newer write on operation ``i``: every earlier claim on it is stale."""
+        workers = tuple(
+            replace(k, current=False) if k.op == i and k.current else k for k in w.workers
+        )
+        rec = replace(w.rec, current=False) if w.rec.op == i and w.rec.current else w.rec
+        return replace(w, workers=workers, rec=rec)
+
+    def _replace_worker(self, w: World, old: Worker, new: Worker) -> tuple[Worker, ...]:
+        workers = list(w.workers)
+        workers.remove(old)
+        workers.append(new)
+        return tuple(workers)
+
+    def _last_landing(self, a: Attempt, r: Request) -> datetime:
+        """The latest a request may land: its fence by the downstream's clock, or the end its
+        sender knew plus the delay bound."""
+        c = self.config
+        if self.contract.enforces_deadline:
+            fence = datetime.fromtimestamp(0, UTC) + timedelta(seconds=r.fence)
+            return fence + timedelta(seconds=c.world_slew)
+        end = a.lease_end if a.finished is None else min(a.lease_end, a.finished)
+        delay = c.delay if c.world_delay is None else c.world_delay
+        return self.when(end) + delay * TICK
+
+    def _can_land(self, w: World, r: Request, t: int) -> bool:
+        a = w.ops[r.op].attempts[r.attempt]
+        return t < self.H and self.when(t) <= self._last_landing(a, r)
+
+    def _known(self, w: World, i: int, t: int) -> tuple[int, str] | None:
+        """The downstream's record of operation ``i``'s key, if it still remembers it."""
+        for landed, status in w.ledger[i]:
+            if self.when(t) < self.when(landed) + self.contract.key_retention:
+                return landed, status
+        return None
+
+    def lookup(self, w: World, i: int, t: int) -> str:
+        known = self._known(w, i, t)
+        if known is None or t < known[0] + self.config.visibility:
+            return "not_found"
+        return f"found:{known[1]}"
+
+    def _found(self, i: int, code: str | None) -> LookupOutcome | None:
+        if code is None:
+            return None
+        if code == "not_found":
+            return NotFound()
+        status = code.split(":")[1]
+        receipt = Receipt(_reference(i), status, {})
+        if status == "succeeded":
+            return Found(receipt)
+        return Found(receipt, RejectReason.BUSINESS_REJECTED, "declined")
+
+    def _outcome(self, i: int, code: str) -> SubmitOutcome:
+        match code:
+            case "accepted":
+                return Accepted(Receipt(_reference(i), "succeeded", {}))
+            case "refused":
+                return Refused(RejectReason.BUSINESS_REJECTED, "declined", 402)
+            case "not_executed":
+                return NotExecuted(429)
+            case "not_sent":
+                return NotSent("the lease ended before sending", SendPhase.BEFORE)
+        return Unknown("read timeout")
+
+    def _apply(self, op: Op, change: Change, t: int) -> Op:
+        """A change written on the row (its lease released), checked by the transition table."""
+        if change.event is None:  # a look: no move
+            return replace(op, lease_end=None, in_review=op.in_review or change.review is not None)
+        assert change.to is not None
+        to = transition(op.state, change.event, change.to, change.reason)
+        receipt = change.receipt or {}
+        rests_on = change.evidence.get("rests_on") if change.event is Event.REQUEUE else None
+        out = replace(
+            op,
+            state=to,
+            lease_end=None,
+            reason=change.reason.value if change.reason else None,
+            reference=receipt.get("reference"),
+            receipt_status=receipt.get("status"),
+            rests_on=rests_on if rests_on is not None else op.rests_on,
+            in_review=(op.in_review or change.review is not None) and to is State.UNKNOWN,
+        )
+        return out
+
+    def situation(self, w: World, i: int, state: State, asked: int, t: int) -> Situation:
+        """What the reconciler passes (``Reconciler._reconcile``)."""
+        op = w.ops[i]
+        attempts = op.attempts
+        sends = tuple(
+            (
+                self.when(a.start),
+                self.when(a.lease_end if a.finished is None else min(a.lease_end, a.finished)),
+            )
+            for a in attempts
+        )
+        return Situation(
+            state=state,
+            contract=self.contract,
+            now=self.when(t),
+            deadline=self.deadline,
+            first_sent_at=self.at(op.first_sent),
+            last_sent_at=max((s for s, _ in sends), default=None),
+            unknown_since=None,
+            lookups=0,
+            client_timeout=CLIENT_TIMEOUT,
+            review_after=REVIEW_AFTER,
+            in_review=op.in_review,
+            asked_at=self.when(asked),
+            sends=sends,
+            lease_ends=tuple(self.when(a.lease_end) for a in attempts),
+        )
+
+    # -- the steps ----------------------------------------------------------------------
+
+    def successors(self, w: World) -> Iterator[tuple[Step, World]]:
+        for step, nxt in self._steps(w):
+            yield step, self.canon(nxt)
+
+    def canon(self, w: World) -> World:
+        """One state for equal situations: a stale claim that can no longer send is idle (all
+        it could still do is a write the fence refuses), and the workers and the network are
+        sorted."""
+        workers = tuple(
+            sorted(k if k.current or k.phase == "claimed" else Worker() for k in w.workers)
+        )
+        rec = w.rec if w.rec.current or w.rec.phase == "idle" else Rec()
+        return replace(w, workers=workers, rec=rec, network=tuple(sorted(w.network)))
+
+    def _steps(self, w: World) -> Iterator[tuple[Step, World]]:
+        yield from self._clock(w)
+        for k in sorted(set(w.workers)):
+            yield from self._worker(w, k)
+        yield from self._network(w)
+        if self.config.reconciler:
+            yield from self._reconciler(w)
+        if self.config.staff:
+            yield from self._staff(w)
+        if self.config.cancel and not w.cancelled:
+            yield from self._cancel(w)
+
+    def _clock(self, w: World) -> Iterator[tuple[Step, World]]:
+        if w.t < self.H:
+            t = w.t + 1
+            network = tuple(r for r in w.network if self._can_land(w, r, t))
+            if t == self.H:
+                assert not any(
+                    self._last_landing(w.ops[r.op].attempts[r.attempt], r) >= self.when(t)
+                    for r in w.network
+                ), "the horizon is too short: a request could still land at TOP"
+            lost = len(w.network) - len(network)
+            detail = (("requests that can no longer land", lost),) if lost else ()
+            name = "TOP" if t == self.H else f"t{t}"
+            yield Step("clock", f"to {name}", detail), replace(w, t=t, network=network)
+        elif any(op.lease_end is not None and op.lease_end >= w.t for op in w.ops):
+            ops = tuple(
+                replace(op, lease_end=w.t - 1)
+                if op.lease_end is not None and op.lease_end >= w.t
+                else op
+                for op in w.ops
+            )
+            yield (
+                Step("clock", "time passes at TOP: the leases taken there lapse"),
+                replace(w, ops=ops),
+            )
+
+    def _lease_free(self, op: Op, t: int) -> bool:
+        return op.lease_end is None or op.lease_end < t
+
+    def _worker(self, w: World, k: Worker) -> Iterator[tuple[Step, World]]:
+        c, t = self.config, w.t
+        if k.phase != "idle" and c.crashes:
+            yield (
+                Step("worker", f"crashes ({k.phase}, op{k.op})"),
+                self._with(w, workers=self._replace_worker(w, k, Worker())),
+            )
+        if k.phase == "idle":
+            for i, op in enumerate(w.ops):
+                if not self._lease_free(op, t):
+                    continue
+                if op.state is State.PLANNED:
+                    yield self._claim(w, k, i)
+                elif op.state is State.SUBMITTED:
+                    fenced = self._fence(w, i)
+                    ops = self._op(fenced, i, replace(op, lease_end=t + c.lease))
+                    new = Worker("recover", i, True)
+                    workers = self._replace_worker(fenced, k, new)
+                    yield (
+                        Step("worker", f"claims op{i} (submitted, lease over): recovery"),
+                        (self._with(fenced, ops=ops, workers=workers)),
+                    )
+        elif k.phase == "claimed":
+            yield self._send(w, k)
+        elif k.phase == "sent":
+            new = replace(k, phase="got", outcome="unknown")
+            yield (
+                Step("worker", f"op{k.op}: no answer (client timeout)"),
+                self._with(w, workers=self._replace_worker(w, k, new)),
+            )
+        elif k.phase == "got":
+            yield self._record(w, k)
+        elif k.phase == "recover":
+            yield self._recover(w, k)
+
+    def _claim(self, w: World, k: Worker, i: int) -> tuple[Step, World]:
+        c, t, op = self.config, w.t, w.ops[i]
+        stop = check_before_send(
+            now=self.when(t),
+            deadline=self.deadline,
+            attempts=op.tries,
+            max_attempts=c.max_attempts,
+            reached_downstream=op.reached,
+            first_sent_at=self.at(op.first_sent),
+            contract=self.contract,
+            run_cancelled=w.cancelled,
+            fingerprint_ok=True,
+        )
+        fenced = self._fence(w, i)
+        if stop is not None:
+            ops = self._op(fenced, i, self._apply(op, stop, t))
+            step = Step(
+                "worker",
+                f"claims op{i}, check_before_send stops it",
+                (("tries", op.tries), ("reached", op.reached), ("stop", stop.stop),
+                 ("to", stop.to)),
+            )  # fmt: skip
+            return step, self._with(fenced, ops=ops)
+        attempt = Attempt(t, t + c.lease)
+        started = replace(
+            op,
+            state=transition(op.state, Event.CLAIM),
+            lease_end=t + c.lease,
+            tries=op.tries + 1,
+            first_sent=op.first_sent if op.first_sent is not None else t,
+            attempts=(*op.attempts, attempt),
+        )
+        new = Worker("claimed", i, True, len(op.attempts))
+        step = Step(
+            "worker",
+            f"claims op{i}, checks pass, attempt {len(op.attempts) + 1} started",
+            (("lease until", f"t{t + c.lease}"),),
+        )
+        return step, self._with(
+            fenced, ops=self._op(fenced, i, started), workers=self._replace_worker(fenced, k, new)
+        )
+
+    def _send(self, w: World, k: Worker) -> tuple[Step, World]:
+        op = w.ops[k.op]
+        a = op.attempts[k.attempt]
+        bound = self.rules.send_deadline(
+            self.when(a.start), self.when(a.lease_end), self.deadline, self.when(w.t)
+        )
+        deadline = bound.at
+        detail = (("send deadline", self.lbl(deadline)),)
+        if bound.left() <= 0:  # as ``Executor._send_one``
+            new = replace(k, phase="got", outcome="not_sent")
+            step = Step("worker", f"op{k.op}: not sent, the lease ended first", detail)
+            return step, self._with(w, workers=self._replace_worker(w, k, new))
+        fence = int((deadline - datetime.fromtimestamp(0, UTC)).total_seconds())
+        request = Request(k.op, k.attempt, fence)
+        new = replace(k, phase="sent")
+        step = Step("worker", f"op{k.op}: the request leaves", detail)
+        return step, self._with(
+            w, workers=self._replace_worker(w, k, new), network=(*w.network, request)
+        )
+
+    def _record(self, w: World, k: Worker) -> tuple[Step, World]:
+        c, t = self.config, w.t
+        op = w.ops[k.op]
+        idle = self._replace_worker(w, k, Worker())
+        if not k.current or op.state is not State.SUBMITTED:
+            step = Step("worker", f"op{k.op}: records {k.outcome}: refused (stale lease)")
+            return step, self._with(w, workers=idle)
+        outcome = self._outcome(k.op, k.outcome)
+        change = judge_submit(
+            outcome,
+            budget=Budget(op.tries, op.reached, c.max_attempts, self.deadline),
+            contract=self.contract,
+            now=self.when(t),
+            rand=lambda: 0.5,
+        )
+        attempts = list(op.attempts)
+        attempts[k.attempt] = replace(attempts[k.attempt], finished=t, proof=outcome.proof.value)
+        done = self._apply(replace(op, attempts=tuple(attempts)), change, t)
+        step = Step(
+            "worker",
+            f"op{k.op}: judge_submit({k.outcome})",
+            (("tries", op.tries), ("reached", op.reached), ("event", change.event),
+             ("to", change.to), ("stop", change.stop), ("review", change.review)),
+        )  # fmt: skip
+        fenced = self._fence(replace(w, workers=idle), k.op)
+        return step, self._with(fenced, ops=self._op(fenced, k.op, done))
+
+    def _recover(self, w: World, k: Worker) -> tuple[Step, World]:
+        t, op = w.t, w.ops[k.op]
+        idle = self._replace_worker(w, k, Worker())
+        code = self.lookup(w, k.op, t) if self.contract.queryable else None
+        change = judge_recovery(self._found(k.op, code))
+        if not k.current or op.state is not State.SUBMITTED:
+            step = Step("worker", f"op{k.op}: recovery lookup {code}: refused (stale lease)")
+            return step, self._with(w, workers=idle)
+        step = Step(
+            "worker",
+            f"op{k.op}: judge_recovery(lookup={code})",
+            (("event", change.event), ("to", change.to)),
+        )
+        fenced = self._fence(replace(w, workers=idle), k.op)
+        return step, self._with(fenced, ops=self._op(fenced, k.op, self._apply(op, change, t)))
+
+    def _network(self, w: World) -> Iterator[tuple[Step, World]]:
+        c, t = self.config, w.t
+        for r in sorted(set(w.network)):
+            if not self._can_land(w, r, t):
+                continue
+            rest = list(w.network)
+            rest.remove(r)
+            i = r.op
+            answers: list[tuple[str, str, tuple[tuple[int, str], ...]]] = []
+            if c.throttle:
+                answers.append(("429, refused before processing", "not_executed", w.ledger[i]))
+            known = self._known(w, i, t)
+            if c.idempotent and known is not None:
+                reply = "accepted" if known[1] == "succeeded" else "refused"
+                answers.append((f"a replay of its key: {reply}", reply, w.ledger[i]))
+            else:
+                answers.append(("executed: the refund is made", "accepted",
+                                w.ledger[i] + ((t, "succeeded"),)))  # fmt: skip
+                if c.refusals:
+                    answers.append(("refused: the refund is declined", "refused",
+                                    w.ledger[i] + ((t, "rejected"),)))  # fmt: skip
+            waiting = [
+                k for k in w.workers if k.phase == "sent" and (k.op, k.attempt) == (i, r.attempt)
+            ]
+            for what, reply, entries in answers:
+                ledger = (*w.ledger[:i], entries, *w.ledger[i + 1 :])
+                base = replace(w, network=tuple(rest), ledger=ledger)
+                head = f"op{i} attempt {r.attempt + 1} lands: {what}"
+                if waiting:
+                    got = replace(waiting[0], phase="got", outcome=reply)
+                    workers = self._replace_worker(w, waiting[0], got)
+                    yield (
+                        Step("downstream", head + "; the answer reaches its worker"),
+                        (self._with(base, workers=workers)),
+                    )
+                if not waiting:
+                    yield Step("downstream", head + "; the answer is lost"), self._with(base)
+
+    def _reconciler(self, w: World) -> Iterator[tuple[Step, World]]:
+        c, t, rec = self.config, w.t, w.rec
+        if rec.phase != "idle" and c.crashes:
+            yield Step("reconciler", f"crashes ({rec.phase}, op{rec.op})"), replace(w, rec=Rec())
+        if rec.phase == "idle":
+            for i, op in enumerate(w.ops):
+                if not self._lease_free(op, t) or op.state not in (State.UNKNOWN, State.SUBMITTED):
+                    continue
+                fenced = self._fence(w, i)
+                ops = self._op(fenced, i, replace(op, lease_end=t + c.lease))
+                queryable = self.contract.queryable
+                new = Rec("claimed" if queryable else "looked", i, True, t)
+                step = Step("reconciler", f"claims op{i} ({op.state}), asks at t{t}")
+                yield step, replace(fenced, ops=ops, rec=new)
+        elif rec.phase == "claimed":
+            code = self.lookup(w, rec.op, t)
+            step = Step("downstream", f"answers the reconciler's lookup of op{rec.op}: {code}")
+            yield step, replace(w, rec=replace(rec, phase="looked", lookup=code))
+        elif rec.phase == "looked":
+            yield self._decide(w, rec)
+
+    def _decide(self, w: World, rec: Rec) -> tuple[Step, World]:
+        t, i = w.t, rec.op
+        op = w.ops[i]
+        idle = replace(w, rec=Rec())
+        if not rec.current:
+            return Step("reconciler", f"op{i}: decision refused (stale lease)"), idle
+        s = self.situation(w, i, op.state, rec.asked, t)
+        change = self.rules.decide(s, self._found(i, rec.lookup))
+        step = Step(
+            "reconciler",
+            f"op{i}: decide(lookup={lookup_name(self._found(i, rec.lookup))})",
+            (("asked", f"t{rec.asked}"), ("now", f"t{t}"), ("quiet_at", self.lbl(s.quiet_at)),
+             ("code", change.code), ("to", change.to), ("review", change.review)),
+        )  # fmt: skip
+        fenced = self._fence(idle, i)
+        return step, replace(fenced, ops=self._op(fenced, i, self._apply(op, change, t)))
+
+    def _staff(self, w: World) -> Iterator[tuple[Step, World]]:
+        """``ReviewQueue.resolve``: a fresh lookup, its doubt (``resolve.doubt_of``), and what
+        the resolution stores (``resolve.record_of``, which weighs it: ``evidence.weigh``)."""
+        t = w.t
+        for i, op in enumerate(w.ops):
+            if op.state is not State.UNKNOWN or not op.in_review:
+                continue
+            code = self.lookup(w, i, t) if self.contract.queryable else None
+            lookup = self._found(i, code)
+            clock = DbClock(self.when(t), 0.0, lambda: 0.0)  # asked and answered at ``t``
+            snapshot, facts = self._snapshot(w, i), self._facts(w, i)
+            doubt = self.rules.staff_doubt(lookup, snapshot, self.contract, facts, clock)
+            for to in (State.SUCCEEDED, State.REJECTED):
+                for override in (False, True):
+                    reference = _reference(i) if to is State.SUCCEEDED else None
+                    role = Role.SUPERVISOR if override else Role.SUPPORT
+                    resolution = Resolution(Staff("staff-1", role), 1, to, 1, reference,
+                                            "checked with the provider", override)  # fmt: skip
+                    try:
+                        record = record_of(resolution, lookup, doubt=doubt, contract=self.contract)
+                    except ReviewConflict:
+                        continue
+                    if override and "unproven" not in record.evidence:
+                        continue  # the same write as without the override
+                    receipt = record.receipt or {}
+                    resolved = replace(
+                        op,
+                        state=transition(op.state, Event.RESOLVE, to, record.reason),
+                        lease_end=None,
+                        in_review=False,
+                        reason=record.reason.value if record.reason else None,
+                        reference=receipt.get("reference"),
+                        receipt_status=receipt.get("status"),
+                        # as the report reads a row (``outbox.runs``)
+                        by_staff=receipt.get("source") == "staff",
+                        rests_on=record.evidence.get("rests_on", op.rests_on),
+                    )
+                    how = " (override)" if override else ""
+                    step = Step(
+                        "staff",
+                        f"resolves op{i} as {to}{how}",
+                        (("lookup", lookup_name(lookup)), ("doubt", doubt),
+                         ("unproven", record.evidence.get("unproven"))),
+                    )  # fmt: skip
+                    fenced = self._fence(w, i)
+                    yield step, replace(fenced, ops=self._op(fenced, i, resolved))
+
+    def _snapshot(self, w: World, i: int) -> dict[str, Any]:
+        return {"deadline": self.deadline, "first_sent_at": self.at(w.ops[i].first_sent)}
+
+    def _facts(self, w: World, i: int) -> OperationFacts:
+        """``storage.attempts.operation_facts`` of operation ``i``."""
+        s = self.situation(w, i, State.UNKNOWN, w.t, w.t)
+        return OperationFacts(None, 0, s.last_sent_at, True, s.sends, s.lease_ends)
+
+    def _cancel(self, w: World) -> Iterator[tuple[Step, World]]:
+        """``cancel_run``: the run's flag, and every planned operation cancelled (fenced)."""
+        out = replace(w, cancelled=True)
+        for i, op in enumerate(w.ops):
+            if op.state is State.PLANNED:
+                out = self._fence(out, i)
+                gone = replace(op, state=transition(op.state, Event.CANCEL), lease_end=None)
+                out = replace(out, ops=self._op(out, i, gone))
+        yield Step("user", "cancels the run"), out
+
+    # -- properties ---------------------------------------------------------------------
+
+    def settled(self, w: World) -> bool:
+        return all(
+            op.state.terminal or (op.state is State.UNKNOWN and op.in_review) for op in w.ops
+        )
+
+    def invariants(self) -> Sequence[Invariant]:
+        return [
+            Invariant("at most one effect", self._at_most_one),
+            Invariant("rejected or cancelled: no effect, none to come", self._nothing_if_not_done),
+            Invariant("succeeded: exactly one matching effect", self._one_if_done),
+            Invariant("the report line agrees with the ledger", self._report_agrees),
+        ]
+
+    def _effects(self, w: World, i: int) -> int:
+        return sum(1 for _, status in w.ledger[i] if status == "succeeded")
+
+    def _at_most_one(self, w: World) -> str | None:
+        for i in range(len(w.ops)):
+            if self._effects(w, i) > 1:
+                return f"op{i} has {self._effects(w, i)} effects downstream"
+        return None
+
+    def _nothing_if_not_done(self, w: World) -> str | None:
+        for i, op in enumerate(w.ops):
+            if op.state not in (State.REJECTED, State.CANCELLED) or op.by_staff:
+                continue
+            if self._effects(w, i):
+                return f"op{i} is {op.state} but the downstream made the refund"
+            if any(r.op == i for r in w.network):
+                return f"op{i} is {op.state} but a request of it can still land"
+        return None
+
+    def _one_if_done(self, w: World) -> str | None:
+        for i, op in enumerate(w.ops):
+            matching = self._effects(w, i) == 1 and op.reference == _reference(i)
+            if op.state is State.SUCCEEDED and not op.by_staff and not matching:
+                return f"op{i} succeeded with {self._effects(w, i)} matching effects"
+        return None
+
+    def facts(self, w: World, i: int) -> OpFacts:
+        op = w.ops[i]
+        return OpFacts(
+            op_id=f"op{i}",
+            kind="refund",
+            state=op.state,
+            reason=op.reason,
+            reference=op.reference,
+            receipt_status=op.receipt_status,
+            in_review=op.in_review,
+            sent=bool(op.attempts),
+            by_staff=op.by_staff,
+            rests_on=op.rests_on,
+            max_request_delay_seconds=self.contract.max_request_delay.total_seconds(),
+        )
+
+    def _report_agrees(self, w: World) -> str | None:
+        for i, op in enumerate(w.ops):
+            line = build_line(self.facts(w, i), cancelled=w.cancelled)
+            effects = self._effects(w, i)
+            if op.by_staff:
+                if not line.message.endswith("_staff"):
+                    return f"op{i}: staff's statement reported as {line.message}"
+            elif line.group is Group.DONE and effects != 1:
+                return f"op{i} reported done ({line.message}) with {effects} effects"
+            elif line.group is Group.NOT_DONE and effects:
+                return f"op{i} reported not done ({line.message}) but the refund was made"
+        return None
+
+    def describe(self, w: World) -> str:
+        point = "TOP" if w.t >= self.H else f"t{w.t}"
+        lines = [f"time {point}" + ("; run cancelled" if w.cancelled else "")]
+        for i, op in enumerate(w.ops):
+            attempts = ", ".join(
+                f"[t{a.start} lease t{a.lease_end} "
+                + (f"done t{a.finished} {a.proof}]" if a.finished is not None else "open]")
+                for a in op.attempts
+            )
+            lease = "-" if op.lease_end is None else f"t{op.lease_end}"
+            extra = "".join(
+                f" {k}={v}"
+                for k, v in (("reason", op.reason), ("ref", op.reference),
+                             ("rests_on", op.rests_on))
+                if v is not None
+            )  # fmt: skip
+            flags = (" in_review" if op.in_review else "") + (" by_staff" if op.by_staff else "")
+            lines.append(f"op{i}: {op.state} lease {lease} tries {op.tries}{extra}{flags}")
+            if attempts:
+                lines.append(f"  attempts: {attempts}")
+            ledger = ", ".join(f"t{at} {s}" for at, s in w.ledger[i]) or "nothing"
+            lines.append(f"  downstream: {ledger}")
+        busy = [k for k in w.workers if k.phase != "idle"]
+        for k in busy:
+            stale = "" if k.current else " (stale)"
+            lines.append(f"worker: {k.phase} op{k.op}{stale} {k.outcome}".rstrip())
+        if w.rec.phase != "idle":
+            r = w.rec
+            stale = "" if r.current else " (stale)"
+            lines.append(f"reconciler: {r.phase} op{r.op}{stale} asked t{r.asked} {r.lookup}")
+        for r in w.network:
+            lines.append(f"network: op{r.op} attempt {r.attempt + 1} in flight")
+        return "\n".join(lines)
+
+
+def model(config: Config | None = None, **changes: Any) -> ProtocolModel:
+    """The protocol model of ``config`` (with ``changes``)."""
+    return ProtocolModel(replace(config or Config(), **changes))
