@@ -17,8 +17,22 @@ if [ "$#" -gt 0 ]; then
   .venv/bin/pytest "$@"  # a selection: no coverage floor
   exit
 fi
+# The model checker (python -m tests.model: the CI configurations, exhaustive, and every broken
+# variant) on the core the unit tests leave idle; its figures are printed after them.
+model_log=$(mktemp)
+.venv/bin/python -m tests.model >"$model_log" 2>&1 &
+model_pid=$!
 echo "== pytest: unit tests, with the coverage floor on the pure core"
 .venv/bin/pytest tests/unit --cov --cov-report=term
+echo "== the model checker: python -m tests.model"
+model_status=0
+wait "$model_pid" || model_status=$?
+cat "$model_log"
+rm -f "$model_log"
+if [ "$model_status" -ne 0 ]; then
+  echo "the model checker failed (exit status $model_status)" >&2
+  exit "$model_status"
+fi
 echo "== pytest: the model checker, integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
 # Three test processes per two cores: most of these tests wait on other processes (workers,
 # servers, the simulator), so one per core left them part idle (load average about 1.5).

@@ -1,7 +1,7 @@
-"""``python -m tests.model``: the CI configurations of the protocol model, then every broken
-variant, then every world that breaks one of the contract's assumptions; one figures line
-each. Exit status 1 on any violation of the real rules, on a variant the checker does not
-catch, or on a broken assumption the real rules survive.
+"""``python -m tests.model``: the CI configurations of the protocol model and of the approvals
+model, then every broken variant of each, then every world that breaks one of the contract's
+assumptions; one figures line each. Exit status 1 on any violation of the real rules, on a
+variant the checker does not catch, or on a broken assumption the real rules survive.
 
 ``--long``: bigger configurations, each explored for at most ``--seconds`` (bounded runs say
 so in their figures line).
@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from tests.model import approvals
 from tests.model.engine import Result, explore
 from tests.model.protocol import ASSUMPTIONS, VARIANTS, Config, ProtocolModel
 
@@ -96,6 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if result.violation is not None:
             failed = True
             print(result.violation.render(), flush=True)
+    approval_models = approvals.LONG if args.long else approvals.CONFIGURATIONS
+    for model in approval_models.values():
+        result = explore(model)
+        print(result.figures.line(), flush=True)
+        if result.violation is not None:
+            failed = True
+            print(result.violation.render(), flush=True)
+    for name, model in approvals.VARIANTS.items():
+        result = explore(model)
+        if result.violation is None:
+            print(f"{result.figures.line()}: variant {name} NOT CAUGHT", flush=True)
+            failed = True
+        else:
+            print(f"{_stopped(result)}: caught ({result.violation.property})", flush=True)
     for name, result in run_variants():
         if result.violation is None:
             print(f"{result.figures.line()}: variant {name} NOT CAUGHT", flush=True)
