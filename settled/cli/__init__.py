@@ -39,14 +39,18 @@ __all__ = ["main"]
 @version_option
 def main() -> None:
     """Settled: safe side-effecting operations."""
+    import contextlib
     import faulthandler
+    import io
     import signal
 
     from outbox import logs
 
     # Every thread's stack on stderr at SIGUSR1: what `settled run` asks of a child that does
-    # not stop (the worker's Celery answers it with the same, as log lines).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # not stop (the worker's Celery answers it with the same, as log lines). Not where stderr
+    # is no file (a command run in-process, as click's test runner does).
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     # JSON lines (SETTLED_LOG_FORMAT); a person's command shows warnings unless
     # SETTLED_LOG_LEVEL says otherwise (worker, beat, web and simulator: INFO).
