@@ -1,0 +1,323 @@
+"""A deterministic simulation of the real services: Hypothesis drives the real ``Executor``,
+``Reconciler``, ``ReviewQueue`` and runs over real PostgreSQL and SQLite, against the shipped
+``FakeGateway`` (a ledger, requests held on the wire, lookups that see late, answers lost after
+commit), with time moved by the simulation (``tests.support.simulation``), and checks the
+protocol's invariants after every step:
+
+- at most one effect per operation (the ledger);
+- ``rejected`` or ``cancelled`` means no effect, and no request of it still able to land;
+- ``succeeded`` means exactly one effect, the one its reference names;
+- every run report line agrees with the operation's state and the ledger;
+- at the end, once every request has landed and time has passed with passes run, every
+  operation is terminal or in review.
+
+Steps: enqueue (in a run or not), what the next submit meets downstream, lookups down, a
+worker's pass (crashing at a failpoint the project ships, or paused there past its lease while
+others work), time passing, a clock step within the clock margin, a request landing late or
+lost, a reconcile pass, a cancel, a staff resolution (on the evidence, or a supervisor's
+override).
+
+A failure prints the steps that led to it, and how to replay it (``@reproduce_failure``); runs
+are reproducible from their seed: ``pytest tests/integration/test_simulation.py
+--hypothesis-seed=N``. ``SETTLED_TEST_SIMULATION_EXAMPLES=N`` runs N examples per database
+(the long mode; CI runs ``CI_EXAMPLES``). The figures are printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from sqlalchemy import Engine
+
+from outbox.errors import SettledError
+from outbox.intake import Outbox
+from outbox.kinds import default_registry
+from reconciler.staff import Role, Staff
+from tests.support.simulation import SUBMIT_FATES, Figures, World
+from workers.failpoints import STEPS, FailpointHit, arm
+
+CI_EXAMPLES = 30
+STEP_COUNT = 30
+EXAMPLES = int(os.environ.get("SETTLED_TEST_SIMULATION_EXAMPLES", CI_EXAMPLES))
+
+MAX_OPS = 4
+MAX_RUNS = 2
+WORKERS = ("w1", "w2")
+#: how far time moves in one step: within a lease, past it, past the delay bound, past the
+#: review threshold
+ADVANCES = (1.0, 5.0, 16.0, 60.0, 301.0, 700.0)
+#: steps of the database's clock within the clock margin (1 s): no watch sees them
+CLOCK_STEPS = (-0.9, -0.4, 0.4, 0.9)
+JUSTIFICATION = "checked against the provider's dashboard"
+
+FIGURES: dict[str, Figures] = {}
+
+
+class Simulation(RuleBasedStateMachine):
+    """One example: a fresh database, a fake downstream, up to four operations."""
+
+    engine: Engine
+    outbox: Outbox
+    figures: Figures
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world: World | None = None
+
+    @property
+    def w(self) -> World:
+        assert self.world is not None
+        return self.world
+
+    def counted(self, name: str) -> None:
+        self.figures.steps += 1
+        self.figures.rules[name] += 1
+
+    @initialize(visibility=st.sampled_from([0.0, 1.0, 2.0]), fenced=st.booleans())
+    def start(self, visibility: float, fenced: bool) -> None:
+        """A downstream that enforces the deadline (the fence), or one bounded only by the
+        delay bound; lookups that see what was done at once, or up to the processing time
+        later."""
+        outbox = self.outbox if fenced else replace(self.outbox, registry=default_registry())
+        self.world = World(self.engine, outbox, visibility_delay=visibility)
+        self.figures.examples += 1
+
+    # -- the app -----------------------------------------------------------------------------
+
+    @precondition(lambda self: len(self.w.handles) < MAX_RUNS)
+    @rule()
+    def open_run(self) -> None:
+        self.counted("open_run")
+        self.w.open_run()
+
+    @precondition(lambda self: len(self.w.ops) < MAX_OPS)
+    @rule(data=st.data())
+    def enqueue(self, data: st.DataObject) -> None:
+        self.counted("enqueue")
+        handle = data.draw(st.sampled_from([None, *self.w.handles]), label="run")
+        self.w.enqueue(handle)
+
+    @precondition(lambda self: bool(self.w.handles))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        self.counted("cancel")
+        self.w.cancel(data.draw(st.sampled_from(self.w.handles), label="run"))
+
+    # -- the downstream, the network, time ---------------------------------------------------
+
+    @rule(fate=st.sampled_from(SUBMIT_FATES))
+    def next_submit(self, fate: str) -> None:
+        self.counted(f"submit_{fate}")
+        self.w.script(fate)
+
+    @rule(n=st.integers(1, 3))
+    def lookups_down(self, n: int) -> None:
+        self.counted("lookups_down")
+        self.w.lookups_down(n)
+
+    @precondition(lambda self: bool(self.w.fake.in_flight))
+    @rule(data=st.data(), lands=st.booleans())
+    def wire(self, data: st.DataObject, lands: bool) -> None:
+        """A request on the wire lands now, or is lost."""
+        request = data.draw(st.sampled_from(self.w.fake.in_flight), label="request")
+        self.counted("land" if lands else "drop")
+        if lands:
+            self.w.fake.land(request.id)
+        else:
+            self.w.fake.drop(request.id)
+
+    @rule(seconds=st.sampled_from(ADVANCES))
+    def advance(self, seconds: float) -> None:
+        self.counted("advance")
+        self.w.advance(seconds)
+
+    @rule(seconds=st.sampled_from(CLOCK_STEPS))
+    def clock_step(self, seconds: float) -> None:
+        self.counted("clock_step")
+        self.w.step(seconds)
+
+    # -- the services ------------------------------------------------------------------------
+
+    def hinted(self, data: st.DataObject) -> list[int]:
+        """A hint (some operations' ids) or none (a doorbell's claim of what is due)."""
+        ops = list(self.w.ops.values())
+        return data.draw(st.lists(st.sampled_from(ops), unique=True, max_size=3), label="ids")
+
+    def execute(self, worker: str, ids: list[int], monotonic: object = time.monotonic) -> None:
+        executor = self.w.executor(worker, monotonic)  # type: ignore[arg-type]
+        try:
+            executor.execute(ids, claims=MAX_OPS)
+        finally:
+            executor.close()
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(
+        data=st.data(),
+        worker=st.sampled_from(WORKERS),
+        crash=st.sampled_from([None, *STEPS]),
+    )
+    def work(self, data: st.DataObject, worker: str, crash: str | None) -> None:
+        """A worker's pass; or a pass that dies at a failpoint (its leases left to lapse)."""
+        ids = self.hinted(data)
+        if crash is None:
+            self.counted("execute")
+            self.execute(worker, ids)
+            return
+        self.counted(f"crash_{crash}")
+        with arm(crash), contextlib.suppress(FailpointHit):
+            self.execute(worker, ids)
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(
+        data=st.data(),
+        at=st.sampled_from(["after_claim", "after_send"]),
+        seconds=st.sampled_from([5.0, 20.0, 60.0]),
+        meanwhile=st.sampled_from(["nothing", "reconcile", "worker", "both"]),
+    )
+    def pause(self, data: st.DataObject, at: str, seconds: float, meanwhile: str) -> None:
+        """A worker's pass stalls at ``at`` (a GC pause, SIGSTOP) for ``seconds``, while the
+        reconciler and another worker go on; then it resumes on its own clock."""
+        self.counted(f"pause_{at}")
+        ids = self.hinted(data)
+        ahead = [0.0]
+
+        def monotonic() -> float:
+            return time.monotonic() + ahead[0]
+
+        def stalled() -> None:
+            ahead[0] += seconds
+            self.w.advance(seconds)
+            if meanwhile in ("reconcile", "both"):
+                self.reconcile_once()
+            if meanwhile in ("worker", "both"):
+                self.execute("w2", list(self.w.ops.values()))
+
+        with arm(at, stalled):
+            self.execute("w1", ids, monotonic)
+
+    def reconcile_once(self) -> None:
+        reconciler = self.w.reconciler()
+        try:
+            reconciler.run_once()
+        finally:
+            reconciler.close()
+
+    @rule()
+    def reconcile(self) -> None:
+        self.counted("reconcile")
+        self.reconcile_once()
+
+    @precondition(lambda self: bool(self.w.open_items()))
+    @rule(data=st.data(), claim=st.sampled_from(["rejected", "succeeded", "override"]))
+    def resolve(self, data: st.DataObject, claim: str) -> None:
+        """Staff resolve a review item: on the evidence ("rejected", or "succeeded" with the
+        reference the downstream gave, or a made-up one when it did nothing), which the queue
+        must refuse where the lookup does not prove it; or a supervisor overriding, who has
+        checked the provider (the ledger) once nothing of it is on the wire."""
+        item = data.draw(st.sampled_from(self.w.open_items()), label="item")
+        op_id = next(k for k, v in self.w.ops.items() if v == item.operation_id)
+        effects = [e for e in self.w.fake.ledger if e.op_id == op_id]
+        reference = effects[0].reference if effects else "fake_made_up"
+        queue = self.w.review()
+        try:
+            if claim == "override":
+                if self.w.landable(op_id):
+                    self.counted("resolve_override_waits")
+                    return  # the supervisor cannot know yet
+                staff = Staff("sup-1", Role.SUPERVISOR)
+                outcome = "succeeded" if effects else "rejected"
+                queue.resolve(
+                    staff, item.id, outcome=outcome, version=item.version,
+                    reference=reference if effects else None, justification=JUSTIFICATION,
+                    override=True,
+                )  # fmt: skip
+            else:
+                staff = Staff("sup-2", Role.SUPPORT)
+                queue.resolve(
+                    staff, item.id, outcome=claim, version=item.version,
+                    reference=reference if claim == "succeeded" else None,
+                    justification=JUSTIFICATION,
+                )  # fmt: skip
+            self.counted(f"resolve_{claim}")
+        except SettledError:
+            self.counted(f"resolve_{claim}_refused")
+
+    # -- the invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def protocol_holds(self) -> None:
+        if self.world is not None:
+            self.world.check()
+
+    def teardown(self) -> None:
+        """Every request lands (or is refused), time passes with passes run: the invariants
+        still hold, and every operation ends terminal or in review."""
+        world = self.world
+        if world is None:
+            return
+        for request in world.fake.in_flight:
+            world.fake.land(request.id)
+        world.check()
+        for _ in range(12):
+            if not world.unsettled():
+                break
+            world.advance(400.0)  # past a lease, the delay bound and any backoff
+            self.execute("w1", list(world.ops.values()))
+            self.reconcile_once()
+            world.check()
+        assert not world.unsettled(), world.describe()
+        self.figures.effects += len(world.fake.ledger)
+        for row in world.rows().values():
+            self.figures.states[row.state] += 1
+
+
+@pytest.fixture(scope="module")
+def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Figures]]:
+    """The figures of each database's run, printed when the module is done."""
+    yield FIGURES
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    for database, figures in FIGURES.items():
+        line = figures.line(database)
+        if reporter is None or capture is None:  # pragma: no cover (no terminal: xdist)
+            print(line)
+            continue
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+
+def test_protocol_invariants_hold_in_every_simulated_interleaving(
+    engine: Engine, outbox: Outbox, figures: dict[str, Figures]
+) -> None:
+    database = engine.dialect.name
+    machine = type(f"Simulation_{database}", (Simulation,), {})
+    machine.engine = engine
+    machine.outbox = outbox
+    machine.figures = figures.setdefault(database, Figures())
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEP_COUNT,
+            deadline=None,
+            print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    assert machine.figures.examples >= 1

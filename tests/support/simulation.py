@@ -1,0 +1,308 @@
+"""The world a deterministic simulation drives: the real services over a real database and the
+shipped ``FakeGateway``, with time the simulation moves (``tests/integration/test_simulation``).
+
+Time. The database's clock cannot be set, so the simulation moves everything else instead:
+``World.advance(s)`` moves every timestamp stored in the database ``s`` seconds into the past
+(leases end, due times come, attempts grow old: as if the database's clock had run ``s``
+seconds) and moves the downstream's clock (the fake's ``clock``) ``s`` seconds on. No service is
+in the middle of a call when time moves, except a worker paused at a failpoint, which sees the
+pause on its own monotonic clock (``pause``). A clock step of the database (``step``) moves the
+stored timestamps only, the downstream's clock staying where it was: a step smaller than the
+clock margin, which no watch can see and which the protocol must survive.
+
+The judge is the fake's ledger (``FakeGateway.ledger``): what the downstream really did.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, literal_column, select, text, update
+from sqlalchemy.orm import sessionmaker
+
+from outbox import runs
+from outbox.downstream import NotExecuted, NotSent, Refused, Unavailable, Unknown
+from outbox.intake import Outbox
+from outbox.models import Base, Operation, ReviewItem, UTCDateTime
+from outbox.report_lines import Group
+from outbox.states import RejectReason, State
+from outbox.testing import FakeGateway, InFlight
+from reconciler.reconcile import Reconciler
+from reconciler.review import ReviewQueue
+from workers.executor import Executor
+
+TENANT = "acme"
+PARAMS = {"amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+
+#: what the next submit meets downstream (``World.script``)
+SUBMIT_FATES = (
+    "answered",  # carried out, answered
+    "held",  # on the wire: the sender hears nothing; lands later, or never
+    "answer_lost",  # carried out, the answer lost (a reset after commit)
+    "refused",  # a definite refusal
+    "throttled",  # 429: not executed
+    "not_sent",  # connection refused
+    "unknown_not_done",  # a 502 from a proxy: nothing done, the sender cannot tell
+)
+
+
+def empty(engine: Engine) -> None:
+    """Every table emptied (a fresh database for each example)."""
+    tables = [t.name for t in Base.metadata.sorted_tables]
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+        else:
+            for name in reversed(tables):
+                conn.execute(text(f"DELETE FROM {name}"))
+
+
+def shift(engine: Engine, seconds: float) -> None:
+    """Move every stored timestamp ``seconds`` into the past (negative: into the future)."""
+    delta = timedelta(seconds=seconds)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            columns = [c for c in table.columns if isinstance(c.type, UTCDateTime)]
+            if not columns:
+                continue
+            if engine.dialect.name == "postgresql":
+                moved = f"interval '{seconds:.6f} seconds'"  # a float of ours: no injection
+                conn.execute(
+                    update(table).values(
+                        {c.name: literal_column(f"{c.name} - {moved}") for c in columns}
+                    )
+                )
+                continue
+            keys = list(table.primary_key.columns)
+            for row in conn.execute(select(*keys, *columns)).mappings():
+                moved = {c.name: row[c.name] - delta for c in columns if row[c.name] is not None}
+                if moved:
+                    where = [k == row[k.name] for k in keys]
+                    conn.execute(update(table).where(*where).values(moved))
+
+
+@dataclass
+class Figures:
+    """What the simulation covered, per database."""
+
+    examples: int = 0
+    steps: int = 0
+    effects: int = 0
+    rules: Counter[str] = field(default_factory=Counter)
+    states: Counter[str] = field(default_factory=Counter)
+
+    def line(self, database: str) -> str:
+        top = ", ".join(f"{k} {v}" for k, v in self.rules.most_common())
+        ends = ", ".join(f"{k} {v}" for k, v in sorted(self.states.items()))
+        return (
+            f"simulation [{database}]: {self.examples} examples, {self.steps} steps, "
+            f"{self.effects} effects; ended: {ends}; rules: {top}"
+        )
+
+
+class SimClock:
+    """The downstream's clock, in seconds, moved by the simulation only."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class World:
+    """A database, the outbox, the fake downstream and the services, for one example."""
+
+    engine: Engine
+    outbox: Outbox
+    visibility_delay: float = 0.0
+    lease_seconds: float = 15.0
+    clock: SimClock = field(default_factory=SimClock)
+    #: operation ids (rows) by op_id, in enqueue order
+    ops: dict[str, int] = field(default_factory=dict)
+    #: run handles
+    handles: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        empty(self.engine)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.contract = self.outbox.registry.get("refund").contract
+        self.fake = FakeGateway(
+            clock=self.clock,
+            visibility_delay=self.visibility_delay,
+            enforces_deadline=self.contract.enforces_deadline,
+        )
+
+    # -- services, built afresh for each pass (a process with no memory of the last) --------
+
+    def executor(self, worker: str, monotonic: Callable[[], float] = time.monotonic) -> Executor:
+        return Executor(
+            sessions=self.sessions,
+            gateway=self.fake,
+            registry=self.outbox.registry,
+            fingerprinter=self.outbox.fingerprinter,
+            worker=worker,
+            lease_seconds=self.lease_seconds,
+            rand=lambda: 0.0,
+            monotonic=monotonic,
+        )
+
+    def reconciler(self) -> Reconciler:
+        return Reconciler(
+            sessions=self.sessions,
+            gateway=self.fake,
+            registry=self.outbox.registry,
+            worker="r1",
+            lease_seconds=self.lease_seconds,
+            client_timeout=1.0,
+        )
+
+    def review(self) -> ReviewQueue:
+        return ReviewQueue(self.sessions, self.fake, self.outbox.registry, lookup_timeout=1.0)
+
+    # -- the app -----------------------------------------------------------------------------
+
+    def open_run(self) -> str:
+        with self.sessions.begin() as s:
+            handle = runs.open_run(s, tenant=TENANT).handle
+        self.handles.append(handle)
+        return handle
+
+    def enqueue(self, handle: str | None) -> str:
+        op_id = f"op-{len(self.ops) + 1}"
+        with self.sessions.begin() as s:
+            run = runs.find_run(s, TENANT, handle) if handle is not None else None
+            params = {**PARAMS, "order_id": f"A{1000 + len(self.ops)}"}
+            got = self.outbox.enqueue(
+                s, tenant=TENANT, op_id=op_id, kind="refund", params=params, run=run
+            )
+            self.ops[op_id] = got.operation.id
+        return op_id
+
+    def cancel(self, handle: str) -> None:
+        with self.sessions.begin() as s:
+            runs.cancel_run(s, TENANT, handle, actor="app")
+
+    # -- the downstream and the network ------------------------------------------------------
+
+    def script(self, fate: str) -> None:
+        """What the next submit meets (one of ``SUBMIT_FATES``)."""
+        fake = self.fake
+        if fate == "held":
+            fake.hold_submits(1)
+        elif fate == "answer_lost":
+            fake.script_submit(Unknown("connection reset after commit"), executed=True)
+        elif fate == "refused":
+            fake.script_submit(Refused(RejectReason.BUSINESS_REJECTED, "order_closed", 402))
+        elif fate == "throttled":
+            fake.script_submit(NotExecuted(429, retry_after=1.0))
+        elif fate == "not_sent":
+            fake.script_submit(NotSent("connection refused"))
+        elif fate == "unknown_not_done":
+            fake.script_submit(Unknown("502 from a proxy", status=502), executed=False)
+
+    def lookups_down(self, n: int) -> None:
+        """The next ``n`` lookups are not answered."""
+        self.fake.script_lookup(*[Unavailable("lookup API down")] * n)
+
+    def advance(self, seconds: float) -> None:
+        """Time passes: stored timestamps move into the past, the downstream's clock on.
+        Requests on the wire longer than the contract's delay bound are lost."""
+        bound = self.contract.max_request_delay.total_seconds()
+        later = self.clock.t + seconds
+        for request in self.fake.in_flight:
+            if later - request.sent_at > bound:
+                self.fake.drop(request.id)
+        shift(self.engine, seconds)
+        self.clock.t = later
+
+    def step(self, seconds: float) -> None:
+        """The database's clock is set ``seconds`` on (or back): stored timestamps only."""
+        shift(self.engine, seconds)
+
+    def landable(self, op_id: str) -> list[InFlight]:
+        """The operation's requests on the wire that could still be carried out."""
+        now, fenced = self.clock.t, self.fake.enforces_deadline
+        return [
+            r for r in self.fake.in_flight if r.op_id == op_id and (r.in_time(now) or not fenced)
+        ]
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def rows(self) -> dict[str, Operation]:
+        with self.sessions() as s:
+            found = s.scalars(select(Operation).where(Operation.id.in_(self.ops.values())))
+            return {op.op_id: op for op in found}
+
+    def open_items(self) -> list[ReviewItem]:
+        with self.sessions() as s:
+            stmt = select(ReviewItem).where(ReviewItem.resolved_at.is_(None))
+            return list(s.scalars(stmt.order_by(ReviewItem.id)))
+
+    def in_review(self) -> set[str]:
+        ids = {item.operation_id for item in self.open_items()}
+        return {op_id for op_id, row in self.ops.items() if row in ids}
+
+    # -- the invariants ----------------------------------------------------------------------
+
+    def check(self) -> None:
+        """The invariants of the protocol, against the ledger (what the downstream did)."""
+        rows = self.rows()
+        ledger = self.fake.ledger
+        for op_id, row in rows.items():
+            effects = [e for e in ledger if (e.tenant, e.op_id) == (TENANT, op_id)]
+            state = State(row.state)
+            assert len(effects) <= 1, f"{op_id}: {len(effects)} effects downstream"
+            if state in (State.REJECTED, State.CANCELLED):
+                assert not effects, f"{op_id} is {state.value}, but the downstream did it"
+                assert not self.landable(op_id), (
+                    f"{op_id} is {state.value}, but a request of it can still land"
+                )
+            if state is State.SUCCEEDED:
+                assert len(effects) == 1, f"{op_id} is succeeded with no effect downstream"
+                assert row.downstream_ref == effects[0].reference, (
+                    f"{op_id}: succeeded as {row.downstream_ref}, the downstream did "
+                    f"{effects[0].reference}"
+                )
+        for handle in self.handles:
+            with self.sessions() as s:
+                report = runs.run_report(s, TENANT, handle)
+            for line in report.lines:
+                row = rows[line.op_id]
+                effects = self.fake.effects_of(TENANT, line.op_id)
+                assert line.state.value == row.state, f"{line.op_id}: the report says otherwise"
+                if line.group is Group.DONE:
+                    assert effects == 1, f"{line.op_id}: reported done, {effects} effects"
+                if line.group is Group.NOT_DONE:
+                    assert effects == 0, f"{line.op_id}: reported not done, but it was done"
+                    assert not self.landable(line.op_id), (
+                        f"{line.op_id}: reported not done, but a request of it can still land"
+                    )
+
+    def unsettled(self) -> list[str]:
+        """Operations neither terminal nor in review."""
+        review = self.in_review()
+        return sorted(
+            op_id
+            for op_id, row in self.rows().items()
+            if not State(row.state).terminal and op_id not in review
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The state of the world, for a failure's message."""
+        return {
+            "clock": self.clock.t,
+            "ops": {k: (r.state, r.reason, r.downstream_ref) for k, r in self.rows().items()},
+            "ledger": [(e.op_id, e.reference, e.at) for e in self.fake.ledger],
+            "in_flight": [(r.op_id, r.sent_at, r.time_left) for r in self.fake.in_flight],
+            "review": sorted(self.in_review()),
+        }
+
+
+__all__ = ["SUBMIT_FATES", "Figures", "World", "empty", "shift"]
