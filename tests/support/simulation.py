@@ -23,14 +23,17 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, literal_column, select, text, update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import runs
 from outbox.downstream import NotExecuted, NotSent, Refused, Unavailable, Unknown
 from outbox.intake import Outbox
-from outbox.models import Base, Operation, ReviewItem, UTCDateTime
+from outbox.models import Base, Operation, Proposal, ReviewItem, Run, UTCDateTime
+from outbox.proposals import Proposals, auto_approvable
 from outbox.report_lines import Group
 from outbox.states import RejectReason, State
+from outbox.storage.operations import find_operation
+from outbox.storage.search import operations_on_orders
 from outbox.testing import FakeGateway, InFlight
 from reconciler.reconcile import Reconciler
 from reconciler.review import ReviewQueue
@@ -38,6 +41,11 @@ from workers.executor import Executor
 
 TENANT = "acme"
 PARAMS = {"amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+#: the orders refunds are made on: the app's and an agent's can meet on one
+ORDERS = ("A1000", "A1001")
+#: the tenant's policy approves an agent's refund up to this amount by itself
+POLICY_LIMIT = 20000
+POLICY = "policy:auto_approve"
 
 #: what the next submit meets downstream (``World.script``)
 SUBMIT_FATES = (
@@ -128,6 +136,7 @@ class World:
     ops: dict[str, int] = field(default_factory=dict)
     #: run handles
     handles: list[str] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         empty(self.engine)
@@ -174,11 +183,11 @@ class World:
         self.handles.append(handle)
         return handle
 
-    def enqueue(self, handle: str | None) -> str:
+    def enqueue(self, handle: str | None, order: str) -> str:
         op_id = f"op-{len(self.ops) + 1}"
         with self.sessions.begin() as s:
             run = runs.find_run(s, TENANT, handle) if handle is not None else None
-            params = {**PARAMS, "order_id": f"A{1000 + len(self.ops)}"}
+            params = {**PARAMS, "order_id": order}
             got = self.outbox.enqueue(
                 s, tenant=TENANT, op_id=op_id, kind="refund", params=params, run=run
             )
@@ -188,6 +197,76 @@ class World:
     def cancel(self, handle: str) -> None:
         with self.sessions.begin() as s:
             runs.cancel_run(s, TENANT, handle, actor="app")
+        self.cancelled.add(handle)
+
+    @property
+    def live_runs(self) -> list[str]:
+        """The runs not cancelled."""
+        return [h for h in self.handles if h not in self.cancelled]
+
+    # -- an agent's proposals ----------------------------------------------------------------
+
+    def propose(self, order: str, amount: int) -> bool:
+        """An agent asks for a refund on ``order``; the tenant's policy approves it by itself
+        where it may (as the MCP server does, in the same transaction). Returns whether the
+        policy approved it; raises AssertionError where it approved a second refund."""
+        proposals = Proposals(self.outbox)
+        params = {**PARAMS, "order_id": order, "amount_minor": amount}
+        with self.sessions.begin() as s:
+            live_before = self.live_on_order(s, order)
+            got = proposals.propose(s, tenant=TENANT, kind="refund", params=params, reason="r")
+            p = got.proposal
+            proposal_id = p.id
+            auto = got.created and auto_approvable(
+                POLICY_LIMIT, p.params.get("amount_minor"), got.earlier, got.others
+            )
+            if auto:
+                proposals.approve(s, TENANT, p.handle, by=POLICY)
+                assert not live_before, (
+                    f"the policy alone approved a second refund on {order}: {live_before}"
+                )
+        if auto:
+            self.adopt(proposal_id)
+        return auto
+
+    def approve(self, proposal_id: int) -> None:
+        """A person (the agent's human, or staff) approves a waiting proposal."""
+        with self.sessions.begin() as s:
+            p = s.get(Proposal, proposal_id)
+            assert p is not None
+            Proposals(self.outbox).approve(s, TENANT, p.handle, by="human:alice")
+        self.adopt(proposal_id)
+
+    def waiting(self) -> list[int]:
+        with self.sessions() as s:
+            stmt = select(Proposal.id).where(Proposal.status == "proposed")
+            return list(s.scalars(stmt.order_by(Proposal.id)))
+
+    def adopt(self, proposal_id: int) -> None:
+        """An approved proposal's operation and run, watched like the app's."""
+        with self.sessions() as s:
+            p = s.get(Proposal, proposal_id)
+            assert p is not None and p.op_id is not None and p.run_id is not None
+            op = find_operation(s, TENANT, p.op_id)
+            run = s.get(Run, p.run_id)
+            assert op is not None and run is not None
+            self.ops[p.op_id] = op.id
+            self.handles.append(run.handle)
+
+    @staticmethod
+    def live_on_order(s: Session, order: str) -> list[str]:
+        """What on ``order`` did something or may: operations not rejected or cancelled, and
+        proposals waiting or approved."""
+        dead = (State.REJECTED.value, State.CANCELLED.value)
+        ops = [
+            op.op_id
+            for op in operations_on_orders(s, [(TENANT, order)])
+            if op.state not in dead and op.kind == "refund"
+        ]
+        stmt = select(Proposal.handle).where(
+            Proposal.order_ref == order, Proposal.status.in_(["proposed", "approved"])
+        )
+        return ops + list(s.scalars(stmt))
 
     # -- the downstream and the network ------------------------------------------------------
 
@@ -305,4 +384,4 @@ class World:
         }
 
 
-__all__ = ["SUBMIT_FATES", "Figures", "World", "empty", "shift"]
+__all__ = ["ORDERS", "SUBMIT_FATES", "Figures", "World", "empty", "shift"]
