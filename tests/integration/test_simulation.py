@@ -114,7 +114,7 @@ class Simulation(RuleBasedStateMachine):
             handle = self.w.open_run()
         self.w.enqueue(handle, data.draw(st.sampled_from(ORDERS), label="order"))
 
-    @precondition(lambda self: len(self.w.ops) < MAX_OPS)
+    @precondition(lambda self: len(self.w.ops) < MAX_OPS and len(self.w.waiting()) < 2)
     @rule(order=st.sampled_from(ORDERS), amount=st.sampled_from([5000, 10000, 50000]))
     def propose(self, order: str, amount: int) -> None:
         """An agent proposes a refund; the tenant's policy approves it by itself where it may
@@ -150,10 +150,22 @@ class Simulation(RuleBasedStateMachine):
             self.w.fake.drop(request.id)
 
     @precondition(lambda self: bool(self.w.ops))
-    @rule(seconds=st.sampled_from(ADVANCES))
-    def advance(self, seconds: float) -> None:
+    @rule(data=st.data(), seconds=st.sampled_from(ADVANCES))
+    def advance(self, data: st.DataObject, seconds: float) -> None:
+        """Time passes; each request on the wire may land meanwhile (at the end of it: after
+        its deadline, a fenced downstream refuses it) or stay on the wire (past the delay
+        bound, it is lost)."""
         self.counted("advance")
+        landing = [
+            r.id
+            for r in self.w.fake.in_flight
+            if data.draw(st.booleans(), label=f"request {r.id} lands")
+        ]
         self.w.advance(seconds)
+        for request_id in landing:
+            if request_id in {r.id for r in self.w.fake.in_flight}:
+                self.figures.rules["land_late"] += 1
+                self.w.fake.land(request_id)
 
     @precondition(lambda self: bool(self.w.ops))
     @rule(seconds=st.sampled_from(CLOCK_STEPS))
@@ -339,6 +351,7 @@ def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Figures]]:
             print(line)
             continue
         with capture.global_and_fixture_disabled():
+            reporter.ensure_newline()
             reporter.write_line(line)
 
 

@@ -131,6 +131,8 @@ class World:
     outbox: Outbox
     visibility_delay: float = 0.0
     lease_seconds: float = 15.0
+    #: unknown for this long, an operation goes to review (short: staff get to work on it)
+    review_after: float = 30.0
     clock: SimClock = field(default_factory=SimClock)
     #: operation ids (rows) by op_id, in enqueue order
     ops: dict[str, int] = field(default_factory=dict)
@@ -170,6 +172,7 @@ class World:
             worker="r1",
             lease_seconds=self.lease_seconds,
             client_timeout=1.0,
+            review_after=self.review_after,
         )
 
     def review(self) -> ReviewQueue:
