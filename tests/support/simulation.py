@@ -6,9 +6,10 @@ Time. The database's clock cannot be set, so the simulation moves everything els
 (leases end, due times come, attempts grow old: as if the database's clock had run ``s``
 seconds) and moves the downstream's clock (the fake's ``clock``) ``s`` seconds on. No service is
 in the middle of a call when time moves, except a worker paused at a failpoint, which sees the
-pause on its own monotonic clock (``pause``). A clock step of the database (``step``) moves the
-stored timestamps only, the downstream's clock staying where it was: a step smaller than the
-clock margin, which no watch can see and which the protocol must survive.
+pause on its own monotonic clock (``pause``). A step of the database's clock (``skew_to``) moves
+the stored timestamps only, the downstream's clock staying where it was, the two clocks
+always within the clock margin of each other (the contract's assumption): a step no watch can
+see, and which the protocol must survive.
 
 The judge is the fake's ledger (``FakeGateway.ledger``): what the downstream really did.
 """
@@ -134,6 +135,8 @@ class World:
     #: unknown for this long, an operation goes to review (short: staff get to work on it)
     review_after: float = 30.0
     clock: SimClock = field(default_factory=SimClock)
+    #: how far the database's clock runs ahead of the downstream's (``skew_to``)
+    skew: float = 0.0
     #: operation ids (rows) by op_id, in enqueue order
     ops: dict[str, int] = field(default_factory=dict)
     #: run handles
@@ -304,9 +307,12 @@ class World:
         shift(self.engine, seconds)
         self.clock.t = later
 
-    def step(self, seconds: float) -> None:
-        """The database's clock is set ``seconds`` on (or back): stored timestamps only."""
-        shift(self.engine, seconds)
+    def skew_to(self, seconds: float) -> None:
+        """The database's clock is set so that it runs ``seconds`` ahead of the downstream's
+        (behind: negative): stored timestamps move, the downstream's clock does not. The
+        contract's assumption is that the two stay within the clock margin of each other."""
+        shift(self.engine, seconds - self.skew)
+        self.skew = seconds
 
     def landable(self, op_id: str) -> list[InFlight]:
         """The operation's requests on the wire that could still be carried out."""
