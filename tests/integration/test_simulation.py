@@ -8,6 +8,7 @@ protocol's invariants after every step:
 - ``rejected`` or ``cancelled`` means no effect, and no request of it still able to land;
 - ``succeeded`` means exactly one effect, the one its reference names;
 - every run report line agrees with the operation's state and the ledger;
+- a tenant's policy never approves a second refund on an order by itself;
 - at the end, once every request has landed and time has passed with passes run, every
   operation is terminal or in review.
 
@@ -15,7 +16,7 @@ Steps: enqueue (in a run or not), what the next submit meets downstream, lookups
 worker's pass (crashing at a failpoint the project ships, or paused there past its lease while
 others work), time passing, a clock step within the clock margin, a request landing late or
 lost, a reconcile pass, a cancel, a staff resolution (on the evidence, or a supervisor's
-override).
+override), an agent's proposal (approved by the policy where it may) and a person's approval.
 
 A failure prints the steps that led to it, and how to replay it (``@reproduce_failure``); runs
 are reproducible from their seed: ``pytest tests/integration/test_simulation.py

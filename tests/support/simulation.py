@@ -11,6 +11,12 @@ the stored timestamps only, the downstream's clock staying where it was, the two
 always within the clock margin of each other (the contract's assumption): a step no watch can
 see, and which the protocol must survive.
 
+What this abstracts: a paused worker's clock runs on by the whole pause while the database's
+stored times were moved back instead, so the times it writes after resuming (an outcome's,
+a retry's due time) come out up to the pause later than a real one's: later quiescence and
+later retries, the cautious side. Lookups take no time, so a "not found" is answered when it
+is asked (the model checker explores answers that come back later).
+
 The judge is the fake's ledger (``FakeGateway.ledger``): what the downstream really did.
 """
 
