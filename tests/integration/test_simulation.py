@@ -53,7 +53,7 @@ from reconciler.staff import Role, Staff
 from tests.support.simulation import ORDERS, SUBMIT_FATES, Figures, World
 from workers.failpoints import STEPS, FailpointHit, arm
 
-CI_EXAMPLES = 30
+CI_EXAMPLES = 40
 STEP_COUNT = 30
 EXAMPLES = int(os.environ.get("SETTLED_TEST_SIMULATION_EXAMPLES", CI_EXAMPLES))
 
