@@ -23,14 +23,32 @@ then the answer was lost" case)::
 
 Every call is recorded (``calls``) with its tenant, kind, key, params and deadline.
 Thread-safe: the executor sends a batch from several threads.
+
+For simulations (``tests/integration/test_simulation.py``) the fake also keeps what a real
+downstream and network would, on a clock of the test's own (``clock=``, seconds; by default
+``time.monotonic``), so that nothing waits in real time:
+
+- a **ledger** of effects (``ledger``: one ``Effect`` per business effect carried out, with its
+  tenant, op_id, key, reference and when; ``effects_of(tenant, op_id)`` counts them per
+  operation, whatever the key);
+- **scripted latency**: ``hold_submits()`` keeps the next submits on the wire (``in_flight``)
+  and answers their sender ``Unknown`` (its client gave up); the test decides when each
+  ``land``s, or that it is ``drop``ped. A request that lands after its deadline (the time it
+  had left when sent, on the fake's clock) is refused, as a downstream that enforces
+  ``Settled-Deadline`` does (``enforces_deadline=False``: it is carried out all the same);
+  one that lands in time is carried out, or replays its key;
+- a **visibility delay** (``visibility_delay=``, seconds): what a request did is found by a
+  lookup only that long after it was carried out (a submit replaying the key sees it at once);
+- **answers lost after commit**: ``script_submit(Unknown(...), executed=True)``, as above.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -48,11 +66,12 @@ from outbox.downstream import (
     SendPhase,
     SubmitOutcome,
     Unavailable,
+    Unknown,
     receipt_matches,
 )
 from outbox.kinds import Kind
 
-__all__ = ["Call", "FakeGateway"]
+__all__ = ["Call", "Effect", "FakeGateway", "InFlight"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,38 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Effect:
+    """One business effect the fake downstream carried out: a line of its ledger."""
+
+    tenant: str
+    op_id: str
+    idempotency_key: str
+    reference: str
+    #: the fake's clock when it was carried out
+    at: float
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A request on the wire (``hold_submits``): sent, not arrived; it lands or is dropped."""
+
+    id: int
+    tenant: str
+    op_id: str
+    kind: str
+    idempotency_key: str
+    params: Mapping[str, Any]
+    #: the fake's clock when it was sent
+    sent_at: float
+    #: the time its deadline left it when sent: landing later than that, it is refused
+    time_left: float
+
+    def in_time(self, now: float) -> bool:
+        """Whether it would arrive before its deadline if it landed at ``now``."""
+        return now - self.sent_at < self.time_left
+
+
+@dataclass(frozen=True)
 class _Scripted:
     outcome: Any
     executed: bool | None
@@ -80,8 +131,22 @@ class FakeGateway:
     """The downstream port in memory: scripted outcomes, Stripe-like idempotency by default,
     every call recorded (see the module docstring)."""
 
-    def __init__(self, *, reference_prefix: str = "fake") -> None:
+    def __init__(
+        self,
+        *,
+        reference_prefix: str = "fake",
+        clock: Callable[[], float] = time.monotonic,
+        visibility_delay: float = 0.0,
+        enforces_deadline: bool = True,
+    ) -> None:
         self.calls: list[Call] = []
+        #: the fake's own clock (seconds): latency, deadlines on the wire, visibility
+        self.clock = clock
+        #: a lookup finds what a request did only this long after it was carried out
+        self.visibility_delay = visibility_delay
+        #: a request on the wire that lands after its deadline is refused (off: only the
+        #: test's delay bound stops it, as with a downstream that ignores the deadline)
+        self.enforces_deadline = enforces_deadline
         self._prefix = reference_prefix
         self._lock = threading.Lock()
         self._submits: dict[str | None, deque[_Scripted]] = defaultdict(deque)
@@ -90,6 +155,12 @@ class FakeGateway:
         self._records: dict[tuple[str, str], tuple[Found, SubmitOutcome]] = {}
         self._effects: dict[tuple[str, str], int] = defaultdict(int)
         self._references = itertools.count(1)
+        self._ledger: list[Effect] = []
+        #: (tenant, key) -> the fake's clock when its record was made
+        self._recorded_at: dict[tuple[str, str], float] = {}
+        self._holds: dict[str | None, int] = defaultdict(int)
+        self._wire: dict[int, InFlight] = {}
+        self._requests = itertools.count(1)
 
     # -- scripting ----------------------------------------------------------------------------
 
@@ -111,6 +182,39 @@ class FakeGateway:
         with self._lock:
             self._lookups[key].extend(_Scripted(o, None) for o in outcomes)
 
+    def hold_submits(self, n: int = 1, *, key: str | None = None) -> None:
+        """Keep the next ``n`` submits (of ``key``, or of any key) on the wire: each sender is
+        answered ``Unknown`` (its client gave up), and the request waits in ``in_flight``
+        until the test ``land``s or ``drop``s it."""
+        with self._lock:
+            self._holds[key] += n
+
+    @property
+    def in_flight(self) -> list[InFlight]:
+        """The requests on the wire, oldest first."""
+        with self._lock:
+            return list(self._wire.values())
+
+    def land(self, request_id: int) -> SubmitOutcome:
+        """The request arrives now: refused past its deadline (nothing done); otherwise carried
+        out, or a replay of its key. Returns what the downstream answered (nobody hears it)."""
+        with self._lock:
+            request = self._wire.pop(request_id)
+            if self.enforces_deadline and not request.in_time(self.clock()):
+                return NotSent("arrived past its deadline: refused", SendPhase.BEFORE)
+            stored = self._records.get((request.tenant, request.idempotency_key))
+            if stored is not None:
+                return stored[1]
+            accepted = Accepted(self._receipt(request.idempotency_key, request.params, "succeeded"))
+            found = Found(accepted.receipt)
+            self._carry_out(request.tenant, request.op_id, request.idempotency_key, found, accepted)
+            return accepted
+
+    def drop(self, request_id: int) -> None:
+        """The request is lost on the wire: it never arrives."""
+        with self._lock:
+            del self._wire[request_id]
+
     # -- what happened ------------------------------------------------------------------------
 
     @property
@@ -128,6 +232,17 @@ class FakeGateway:
         a key the downstream remembers has none, and neither has a refusal."""
         with self._lock:
             return self._effects[(tenant, idempotency_key)]
+
+    def effects_of(self, tenant: str, op_id: str) -> int:
+        """How many business effects the ledger holds for the operation, under any key."""
+        with self._lock:
+            return sum(1 for e in self._ledger if (e.tenant, e.op_id) == (tenant, op_id))
+
+    @property
+    def ledger(self) -> list[Effect]:
+        """Every business effect carried out, in order."""
+        with self._lock:
+            return list(self._ledger)
 
     def record(self, tenant: str, idempotency_key: str) -> Found | None:
         """What the downstream did with this key, as a lookup would find it (None: nothing)."""
@@ -149,7 +264,7 @@ class FakeGateway:
     ) -> SubmitOutcome:
         """Send one attempt (in memory); see the module docstring for what it answers."""
         with self._lock:
-            outcome = self._submit(tenant, idempotency_key, params, deadline)
+            outcome = self._submit(tenant, op_id, kind.name, idempotency_key, params, deadline)
             args = (tenant, op_id, kind.name, idempotency_key, dict(params), deadline, outcome)
             self.calls.append(Call("submit", *args))
             return outcome
@@ -174,10 +289,23 @@ class FakeGateway:
     # -- inside the lock ----------------------------------------------------------------------
 
     def _submit(
-        self, tenant: str, key: str, params: Mapping[str, Any], deadline: Deadline | datetime
+        self,
+        tenant: str,
+        op_id: str,
+        kind: str,
+        key: str,
+        params: Mapping[str, Any],
+        deadline: Deadline | datetime,
     ) -> SubmitOutcome:
-        if _left(deadline) <= 0:
+        left = _left(deadline)
+        if left <= 0:
             return NotSent("deadline passed before sending", SendPhase.BEFORE)
+        if self._take_hold(key):
+            request_id = next(self._requests)
+            self._wire[request_id] = InFlight(
+                request_id, tenant, op_id, kind, key, dict(params), self.clock(), left
+            )
+            return Unknown("no answer: the request is still on the wire")
         scripted = self._next(self._submits, key)
         if scripted is None:
             stored = self._records.get((tenant, key))
@@ -186,14 +314,22 @@ class FakeGateway:
             scripted = _Scripted(Accepted(self._receipt(key, params, "succeeded")), None)
         outcome: SubmitOutcome = scripted.outcome
         if isinstance(outcome, Accepted):
-            self._carry_out(tenant, key, Found(outcome.receipt), outcome)
+            self._carry_out(tenant, op_id, key, Found(outcome.receipt), outcome)
         elif isinstance(outcome, Refused) and scripted.executed is not False:
             receipt = self._receipt(key, params, "rejected")
-            self._carry_out(tenant, key, Found(receipt, outcome.reason, outcome.code), outcome)
+            found = Found(receipt, outcome.reason, outcome.code)
+            self._carry_out(tenant, op_id, key, found, outcome)
         elif scripted.executed:
             accepted = Accepted(self._receipt(key, params, "succeeded"))
-            self._carry_out(tenant, key, Found(accepted.receipt), accepted)
+            self._carry_out(tenant, op_id, key, Found(accepted.receipt), accepted)
         return outcome
+
+    def _take_hold(self, key: str) -> bool:
+        for which in (key, None):
+            if self._holds.get(which, 0) > 0:
+                self._holds[which] -= 1
+                return True
+        return False
 
     def _lookup(
         self, tenant: str, key: str, params: Mapping[str, Any], deadline: Deadline | datetime
@@ -207,6 +343,8 @@ class FakeGateway:
         stored = self._records.get((tenant, key))
         if stored is None:
             return NotFound()
+        if self.clock() < self._recorded_at[(tenant, key)] + self.visibility_delay:
+            return NotFound()  # carried out, not visible yet
         found = stored[0]
         if not receipt_matches(params, found.receipt):
             return LookupMisuse(
@@ -220,10 +358,15 @@ class FakeGateway:
                 return queue.popleft()
         return None
 
-    def _carry_out(self, tenant: str, key: str, found: Found, answer: SubmitOutcome) -> None:
+    def _carry_out(
+        self, tenant: str, op_id: str, key: str, found: Found, answer: SubmitOutcome
+    ) -> None:
         self._records[(tenant, key)] = (found, answer)
+        self._recorded_at[(tenant, key)] = self.clock()
         if found.receipt.status == "succeeded":
             self._effects[(tenant, key)] += 1
+            receipt = found.receipt
+            self._ledger.append(Effect(tenant, op_id, key, receipt.reference, self.clock()))
 
     def _receipt(self, key: str, params: Mapping[str, Any], status: str) -> Receipt:
         reference = f"{self._prefix}_{next(self._references)}"

@@ -212,3 +212,106 @@ def test_a_scripted_answer_wins_over_a_replay_and_undoes_nothing() -> None:
     assert lookup(fake) == Found(accepted.receipt)  # what was done stays done, once
     assert fake.effects("acme", "k1") == 1
     assert submit(fake) == accepted  # then the replay again
+
+
+# -- for simulations: the ledger, requests on the wire, visibility, the fake's own clock -----
+
+
+class Clock:
+    """The fake's clock and the deadlines' monotonic clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def within(clock: Clock, seconds: float) -> Deadline:
+    return Deadline(LATER, clock.t + seconds, clock)
+
+
+def test_a_held_request_answers_unknown_and_does_nothing_until_it_lands() -> None:
+    clock = Clock()
+    fake = FakeGateway(clock=clock)
+    fake.hold_submits()
+    assert isinstance(submit(fake, deadline=within(clock, 10)), Unknown)
+    assert fake.effects_of("acme", "op-1") == 0
+    assert isinstance(lookup(fake), NotFound)
+    (request,) = fake.in_flight
+    assert (request.op_id, request.idempotency_key, request.time_left) == ("op-1", "k1", 10)
+    clock.t += 9
+    landed = fake.land(request.id)
+    assert isinstance(landed, Accepted)
+    assert fake.in_flight == []
+    (effect,) = fake.ledger
+    assert (effect.op_id, effect.idempotency_key, effect.reference, effect.at) == (
+        "op-1",
+        "k1",
+        landed.receipt.reference,
+        109.0,
+    )
+    assert isinstance(lookup(fake), Found)
+
+
+def test_a_held_request_landing_past_its_deadline_is_refused_where_the_fence_is_kept() -> None:
+    clock = Clock()
+    fenced, unfenced = FakeGateway(clock=clock), FakeGateway(clock=clock, enforces_deadline=False)
+    for fake in (fenced, unfenced):
+        fake.hold_submits()
+        submit(fake, deadline=within(clock, 10))
+    clock.t += 10
+    assert isinstance(fenced.land(fenced.in_flight[0].id), NotSent)
+    assert fenced.ledger == [] and fenced.record("acme", "k1") is None
+    assert isinstance(unfenced.land(unfenced.in_flight[0].id), Accepted)
+    assert unfenced.effects_of("acme", "op-1") == 1
+
+
+def test_a_dropped_request_never_lands_and_a_late_one_replays_its_key() -> None:
+    clock = Clock()
+    fake = FakeGateway(clock=clock)
+    fake.hold_submits(2)
+    submit(fake, deadline=within(clock, 10))
+    submit(fake, deadline=within(clock, 10))
+    first, second = fake.in_flight
+    fake.drop(first.id)
+    assert [r.id for r in fake.in_flight] == [second.id]
+    done = submit(fake, deadline=within(clock, 10))  # the retry, answered
+    assert isinstance(done, Accepted)
+    assert fake.land(second.id) == done  # the late one: a replay, nothing done again
+    assert fake.effects_of("acme", "op-1") == 1 and len(fake.ledger) == 1
+
+
+def test_a_hold_for_one_key_leaves_the_others_answered() -> None:
+    fake = FakeGateway(clock=Clock())
+    fake.hold_submits(key="k2")
+    assert isinstance(submit(fake, "k1"), Accepted)
+    assert isinstance(submit(fake, "k2"), Unknown)
+    assert [r.idempotency_key for r in fake.in_flight] == ["k2"]
+
+
+def test_a_lookup_sees_what_was_done_only_after_the_visibility_delay() -> None:
+    clock = Clock()
+    fake = FakeGateway(clock=clock, visibility_delay=2.0)
+    first = submit(fake)
+    assert isinstance(lookup(fake), NotFound)
+    assert submit(fake) == first  # a replay of the key sees it at once
+    clock.t += 1.9
+    assert isinstance(lookup(fake), NotFound)
+    clock.t += 0.1
+    assert isinstance(lookup(fake), Found)
+
+
+def test_the_ledger_counts_effects_per_operation_whatever_the_key() -> None:
+    fake = FakeGateway()
+    submit(fake, "k1")
+    submit(fake, "k2")  # the same operation under another key: a second effect
+    fake.script_submit(Unknown("reset after commit"), executed=True)
+    submit(fake, "k3", op_id="op-2")
+    assert fake.effects_of("acme", "op-1") == 2
+    assert fake.effects_of("acme", "op-2") == 1
+    assert [(e.op_id, e.idempotency_key) for e in fake.ledger] == [
+        ("op-1", "k1"),
+        ("op-1", "k2"),
+        ("op-2", "k3"),
+    ]

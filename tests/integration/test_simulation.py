@@ -1,0 +1,437 @@
+"""A deterministic simulation of the real services: Hypothesis drives the real ``Executor``,
+``Reconciler``, ``ReviewQueue`` and runs over real PostgreSQL and SQLite, against the shipped
+``FakeGateway`` (a ledger, requests held on the wire, lookups that see late, answers lost after
+commit), with time moved by the simulation (``tests.support.simulation``), and checks the
+protocol's invariants after every step:
+
+- at most one effect per operation (the ledger);
+- ``rejected`` or ``cancelled`` means no effect, and no request of it still able to land;
+- ``succeeded`` means exactly one effect, the one its reference names;
+- every run report line agrees with the operation's state and the ledger;
+- a tenant's policy never approves a second refund on an order by itself;
+- at the end, once every request has landed and time has passed with passes run, every
+  operation is terminal or in review.
+
+Steps: enqueue (in a run or not), what the next submit meets downstream, lookups down, a
+worker's pass (crashing at a failpoint the project ships, or paused there past its lease while
+others work), time passing, a clock step within the clock margin, a request landing late or
+lost, a reconcile pass, a cancel, a staff resolution (on the evidence, or a supervisor's
+override), an agent's proposal (approved by the policy where it may) and a person's approval.
+
+A failure prints the steps that led to it, and how to replay it (``@reproduce_failure``); runs
+are reproducible from their seed: ``pytest tests/integration/test_simulation.py
+--hypothesis-seed=N``. ``SETTLED_TEST_SIMULATION_EXAMPLES=N`` runs N examples per database
+(the long mode; CI runs ``CI_EXAMPLES``). The figures are printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from sqlalchemy import Engine, update
+
+from outbox.errors import SettledError
+from outbox.intake import Outbox
+from outbox.kinds import default_registry
+from outbox.models import Operation
+from reconciler.staff import Role, Staff
+from tests.support.simulation import ORDERS, SUBMIT_FATES, Figures, World
+from workers.failpoints import STEPS, FailpointHit, arm
+
+CI_EXAMPLES = 40
+STEP_COUNT = 30
+EXAMPLES = int(os.environ.get("SETTLED_TEST_SIMULATION_EXAMPLES", CI_EXAMPLES))
+
+MAX_OPS = 4
+MAX_RUNS = 2
+WORKERS = ("w1", "w2")
+#: how far time moves in one step: within a lease, past it, past the delay bound, past the
+#: review threshold
+ADVANCES = (1.0, 5.0, 16.0, 60.0, 301.0, 700.0)
+#: where a step of the database's clock leaves it against the downstream's: within the
+#: clock margin (1 s), the contract's assumption
+CLOCK_SKEWS = (-0.9, -0.4, 0.0, 0.4, 0.9)
+#: what a pass's sends meet downstream, in order
+FATES = st.lists(st.sampled_from(SUBMIT_FATES), max_size=3)
+#: what goes on while a worker is paused
+MEANWHILE = ("advance", "reconcile", "worker", "cancel")
+JUSTIFICATION = "checked against the provider's dashboard"
+
+FIGURES: dict[str, Figures] = {}
+
+
+class Simulation(RuleBasedStateMachine):
+    """One example: a fresh database, a fake downstream, up to four operations."""
+
+    engine: Engine
+    outbox: Outbox
+    figures: Figures
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world: World | None = None
+
+    @property
+    def w(self) -> World:
+        assert self.world is not None
+        return self.world
+
+    def counted(self, name: str) -> None:
+        self.figures.steps += 1
+        self.figures.rules[name] += 1
+
+    @initialize(visibility=st.sampled_from([0.0, 1.0, 2.0]), fenced=st.booleans())
+    def start(self, visibility: float, fenced: bool) -> None:
+        """A downstream that enforces the deadline (the fence), or one bounded only by the
+        delay bound; lookups that see what was done at once, or up to the processing time
+        later."""
+        outbox = self.outbox if fenced else replace(self.outbox, registry=default_registry())
+        self.world = World(self.engine, outbox, visibility_delay=visibility)
+        self.figures.examples += 1
+
+    # -- the app -----------------------------------------------------------------------------
+
+    @precondition(lambda self: len(self.w.ops) < MAX_OPS)
+    @rule(data=st.data())
+    def enqueue(self, data: st.DataObject) -> None:
+        """The app enqueues an operation: alone, in a run it has, or in a new run."""
+        self.counted("enqueue")
+        new = ["new"] if len(self.w.handles) < MAX_RUNS else []
+        handle = data.draw(st.sampled_from([None, *new, *self.w.handles]), label="run")
+        if handle == "new":
+            handle = self.w.open_run()
+        self.w.enqueue(handle, data.draw(st.sampled_from(ORDERS), label="order"))
+
+    @precondition(lambda self: len(self.w.ops) < MAX_OPS and len(self.w.waiting()) < 2)
+    @rule(order=st.sampled_from(ORDERS), amount=st.sampled_from([5000, 10000, 50000]))
+    def propose(self, order: str, amount: int) -> None:
+        """An agent proposes a refund; the tenant's policy approves it by itself where it may
+        (never a second refund on one order)."""
+        approved = self.w.propose(order, amount)
+        self.counted("propose_policy_approved" if approved else "propose")
+
+    @precondition(lambda self: len(self.w.ops) < MAX_OPS and bool(self.w.waiting()))
+    @rule(data=st.data())
+    def approve(self, data: st.DataObject) -> None:
+        """A person approves a waiting proposal (shown the earlier ones on the order)."""
+        self.counted("approve")
+        self.w.approve(data.draw(st.sampled_from(self.w.waiting()), label="proposal"))
+
+    @precondition(lambda self: bool(self.w.live_runs))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        """The user cancels a run (once: cancelling again is a no-op, tested elsewhere)."""
+        self.counted("cancel")
+        self.w.cancel(data.draw(st.sampled_from(self.w.live_runs), label="run"))
+
+    # -- the downstream, the network, time ---------------------------------------------------
+
+    @precondition(lambda self: bool(self.w.fake.in_flight))
+    @rule(data=st.data(), lands=st.booleans())
+    def wire(self, data: st.DataObject, lands: bool) -> None:
+        """A request on the wire lands now, or is lost."""
+        request = data.draw(st.sampled_from(self.w.fake.in_flight), label="request")
+        self.counted("land" if lands else "drop")
+        if lands:
+            self.w.fake.land(request.id)
+        else:
+            self.w.fake.drop(request.id)
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(data=st.data(), seconds=st.sampled_from(ADVANCES))
+    def advance(self, data: st.DataObject, seconds: float) -> None:
+        """Time passes; each request on the wire may land meanwhile (at the end of it: after
+        its deadline, a fenced downstream refuses it) or stay on the wire (past the delay
+        bound, it is lost)."""
+        self.counted("advance")
+        landing = [
+            r.id
+            for r in self.w.fake.in_flight
+            if data.draw(st.booleans(), label=f"request {r.id} lands")
+        ]
+        self.w.advance(seconds)
+        for request_id in landing:
+            if request_id in {r.id for r in self.w.fake.in_flight}:
+                self.figures.rules["land_late"] += 1
+                self.w.fake.land(request_id)
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(skew=st.sampled_from(CLOCK_SKEWS))
+    def clock_step(self, skew: float) -> None:
+        """The database's clock is set (stepped) to run ``skew`` seconds off the
+        downstream's, within the clock margin."""
+        self.counted("clock_step")
+        self.w.skew_to(skew)
+
+    # -- the services ------------------------------------------------------------------------
+
+    def script(self, fates: list[str]) -> None:
+        for fate in fates:
+            self.figures.rules[f"submit_{fate}"] += 1
+            self.w.script(fate)
+
+    def hinted(self, data: st.DataObject) -> list[int]:
+        """A hint (some operations' ids) or none (a doorbell's claim of what is due)."""
+        ops = list(self.w.ops.values())
+        return data.draw(st.lists(st.sampled_from(ops), unique=True, max_size=3), label="ids")
+
+    def execute(self, worker: str, ids: list[int], monotonic: object = time.monotonic) -> None:
+        executor = self.w.executor(worker, monotonic)  # type: ignore[arg-type]
+        try:
+            executor.execute(ids, claims=MAX_OPS)
+        finally:
+            # A pass that died mid-batch may leave sends running in its threads: they end
+            # before the next step, so that every step starts from the same world.
+            pool = executor._pool
+            if pool is not None:
+                pool.shutdown(wait=True)
+            executor.close()
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(
+        data=st.data(),
+        worker=st.sampled_from(WORKERS),
+        crash=st.sampled_from([None, None, None, *STEPS]),
+        fates=FATES,
+    )
+    def work(self, data: st.DataObject, worker: str, crash: str | None, fates: list[str]) -> None:
+        """A worker's pass, its sends meeting ``fates`` downstream (then the default); or a
+        pass that dies at a failpoint (its leases left to lapse)."""
+        ids = self.hinted(data)
+        self.script(fates)
+        if crash is None:
+            self.counted("execute")
+            self.execute(worker, ids)
+            return
+        self.counted(f"crash_{crash}")
+        with arm(crash), contextlib.suppress(FailpointHit):
+            self.execute(worker, ids)
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(
+        data=st.data(),
+        at=st.sampled_from(["after_claim", "after_send"]),
+        seconds=st.sampled_from([5.0, 20.0, 60.0]),
+        meanwhile=st.lists(st.sampled_from(MEANWHILE), max_size=4),
+        fates=FATES,
+    )
+    def pause(
+        self,
+        data: st.DataObject,
+        at: str,
+        seconds: float,
+        meanwhile: list[str],
+        fates: list[str],
+    ) -> None:
+        """A worker's pass stalls at ``at`` (a GC pause, SIGSTOP) for ``seconds`` and more,
+        while the reconciler, another worker and the app go on; then it resumes, on its own
+        clock, which saw the whole pause."""
+        self.counted(f"pause_{at}")
+        ids = self.hinted(data)
+        self.script(fates)
+        ahead = [0.0]
+
+        def monotonic() -> float:
+            return time.monotonic() + ahead[0]
+
+        def stalled() -> None:
+            self.w.advance(seconds)
+            ahead[0] += seconds
+            for what in meanwhile:
+                if what == "advance":
+                    self.w.advance(60.0)
+                    ahead[0] += 60.0
+                elif what == "reconcile":
+                    self.reconcile_once()
+                elif what == "worker":
+                    self.execute("w2", list(self.w.ops.values()))
+                elif what == "cancel" and self.w.live_runs:
+                    self.w.cancel(self.w.live_runs[0])
+            self.w.check()
+
+        with arm(at, stalled):
+            self.execute("w1", ids, monotonic)
+
+    def reconcile_once(self) -> None:
+        reconciler = self.w.reconciler()
+        try:
+            reconciler.run_once()
+        finally:
+            reconciler.close()
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(down=st.integers(0, 2))
+    def reconcile(self, down: int) -> None:
+        """A reconcile pass, its first ``down`` lookups unanswered (the lookup API down)."""
+        self.counted("reconcile")
+        if down:
+            self.figures.rules["lookups_down"] += 1
+            self.w.lookups_down(down)
+        self.reconcile_once()
+
+    @precondition(lambda self: bool(self.w.open_items()))
+    @rule(data=st.data(), claim=st.sampled_from(["rejected", "succeeded", "override"]))
+    def resolve(self, data: st.DataObject, claim: str) -> None:
+        """Staff resolve a review item: on the evidence ("rejected", or "succeeded" with the
+        reference the downstream gave, or a made-up one when it did nothing), which the queue
+        must refuse where the lookup does not prove it; or a supervisor overriding, who has
+        checked the provider (the ledger) once nothing of it is on the wire."""
+        item = data.draw(st.sampled_from(self.w.open_items()), label="item")
+        op_id = next(k for k, v in self.w.ops.items() if v == item.operation_id)
+        effects = [e for e in self.w.fake.ledger if e.op_id == op_id]
+        reference = effects[0].reference if effects else "fake_made_up"
+        queue = self.w.review()
+        try:
+            if claim == "override":
+                if self.w.landable(op_id):
+                    self.counted("resolve_override_waits")
+                    return  # the supervisor cannot know yet
+                staff = Staff("sup-1", Role.SUPERVISOR)
+                outcome = "succeeded" if effects else "rejected"
+                queue.resolve(
+                    staff, item.id, outcome=outcome, version=item.version,
+                    reference=reference if effects else None, justification=JUSTIFICATION,
+                    override=True,
+                )  # fmt: skip
+            else:
+                staff = Staff("sup-2", Role.SUPPORT)
+                queue.resolve(
+                    staff, item.id, outcome=claim, version=item.version,
+                    reference=reference if claim == "succeeded" else None,
+                    justification=JUSTIFICATION,
+                )  # fmt: skip
+            self.counted(f"resolve_{claim}")
+        except SettledError:
+            self.counted(f"resolve_{claim}_refused")
+
+    # -- the invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def protocol_holds(self) -> None:
+        if self.world is not None:
+            self.world.check()
+
+    def teardown(self) -> None:
+        """Every request lands (or is refused), time passes with passes run: the invariants
+        still hold, and every operation ends terminal or in review."""
+        world = self.world
+        if world is None:
+            return
+        for request in world.fake.in_flight:
+            world.fake.land(request.id)
+        world.check()
+        for _ in range(12):
+            if not world.unsettled():
+                break
+            world.advance(400.0)  # past a lease, the delay bound and any backoff
+            self.execute("w1", list(world.ops.values()))
+            self.reconcile_once()
+            world.check()
+        assert not world.unsettled(), world.describe()
+        self.figures.effects += len(world.fake.ledger)
+        for row in world.rows().values():
+            self.figures.states[row.state] += 1
+
+
+@pytest.fixture(scope="module")
+def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Figures]]:
+    """The figures of each database's run, printed when the module is done."""
+    yield FIGURES
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    for database, figures in FIGURES.items():
+        line = figures.line(database)
+        if reporter is None or capture is None:  # pragma: no cover (no terminal: xdist)
+            print(line)
+            continue
+        with capture.global_and_fixture_disabled():
+            reporter.ensure_newline()
+            reporter.write_line(line)
+
+
+#: no limit in the long mode; in CI, room for a failure to shrink to its shortest steps
+@pytest.mark.timeout(0 if EXAMPLES > CI_EXAMPLES else 900)
+def test_protocol_invariants_hold_in_every_simulated_interleaving(
+    engine: Engine, outbox: Outbox, figures: dict[str, Figures]
+) -> None:
+    database = engine.dialect.name
+    machine = type(f"Simulation_{database}", (Simulation,), {})
+    machine.engine = engine
+    machine.outbox = outbox
+    machine.figures = figures.setdefault(database, Figures())
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEP_COUNT,
+            deadline=None,
+            print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    assert machine.figures.examples >= 1
+
+
+# -- the world itself: time, the wire and the judge, step by step ----------------------------
+
+
+def test_simulated_time_lapses_a_dead_workers_lease_and_a_late_request_settles_it(
+    engine: Engine, outbox: Outbox
+) -> None:
+    """A worker dies after its request left (held on the wire); time passes (no sleeping),
+    the request lands within its deadline, the lease lapses, and the reconciler takes over:
+    its lookup finds what the request did, and the operation is done, once."""
+    world = World(engine, outbox)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    world.fake.hold_submits()
+    with arm("after_send"), pytest.raises(FailpointHit):
+        world.executor("w1").execute(list(world.ops.values()))
+    assert world.rows()[op_id].state == "submitted"
+    world.advance(10.0)
+    assert world.reconciler().run_once().claimed == 0  # its lease still holds
+    (request,) = world.fake.in_flight
+    assert world.fake.land(request.id) is not None  # late, within its deadline: done
+    world.advance(6.0)  # the dead worker's lease is over
+    assert world.reconciler().run_once().outcomes == {"found": 1}
+    row = world.rows()[op_id]
+    assert (row.state, world.fake.effects_of("acme", op_id)) == ("succeeded", 1)
+    world.check()
+
+
+def test_the_judge_sees_a_rejected_operation_that_a_request_can_still_reach(
+    engine: Engine, outbox: Outbox
+) -> None:
+    """The invariants are not vacuous: an operation settled ``rejected`` (here by hand, as
+    a broken rule would) while its request is still on the wire fails them, and so does the
+    effect once it lands."""
+    world = World(engine, outbox)
+    op_id = world.enqueue(None, ORDERS[0])
+    world.fake.hold_submits()
+    world.executor("w1").execute(list(world.ops.values()))
+    with world.sessions.begin() as s:
+        s.execute(
+            update(Operation)
+            .where(Operation.id == world.ops[op_id])
+            .values(state="rejected", reason="not_executed")
+        )
+    with pytest.raises(AssertionError, match="a request of it can still land"):
+        world.check()
+    world.fake.land(world.fake.in_flight[0].id)
+    with pytest.raises(AssertionError, match="but the downstream did it"):
+        world.check()
