@@ -78,6 +78,23 @@ def _stopped(result: Result) -> str:
     return result.figures.line().replace("exhaustive", "stopped at the first violation")
 
 
+def _holds(result: Result) -> bool:
+    """Print a run of the real rules: its figures, and its violation if any; True if none."""
+    print(result.figures.line(), flush=True)
+    if result.violation is not None:
+        print(result.violation.render(), flush=True)
+    return result.violation is None
+
+
+def _caught(name: str, result: Result) -> bool:
+    """Print a run of a broken variant; True if the checker caught it."""
+    if result.violation is None:
+        print(f"{result.figures.line()}: variant {name} NOT CAUGHT", flush=True)
+        return False
+    print(f"{_stopped(result)}: caught ({result.violation.property})", flush=True)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.model", description=__doc__)
     parser.add_argument("--long", action="store_true", help="explore bigger configurations")
@@ -93,30 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             probe = explore(ProtocolModel(config), max_states=20_000)
             limit = max(20_000, int(probe.figures.states_per_second * args.seconds))
         result = explore(ProtocolModel(config), max_states=limit)
-        print(result.figures.line(), flush=True)
-        if result.violation is not None:
-            failed = True
-            print(result.violation.render(), flush=True)
+        failed |= not _holds(result)
     approval_models = approvals.LONG if args.long else approvals.CONFIGURATIONS
     for model in approval_models.values():
-        result = explore(model)
-        print(result.figures.line(), flush=True)
-        if result.violation is not None:
-            failed = True
-            print(result.violation.render(), flush=True)
-    for name, model in approvals.VARIANTS.items():
-        result = explore(model)
-        if result.violation is None:
-            print(f"{result.figures.line()}: variant {name} NOT CAUGHT", flush=True)
-            failed = True
-        else:
-            print(f"{_stopped(result)}: caught ({result.violation.property})", flush=True)
-    for name, result in run_variants():
-        if result.violation is None:
-            print(f"{result.figures.line()}: variant {name} NOT CAUGHT", flush=True)
-            failed = True
-        else:
-            print(f"{_stopped(result)}: caught ({result.violation.property})", flush=True)
+        failed |= not _holds(explore(model))
+    variants = [(name, explore(model)) for name, model in approvals.VARIANTS.items()]
+    for name, result in variants + run_variants():
+        failed |= not _caught(name, result)
     for name, result in run_assumptions():
         # The real rules rest on it: a world without it must break them (else the assumption,
         # or the model of it, is wrong).
