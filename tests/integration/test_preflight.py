@@ -325,6 +325,18 @@ def test_a_worker_that_starts_says_on_what_in_one_line(world: World) -> None:
 # -- settled run ----------------------------------------------------------------------------
 
 
+def start_run(world: World, port: int) -> subprocess.Popen[str]:
+    """``settled run`` with web on ``port``, in a process group of its own, stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "settled.cli", "run", f"--web-port={port}", "--concurrency=1"],
+        env=world.env(SETTLED_LOG_LEVEL="WARNING"),
+        cwd=world.workdir.parent,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def test_run_stops_with_the_status_of_a_child_that_fails_its_start(world: World) -> None:
     """The port of web is taken: web passes its preflight but never listens; ``settled run``
     stops worker and beat and exits with web's status instead of restarting it forever."""
@@ -332,14 +344,7 @@ def test_run_stops_with_the_status_of_a_child_that_fails_its_start(world: World)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "settled.cli", "run", f"--web-port={port}", "--concurrency=1"],
-            env=world.env(SETTLED_LOG_LEVEL="WARNING"),
-            cwd=world.workdir.parent,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        proc = start_run(world, port)
         try:
             _, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -360,14 +365,7 @@ def test_run_with_a_misconfiguration_refuses_before_any_child_starts(world: Worl
 
 def test_run_restarts_a_child_that_dies_after_it_was_ready(world: World) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "settled.cli", "run", f"--web-port={port}", "--concurrency=1"],
-        env=world.env(SETTLED_LOG_LEVEL="WARNING"),
-        cwd=world.workdir.parent,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_run(world, port)
     said: list[str] = []
     try:
         assert proc.stderr is not None

@@ -10,12 +10,18 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from tests.support.services import free_port, pg_answers, system_binary, wait_until
+from tests.support.services import (
+    end_process,
+    free_port,
+    pg_answers,
+    system_binary,
+    wait_until,
+)
 
 
 @contextmanager
@@ -61,10 +67,5 @@ def pgbouncer(database_url: str, pool_mode: str, pool_size: int = 10) -> Iterato
             raise RuntimeError(f"pgbouncer exited with {proc.returncode}: {log}")
         yield bounced.render_as_string(hide_password=False)
     finally:
-        proc.terminate()
-        with suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        end_process(proc)
         shutil.rmtree(root, ignore_errors=True)

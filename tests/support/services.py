@@ -272,6 +272,17 @@ def wait_for_own_redis(proc: subprocess.Popen[bytes], url: str, timeout: float =
     _OWN_REDIS_PORTS.add(int(client.connection_pool.connection_kwargs["port"]))
 
 
+def end_process(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
+    """Stop a server the tests started: SIGTERM, then SIGKILL if it is still up ``timeout`` s
+    later; reaped either way."""
+    proc.terminate()
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout)
+
+
 @contextmanager
 def redis_server() -> Iterator[str]:
     """The URL of a throwaway Redis server of the caller's own, stopped afterwards."""
@@ -282,12 +293,7 @@ def redis_server() -> Iterator[str]:
         wait_for_own_redis(proc, url)
         yield url
     finally:
-        proc.terminate()
-        with suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        end_process(proc)
 
 
 _FLUSHES = {"FLUSHDB", "FLUSHALL"}
