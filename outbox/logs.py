@@ -237,7 +237,7 @@ def _choices(kind: Any) -> str:
 _ADOPTED = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery")
 #: Settled's own packages: their lines pass at every level (their fields through the
 #: allow-list, their messages written without data).
-OWN = ("outbox", "workers", "reconciler", "settled")
+OWN = ("outbox", "workers", "reconciler", "support", "settled")
 #: Other libraries whose lines at INFO are about the process, never about what it was given:
 #: Celery's start, connection and task lines (a task's arguments are a hint's operation ids,
 #: and its tasks return nothing), uvicorn's start and stop.

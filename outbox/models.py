@@ -244,7 +244,7 @@ class StaffAccount(Base):
     __table_args__ = (CheckConstraint(f"role IN ({STAFF_ROLES})", name="role"),)
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
-    #: the staff id (``reconciler.staff.STAFF_ID``), as the audit trail names them
+    #: the staff id (``support.staff.STAFF_ID``), as the audit trail names them
     name: Mapped[str] = mapped_column(String(64), unique=True)
     password_hash: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(16))

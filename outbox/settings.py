@@ -236,7 +236,7 @@ class Settings(BaseSettings):
     #: (``ContractSettings``); kinds not named keep their declared contract.
     downstream_contracts: dict[str, ContractSettings] = Field(default_factory=dict)
 
-    #: The support console's sign-in (``settled.console.auth``, ``reconciler.signin``): a
+    #: The support console's sign-in (``settled.console.auth``, ``support.signin``): a
     #: session ends after this long without a request, and this long after sign-in whatever.
     console_session_idle_minutes: float = Field(default=30.0, gt=0)
     console_session_max_hours: float = Field(default=12.0, gt=0)

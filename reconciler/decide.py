@@ -211,7 +211,7 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
         )
     assert isinstance(lookup, Unavailable)
     # "pending": the downstream took it on and has not finished; recorded as such, so that
-    # staff are offered no resolution while it is (``reconciler.evidence``).
+    # staff are offered no resolution while it is (``support.evidence``).
     name = lookup_name(lookup)
     if s.overdue:
         return _review(s, "lookup_unavailable", {"lookup": name, "detail": lookup.detail})

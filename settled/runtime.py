@@ -24,7 +24,7 @@ from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings
 from reconciler.reconcile import Reconciler
-from reconciler.review import ReviewQueue
+from support.review import ReviewQueue
 from workers.coalesce import Coalescer
 from workers.executor import Executor
 from workers.http_client import HttpGateway

@@ -36,9 +36,9 @@ from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.proposals import Proposals
 from outbox.settings import Settings
 from outbox.storage.connection import ping
-from reconciler.review import ReviewQueue
 from settled import metrics
 from settled.console import auth, pages
+from support.review import ReviewQueue
 
 access_log = logging.getLogger("settled.access")
 

@@ -3,8 +3,8 @@
 Only hashes are stored: an argon2id hash of each password, a SHA-256 hash of each session
 token and of each throttling key (a name, a client address). Every time is the database's
 (``db_now``), so every web process agrees on when a session or a throttle ends. The rules
-(what a password must be, when to throttle) are ``reconciler.accounts`` and
-``reconciler.signin``; nothing is committed here.
+(what a password must be, when to throttle) are ``support.accounts`` and
+``support.signin``; nothing is committed here.
 """
 
 from __future__ import annotations

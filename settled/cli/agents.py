@@ -106,7 +106,7 @@ FIELDS = (
 
 
 def _row(p: Any) -> dict[str, Any]:
-    from reconciler.approvals import proposal_row
+    from support.approvals import proposal_row
 
     shown = proposal_row(p)
     return {name: shown[name] for name in FIELDS}

@@ -5,7 +5,7 @@
     resubmit   a rejected or cancelled intent again, under a new op id, audited
     prune      delete terminal operations older than N days (optionally archived first)
 
-``list`` and ``show`` read through ``reconciler.listing``, ``resubmit`` writes through
+``list`` and ``show`` read through ``support.listing``, ``resubmit`` writes through
 ``outbox.resubmit`` (the normal intake), ``prune`` is ``outbox.prune.prune``.
 """
 
@@ -97,7 +97,7 @@ def ops_list(
     as_json: bool,
 ) -> None:
     """Operations, oldest first, each with its line of the run report."""
-    from reconciler.listing import list_operations
+    from support.listing import list_operations
 
     rows = _read(
         lambda s: list_operations(
@@ -128,7 +128,7 @@ def ops_list(
 @AS_JSON
 def ops_show(tenant: str, op_id: str, lang: str, as_json: bool) -> None:
     """One operation: the report's words, its facts, attempts, lookups and events."""
-    from reconciler.listing import show_operation
+    from support.listing import show_operation
 
     shown = _read(lambda s: show_operation(s, tenant, op_id))
     if as_json:

@@ -1,4 +1,4 @@
-"""``settled review``: the manual review queue support staff work (``reconciler.review``);
+"""``settled review``: the manual review queue support staff work (``support.review``);
 every command runs as a named member of staff with a role."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def with_staff(f: Any) -> Any:
 
 def _as_staff(staff: str, role: str, action: Any) -> Any:
     """Run ``action(review_queue, staff)`` with the staff's identity checked first."""
-    from reconciler.staff import Staff
+    from support.staff import Staff
 
     who = Staff.parse(staff, role)
     rt = runtime()

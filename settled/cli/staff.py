@@ -1,4 +1,4 @@
-"""``settled staff``: the console's staff accounts (``reconciler.accounts``).
+"""``settled staff``: the console's staff accounts (``support.accounts``).
 
 A password is never an argument (it would sit in the shell's history and in ``ps``): it is
 asked for twice at a prompt, or read as one line from stdin with ``--password-stdin``.
@@ -46,7 +46,7 @@ def _password(from_stdin: bool) -> str:
 @password_stdin
 def staff_create(name: str, role: str, tenants: tuple[str, ...], password_stdin: bool) -> None:
     """Create the account NAME with ROLE (and, optionally, the only tenants it may see)."""
-    from reconciler.accounts import check_name, check_password, create_account
+    from support.accounts import check_name, check_password, create_account
 
     check_name(name)  # before the prompt: a bad name is told at once
     password = check_password(_password(password_stdin))
@@ -60,7 +60,7 @@ def staff_create(name: str, role: str, tenants: tuple[str, ...], password_stdin:
 @click.argument("name", type=NAME)
 def staff_disable(name: str) -> None:
     """Disable NAME: it cannot sign in, and its open sessions end at once."""
-    from reconciler.accounts import disable_account
+    from support.accounts import disable_account
 
     in_transaction(lambda s: disable_account(s, name))
     click.echo(f"disabled {name}")
@@ -71,7 +71,7 @@ def staff_disable(name: str) -> None:
 @password_stdin
 def staff_password(name: str, password_stdin: bool) -> None:
     """Set a new password for NAME; its open sessions end."""
-    from reconciler.accounts import change_password, check_password
+    from support.accounts import change_password, check_password
 
     password = check_password(_password(password_stdin))
     in_transaction(lambda s: change_password(s, name, password))
@@ -84,7 +84,7 @@ def staff_list(as_json: bool) -> None:
     """Every account: name, role, tenants, created, disabled (never a password hash)."""
     from dataclasses import asdict
 
-    from reconciler.accounts import list_accounts
+    from support.accounts import list_accounts
 
     accounts = in_transaction(list_accounts)
     if as_json:

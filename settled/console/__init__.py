@@ -2,5 +2,5 @@
 
 Mounted by ``settled web`` under ``/console`` beside the status API. ``auth`` signs staff in
 (accounts, sessions, CSRF, throttling); the pages use the same service layer as the CLI
-(``reconciler.review``).
+(``support.review``).
 """

@@ -14,8 +14,8 @@ request came over TLS (uvicorn's ``--proxy-headers`` behind a proxy) or
 ``SETTLED_CONSOLE_SECURE_COOKIES`` forces it, and ``SameSite=Lax``: a link to an item pasted
 into a ticket or a chat opens signed in (with ``Strict`` it would ask to sign in again),
 while a cross-site POST still carries no cookie, and every POST needs the CSRF token anyway.
-The rules (accounts, sessions, throttling) are ``reconciler.accounts`` and
-``reconciler.signin``; this module is the HTTP around them. Its settings come from
+The rules (accounts, sessions, throttling) are ``support.accounts`` and
+``support.signin``; this module is the HTTP around them. Its settings come from
 ``configure(app, settings)``, or the defaults.
 """
 
@@ -33,7 +33,8 @@ from fastapi.responses import PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconciler.signin import (
+from settled.console.text import translate
+from support.signin import (
     Refused,
     SignInPolicy,
     Throttled,
@@ -43,8 +44,7 @@ from reconciler.signin import (
     sign_out,
     tokens_match,
 )
-from reconciler.staff import Staff
-from settled.console.text import translate
+from support.staff import Staff
 
 COOKIE = "settled_console"
 LOGIN_COOKIE = "settled_console_login"

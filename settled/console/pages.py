@@ -3,8 +3,8 @@ the overview, and what AI agents proposed (approve, decline). Server-rendered wi
 (autoescaped); every page needs a signed-in member of staff (``auth.current_user``) and
 every form POST its CSRF token (``auth.require_csrf``).
 
-The rules live in the services (``reconciler.review``, ``reconciler.find``,
-``reconciler.overview``, ``reconciler.approvals``), the same ones the CLI uses: a page only
+The rules live in the services (``support.review``, ``support.find``,
+``support.overview``, ``support.approvals``), the same ones the CLI uses: a page only
 shows what they return and the choices they allow, and a refused action is the service's
 refusal. A lost race or a contradiction is a message on the item's page; a viewer's action
 is a 403 page; another tenant's item, operation or proposal is a 404 page, like a missing one.
@@ -35,15 +35,15 @@ from outbox.errors import (
     SettledError,
 )
 from outbox.proposals import Proposals
-from reconciler.approvals import Approvals
-from reconciler.find import KEYS, Finder
-from reconciler.overview import Overview
-from reconciler.review import ReviewQueue
-from reconciler.staff import ACTING, REASONS
 from settled.console import formats
 from settled.console.auth import ConsoleUser, current_user, require_csrf
 from settled.console.chart import chart
 from settled.console.text import LANGS, lang_of, translate
+from support.approvals import Approvals
+from support.find import KEYS, Finder
+from support.overview import Overview
+from support.review import ReviewQueue
+from support.staff import ACTING, REASONS
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 25

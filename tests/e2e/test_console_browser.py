@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from outbox.models import Operation
-from reconciler.accounts import create_account
+from support.accounts import create_account
 from tests.support.agents import REFUND, call, converse, server
 from tests.support.rig import HOLD, Rig
 from tests.support.services import free_port

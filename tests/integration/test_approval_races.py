@@ -27,8 +27,8 @@ from outbox.models import Operation
 from outbox.proposals import Proposals
 from outbox.runs import compensate
 from outbox.storage.postgres import ORDER_LOCK_SPACE
-from reconciler.approvals import Approvals
-from reconciler.staff import Staff
+from support.approvals import Approvals
+from support.staff import Staff
 from tests.integration.test_mcp_lifecycle import cancellations, ticket_done
 from tests.support.agents import REFUND, call, converse, execute_all, operations, server
 from tests.support.rig import GOOD, Rig

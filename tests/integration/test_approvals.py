@@ -1,4 +1,4 @@
-"""``reconciler.approvals``, the staff's side of agent proposals, on PostgreSQL and SQLite: the
+"""``support.approvals``, the staff's side of agent proposals, on PostgreSQL and SQLite: the
 tenant limit applied in the SQL, everything else on the order, the roles, and a decision
 somebody made first. The pages over it: ``test_console_proposals.py``."""
 
@@ -13,8 +13,8 @@ from outbox.errors import Forbidden, NotFound
 from outbox.models import Operation
 from outbox.proposals import Proposals
 from outbox.storage import search
-from reconciler.approvals import Approvals
-from reconciler.staff import Staff
+from support.approvals import Approvals
+from support.staff import Staff
 from tests.support.contend import contender, pausing
 from tests.support.rig import GOOD, Rig
 

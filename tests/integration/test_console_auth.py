@@ -20,8 +20,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import StarletteDeprecationWarning
 
 from outbox.settings import Settings
-from reconciler import accounts
-from reconciler.accounts import create_account, disable_account
 from settled.console.auth import (
     COOKIE,
     CSRF_REFUSED,
@@ -31,6 +29,8 @@ from settled.console.auth import (
     require_csrf,
     router,
 )
+from support import accounts
+from support.accounts import create_account, disable_account
 
 with warnings.catch_warnings():
     # as in test_web: Starlette's TestClient would rather run on httpx2; on httpx it works
@@ -105,7 +105,7 @@ def sign_in(client: TestClient, name: str, password: str = PASSWORD, next_: str 
 
 def csrf_of(client: TestClient) -> str:
     """The CSRF token the console gives this client's session (as a page would carry it)."""
-    from reconciler.signin import csrf_token_for
+    from support.signin import csrf_token_for
 
     return csrf_token_for(client.cookies[COOKIE])
 

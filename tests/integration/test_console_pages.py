@@ -22,10 +22,10 @@ from starlette.exceptions import StarletteDeprecationWarning
 from outbox import runs
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent, ReviewItem
-from reconciler.review import ReviewQueue
-from reconciler.staff import Staff
 from settled.console.auth import ConsoleUser, current_user, require_csrf
 from settled.web import create_web_app
+from support.review import ReviewQueue
+from support.staff import Staff
 from tests.integration.test_review import in_review
 from tests.support.rig import GOOD, Rig
 

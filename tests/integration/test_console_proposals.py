@@ -26,10 +26,10 @@ from starlette.exceptions import StarletteDeprecationWarning
 from outbox.kinds import default_registry
 from outbox.models import Operation, Proposal, Run
 from outbox.proposals import Proposals
-from reconciler.approvals import Approvals
-from reconciler.review import ReviewQueue
-from reconciler.staff import Staff
 from settled.web import create_web_app
+from support.approvals import Approvals
+from support.review import ReviewQueue
+from support.staff import Staff
 from tests.integration.test_console_roles import add_staff, post, sign_in
 from tests.support.rig import GOOD, Rig
 from tests.support.simtools import wait_until

@@ -1,5 +1,5 @@
 """The support console over HTTP with its real sign-in (no dependency overrides): accounts made
-by ``reconciler.accounts``, signed in through ``POST /console/login`` with the token read from
+by ``support.accounts``, signed in through ``POST /console/login`` with the token read from
 the sign-in page, then every page and every action by each role, tenant limits, the CSRF token,
 signing out and a disabled account's open session.
 
@@ -20,9 +20,9 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from outbox.kinds import default_registry
 from outbox.models import OperationEvent
-from reconciler.accounts import create_account, disable_account
-from reconciler.review import ReviewQueue
 from settled.web import create_web_app
+from support.accounts import create_account, disable_account
+from support.review import ReviewQueue
 from tests.integration.test_console_pages import items_listed, parked
 from tests.integration.test_review import in_review
 from tests.support.rig import Rig

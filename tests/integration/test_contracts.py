@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from outbox.settings import Settings
-from reconciler.staff import Staff
 from settled.runtime import Runtime, build_runtime
+from support.staff import Staff
 from tests.support.rig import HOLD, Rig
 
 

@@ -20,9 +20,9 @@ import pytest
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent
 from outbox.states import State
-from reconciler.operation_view import report_words
 from settled.simulator import SimulatorHandle
 from settled.simulator.proxy import FaultProxy
+from support.operation_view import report_words
 from tests.support.rig import Rig
 from tests.support.simtools import wait_until
 

@@ -23,7 +23,7 @@ from outbox.ids import derive_idempotency_key
 from outbox.models import Operation, OperationEvent
 from outbox.resubmit import RESUBMISSION, RESUBMITTED, resubmit
 from outbox.storage.operations import find_operation
-from reconciler.operation_view import operation_page
+from support.operation_view import operation_page
 from tests.support.rig import GOOD, HOLD, Rig
 
 #: the test settings' secrets (``tests/conftest.py``), so that the command's intake and the

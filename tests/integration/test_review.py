@@ -20,10 +20,10 @@ from outbox.models import ClockStep, Operation, OperationEvent
 from outbox.states import State
 from outbox.storage.clock_steps import record_clock_step
 from outbox.storage.operations import db_time
-from reconciler.review import ReviewQueue
-from reconciler.staff import Staff
 from settled.cli import main
 from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
+from support.review import ReviewQueue
+from support.staff import Staff
 from tests.support.rig import GOOD as GOOD_REFUND
 from tests.support.rig import HOLD, Rig
 

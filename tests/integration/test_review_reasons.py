@@ -18,8 +18,8 @@ from outbox.errors import Forbidden, ReviewConflict
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import OperationEvent
-from reconciler.review import ReviewQueue
-from reconciler.staff import REASONS, Staff
+from support.review import ReviewQueue
+from support.staff import REASONS, Staff
 from tests.integration.test_send_fencing import Poisoned
 from tests.support.gateways import Interposed
 from tests.support.rig import GOOD, HOLD, Rig

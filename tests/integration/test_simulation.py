@@ -49,7 +49,7 @@ from outbox.errors import SettledError
 from outbox.intake import Outbox
 from outbox.kinds import default_registry
 from outbox.models import Operation
-from reconciler.staff import Role, Staff
+from support.staff import Role, Staff
 from tests.support.simulation import ORDERS, SUBMIT_FATES, Figures, World
 from workers.failpoints import STEPS, FailpointHit, arm
 

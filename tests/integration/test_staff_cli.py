@@ -17,9 +17,9 @@ from sqlalchemy import Engine, inspect, text
 from sqlalchemy.orm import Session
 
 from outbox.db import make_engine, upgrade
-from reconciler.accounts import check_credentials
-from reconciler.signin import SignedIn, SignInPolicy, session_staff, sign_in
 from settled.cli import main
+from support.accounts import check_credentials
+from support.signin import SignedIn, SignInPolicy, session_staff, sign_in
 from tests.support import services
 
 PASSWORD = "a long enough secret"

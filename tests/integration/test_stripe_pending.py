@@ -25,8 +25,8 @@ from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent, ReviewItem
 from outbox.states import State
 from reconciler.reconcile import Reconciler
-from reconciler.review import ReviewQueue
-from reconciler.staff import Staff
+from support.review import ReviewQueue
+from support.staff import Staff
 from workers.executor import Executor
 from workers.stripe_gateway import StripeGateway
 

@@ -5,8 +5,8 @@ Every decision is made by Settled's own pure functions, with the values the serv
 ``workers.verdicts.check_before_send`` (the claim's checks, ``workers.claiming``),
 ``Executor.send_deadline`` (the send bounded by the lease), ``judge_submit`` and
 ``judge_recovery`` (``workers.executor``), ``reconciler.decide.decide`` with a real
-``Situation`` (``reconciler.reconcile``), ``reconciler.resolve.doubt_of`` and ``record_of``
-(staff; the latter weighs with ``reconciler.evidence.weigh``), ``outbox.states.transition``
+``Situation`` (``reconciler.reconcile``), ``support.resolve.doubt_of`` and ``record_of``
+(staff; the latter weighs with ``support.evidence.weigh``), ``outbox.states.transition``
 for every move, and ``outbox.report_lines.build_line`` for the report. Only storage, network
 and time are modelled:
 
@@ -60,8 +60,8 @@ from outbox.report_lines import Group, OpFacts, build_line
 from outbox.states import Event, RejectReason, State, transition
 from outbox.storage.attempts import OperationFacts
 from reconciler.decide import Situation, decide
-from reconciler.resolve import Resolution, doubt_of, record_of
-from reconciler.staff import Role, Staff
+from support.resolve import Resolution, doubt_of, record_of
+from support.staff import Role, Staff
 from tests.model.engine import Invariant, Step
 from workers.executor import Executor
 from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit

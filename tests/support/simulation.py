@@ -43,7 +43,7 @@ from outbox.storage.operations import find_operation
 from outbox.storage.search import operations_on_orders
 from outbox.testing import FakeGateway, InFlight
 from reconciler.reconcile import Reconciler
-from reconciler.review import ReviewQueue
+from support.review import ReviewQueue
 from workers.executor import Executor
 
 TENANT = "acme"

@@ -10,7 +10,8 @@ import pytest
 
 from outbox.errors import InvalidIdentifier, InvalidInput
 from outbox.storage.staff_accounts import StoredAccount
-from reconciler.accounts import (
+from settled.console.auth import HOME, safe_next
+from support.accounts import (
     MAX_PASSWORD,
     MIN_PASSWORD,
     check_name,
@@ -19,15 +20,14 @@ from reconciler.accounts import (
     check_tenants,
     staff_of,
 )
-from reconciler.signin import (
+from support.signin import (
     csrf_token_for,
     throttle_key,
     token_hash,
     tokens_match,
     wait_before_retry,
 )
-from reconciler.staff import Role
-from settled.console.auth import HOME, safe_next
+from support.staff import Role
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=15)

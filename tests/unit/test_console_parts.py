@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from reconciler.evidence import Choice, allowed_choices
-from reconciler.overview import per_minute
 from settled.console.chart import HEIGHT, WIDTH, chart
 from settled.console.formats import age, amount, who
 from settled.console.text import CATALOGUE, lang_of, translate
+from support.evidence import Choice, allowed_choices
+from support.overview import per_minute
 
 
 def test_every_string_exists_in_both_languages() -> None:

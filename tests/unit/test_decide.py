@@ -12,7 +12,7 @@ from outbox.errors import ReviewConflict
 from outbox.kinds import DownstreamContract
 from outbox.states import Event, RejectReason, State
 from reconciler.decide import MAX_RECHECK, Situation, decide, not_found_doubt
-from reconciler.evidence import weigh
+from support.evidence import weigh
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 OK = Found(Receipt("re_1", "succeeded", {"amount_minor": 1}))

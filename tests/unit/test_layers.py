@@ -4,6 +4,9 @@
       │  ╲
       │   settled.simulator   a product of its own: the core's wire protocol only
       ▼    ╲
+      │    support            the people: staff, finding, review, approvals
+      │      │
+      ▼      ▼
     workers   reconciler      not each other
       ╲        ╱
        outbox                 the core: imports nothing above it
@@ -24,15 +27,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("outbox", "workers", "reconciler", "settled")
+PACKAGES = ("outbox", "workers", "reconciler", "support", "settled")
 
 #: layer -> the layers its modules may import (a module's layer: ``layer_of``).
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "outbox": frozenset({"outbox"}),
     "workers": frozenset({"outbox", "workers"}),
     "reconciler": frozenset({"outbox", "reconciler"}),
+    "support": frozenset({"outbox", "reconciler", "support"}),
     "settled.simulator": frozenset({"outbox", "settled.simulator"}),
-    "settled": frozenset({"outbox", "workers", "reconciler", "settled", "settled.simulator"}),
+    "settled": frozenset(
+        {"outbox", "workers", "reconciler", "support", "settled", "settled.simulator"}
+    ),
 }
 
 #: Pure decisions and values: importing one loads none of these.
@@ -53,8 +59,8 @@ PURE = (
     "workers.verdicts",
     "workers.http_classify",
     "reconciler.decide",
-    "reconciler.evidence",
-    "reconciler.staff",
+    "support.evidence",
+    "support.staff",
 )
 HEAVY = ("sqlalchemy", "psycopg", "alembic", "httpx", "celery", "kombu", "fastapi", "redis")
 
@@ -158,7 +164,13 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 def test_every_package_module_is_seen() -> None:
     graph = import_graph()
-    for must in ("outbox.downstream", "workers.executor", "reconciler.decide", "settled.cli"):
+    for must in (
+        "outbox.downstream",
+        "workers.executor",
+        "reconciler.decide",
+        "support.review",
+        "settled.cli",
+    ):
         assert must in graph
     assert "settled.simulator" in graph  # a package counts by its own name
 
@@ -205,6 +217,9 @@ def test_the_check_catches_upward_sideways_and_in_function_imports(tmp_path: Pat
             "workers/verdicts.py": "from reconciler.decide import decide\n",
             "reconciler/__init__.py": "",
             "reconciler/decide.py": "from outbox import core\n",
+            "reconciler/reconcile.py": "def f():\n    from support.review import ReviewQueue\n",
+            "support/__init__.py": "",
+            "support/review.py": "from reconciler.decide import decide\nimport workers.verdicts\n",
             "settled/__init__.py": "",
             "settled/cli.py": "import workers.verdicts\n",
             "settled/simulator/__init__.py": "from . import server\n",
@@ -215,8 +230,10 @@ def test_the_check_catches_upward_sideways_and_in_function_imports(tmp_path: Pat
     assert graph["settled.simulator"] == {"settled.simulator.server"}
     assert forbidden_imports(graph) == [
         "outbox.core -> settled.cli",
+        "reconciler.reconcile -> support.review",
         "settled.simulator.server -> reconciler",
         "settled.simulator.server -> settled.cli",
+        "support.review -> workers.verdicts",
         "workers.verdicts -> reconciler.decide",
     ]
 

@@ -1,12 +1,12 @@
-"""Staff roles and tenant limits (reconciler.staff), and who may override the evidence rule."""
+"""Staff roles and tenant limits (support.staff), and who may override the evidence rule."""
 
 from __future__ import annotations
 
 import pytest
 
 from outbox.errors import Forbidden, InvalidInput
-from reconciler.resolve import Resolution
-from reconciler.staff import Role, Staff, require_acting
+from support.resolve import Resolution
+from support.staff import Role, Staff, require_acting
 
 
 def test_a_member_without_a_tenant_limit_sees_every_tenant() -> None:

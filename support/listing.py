@@ -18,7 +18,7 @@ from outbox.errors import InvalidIdentifier, InvalidInput, NotFound
 from outbox.ids import validate_op_id, validate_tenant
 from outbox.states import RejectReason, State
 from outbox.storage.operations import db_time, find_operation, listed_operations
-from reconciler.operation_view import operation_page, report_words
+from support.operation_view import operation_page, report_words
 
 #: the most operations one list shows
 MAX_LIMIT = 1000

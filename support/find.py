@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import InvalidInput, NotFound
 from outbox.storage.search import operations_by
-from reconciler.operation_view import operation_page
-from reconciler.staff import Staff
+from support.operation_view import operation_page
+from support.staff import Staff
 
 audit = logging.getLogger("settled.audit")
 

@@ -1,7 +1,7 @@
 """Staff accounts: who may sign in to the console, with what role and which tenants.
 
 One set of rules for ``settled staff`` and the console: a name is a staff id
-(``reconciler.staff.STAFF_ID``), a role one of ``Role``, tenants well-formed tenant names
+(``support.staff.STAFF_ID``), a role one of ``Role``, tenants well-formed tenant names
 (none given: every tenant), a password 12 to 1024 characters. Passwords are kept only as
 argon2id hashes (argon2-cffi's defaults, RFC 9106's second recommended set); checking one
 takes the same work whether the name exists or not (a dummy hash stands in), so the answer's
@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from outbox.errors import InvalidInput, NotFound
 from outbox.ids import validate_tenant
 from outbox.storage import staff_accounts as store
-from reconciler.staff import STAFF_ID, Role, Staff
+from support.staff import STAFF_ID, Role, Staff
 
 MIN_PASSWORD = 12
 #: long passphrases are welcome; beyond this a request only makes the server hash for long

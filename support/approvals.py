@@ -26,7 +26,7 @@ from outbox.models import Operation, Proposal
 from outbox.proposals import APPROVED, DECLINED, PROPOSED, Proposals
 from outbox.storage.proposals import expiry_cutoff
 from outbox.storage.search import on_orders, proposal_by_id, waiting_proposals
-from reconciler.staff import Staff, require_acting
+from support.staff import Staff, require_acting
 
 audit = logging.getLogger("settled.audit")
 

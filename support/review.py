@@ -3,8 +3,8 @@
 Staff can only settle an undeterminable operation, as ``succeeded`` or ``rejected``, never
 change it; two staff racing on one item: one wins, the other gets ReviewConflict. A refused
 action is recorded on the operation too. Who staff are, what each role may do and the way out
-of each review reason: ``reconciler.staff``; what a resolution asks, stores and writes:
-``reconciler.resolve``.
+of each review reason: ``support.staff``; what a resolution asks, stores and writes:
+``support.resolve``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from outbox.storage.attempts import operation_facts
 from outbox.storage.operations import db_time, operation
 from outbox.storage.reviews import note_staff_action, review_item, settle_unknown
 from outbox.storage.search import review_page
-from reconciler.evidence import allowed_choices
-from reconciler.operation_view import operation_view
-from reconciler.resolve import (
+from support.evidence import allowed_choices
+from support.operation_view import operation_view
+from support.resolve import (
     Resolution,
     already_resolved,
     check_current,
@@ -40,7 +40,7 @@ from reconciler.resolve import (
     record_of,
     write_resolution,
 )
-from reconciler.staff import ACTING, OVERRIDING, Staff, require_acting
+from support.staff import ACTING, OVERRIDING, Staff, require_acting
 
 audit = logging.getLogger("settled.audit")
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ class ReviewQueue:
         """Settle the item's operation as ``succeeded`` or ``rejected``, with evidence.
 
         What may be stored is weighed against the downstream's lookup
-        (``reconciler.evidence``): "rejected" on a "not found" needs the proof the reconciler
+        (``support.evidence``): "rejected" on a "not found" needs the proof the reconciler
         needs (asked after quiescence, inside the key retention less its margin); where the
         lookup cannot tell, ``override`` (a supervisor, with the written justification)
         records the resolution as their statement, and says so in the audit trail. A refused

@@ -32,8 +32,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from outbox.storage import staff_accounts as store
-from reconciler.accounts import check_credentials, staff_of
-from reconciler.staff import Staff
+from support.accounts import check_credentials, staff_of
+from support.staff import Staff
 
 audit = logging.getLogger("settled.audit")
 

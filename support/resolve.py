@@ -4,9 +4,9 @@ written.
 Staff can only settle an undeterminable operation as ``succeeded`` (with the downstream's
 reference, verified by a lookup where the downstream has one) or ``rejected`` (with a written
 justification); no parameter of the operation can be changed. What may be stored is weighed
-against the downstream's lookup (``reconciler.evidence``): a resolution that contradicts it is
+against the downstream's lookup (``support.evidence``): a resolution that contradicts it is
 refused. Two staff racing on one item: one wins, the other gets ReviewConflict. The queue that
-calls these, in this order, is ``reconciler.review`` (``ReviewQueue.resolve``).
+calls these, in this order, is ``support.review`` (``ReviewQueue.resolve``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from outbox.storage.reviews import (
     settle_unknown,
 )
 from reconciler.decide import Situation, not_found_doubt
-from reconciler.evidence import weigh
-from reconciler.staff import OVERRIDING, Staff, require_acting
+from support.evidence import weigh
+from support.staff import OVERRIDING, Staff, require_acting
 
 MIN_JUSTIFICATION = 10
 MAX_JUSTIFICATION = 2000

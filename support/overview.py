@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.storage import overview as reads
 from outbox.storage.operations import db_time
-from reconciler.staff import Staff
+from support.staff import Staff
 
 audit = logging.getLogger("settled.audit")
 

@@ -2,10 +2,10 @@
 
 A member of staff is an id, a role and, optionally, the tenants they may see: a ``viewer`` may
 list and show; ``support``, ``supervisor`` and ``admin`` may also requery and resolve; only a
-supervisor or an admin may override the evidence rule (``reconciler.resolve``). A member limited
+supervisor or an admin may override the evidence rule (``support.resolve``). A member limited
 to some tenants sees nothing of the others (``Staff.sees``). ``REASONS`` is every reason an
 operation is put in review, and how staff resolve it. Pure: the queue that uses these is
-``reconciler.review``.
+``support.review``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ STAFF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
 
 #: Every reason an operation is put in review, and how staff resolve it (README, "The review
-#: queue"). What a resolution may store is weighed by ``reconciler.evidence``.
+#: queue"). What a resolution may store is weighed by ``support.evidence``.
 REASONS: dict[str, str] = {
     "lookup_unavailable": "requery once the lookup is back; resolve as its record says",
     "ambiguous_without_idempotency": "resolve as the lookup shows once it is quiet",
