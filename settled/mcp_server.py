@@ -59,7 +59,6 @@ from outbox.proposals import (
 )
 from outbox.report_text import Lang, check_lang
 from outbox.runs import cancel_run
-from outbox.settings import Settings
 from settled.mcp_answers import answer, describe, refusal
 
 T = TypeVar("T")
@@ -113,15 +112,6 @@ class AgentDesk:
     auto_approve_minor: Mapping[str, int]
     #: the one tenant a stdio server speaks for (None: the HTTP transport's API key says)
     tenant: str | None = None
-
-    @classmethod
-    def from_settings(cls, settings: Settings, sessions: sessionmaker[Session]) -> AgentDesk:
-        return cls(
-            sessions=sessions,
-            proposals=Proposals.from_settings(settings),
-            auto_approve_minor=dict(settings.agent_auto_approve_minor),
-            tenant=settings.agent_tenant,
-        )
 
     def caller(self) -> str | None:
         """The tenant of this call: the bound one, or the API key's (None: nobody)."""

@@ -1,8 +1,8 @@
 """The composition root of a worker, beat or web process: built once from settings.
 
-Every service is built here and nowhere else (``build_runtime``; the web process, which needs
-only the review queue of it, ``build_review``), so that the worker, beat, the console and the
-command line ask the same downstream of each kind (``build_gateway``).
+Every service is built here and nowhere else (``build_runtime``, each service on first use),
+so that the worker, beat, the console, the MCP server and the command line ask the same
+downstream of each kind (``build_gateway``) with the same rules.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,8 +23,12 @@ from outbox.downstream import Gateway
 from outbox.errors import InvalidSetting
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
+from outbox.proposals import Proposals
 from outbox.settings import Settings
 from reconciler.reconcile import Reconciler
+from support.approvals import Approvals
+from support.find import Finder
+from support.overview import Overview
 from support.review import ReviewQueue
 from workers.coalesce import Coalescer
 from workers.executor import Executor
@@ -31,41 +36,185 @@ from workers.http_client import HttpGateway
 from workers.routing import GatewayByKind
 from workers.stripe_gateway import StripeGateway
 
+if TYPE_CHECKING:
+    from settled.mcp_server import AgentDesk
 
-@dataclass
+T = TypeVar("T")
+
+
 class Runtime:
-    settings: Settings
-    engine: Engine
-    sessions: sessionmaker[Session]
-    registry: KindRegistry
-    outbox: Outbox
-    gateway: Gateway
-    executor: Executor
-    reconciler: Reconciler
-    review: ReviewQueue
-    #: made on first use (``coalescer``): only a worker on the thread pool batches hints
-    _coalescer: Coalescer | None = None
-    _making: threading.Lock = field(default_factory=threading.Lock)
+    """Every service of a process, each built once from the settings on first use: the worker
+    asks for the executor, the web process for the review queue and the console's services,
+    the MCP server for the agent desk, and all of them get the same downstream of each kind,
+    the same watch on the database's clock and the same sessions. Thread-safe."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        sessions: sessionmaker[Session],
+        registry: KindRegistry,
+        *,
+        gateway: Gateway | None = None,
+        owns_engine: bool = True,
+    ) -> None:
+        self.settings, self.engine, self.sessions, self.registry = (
+            settings,
+            engine,
+            sessions,
+            registry,
+        )
+        self._built: dict[str, Any] = {} if gateway is None else {"gateway": gateway}
+        self._owns_engine = owns_engine
+        self._making = threading.RLock()
+
+    def _once(self, name: str, build: Callable[[], T]) -> T:
+        with self._making:
+            if name not in self._built:
+                self._built[name] = build()
+            built: T = self._built[name]
+            return built
+
+    @property
+    def outbox(self) -> Outbox:
+        return self._once("outbox", lambda: Outbox.from_settings(self.settings, self.registry))
+
+    @property
+    def gateway(self) -> Gateway:
+        """The downstream of each kind as configured (``build_gateway``)."""
+        return self._once("gateway", lambda: build_gateway(self.settings, self.registry))
+
+    @property
+    def clock_watch(self) -> ClockWatch:
+        """One watch on the database's clock for the process: a step any service sees is
+        honoured by all of them (and recorded for the other processes)."""
+        settings = self.settings
+        return self._once(
+            "clock_watch",
+            lambda: ClockWatch(
+                margin=settings.clock_margin_seconds, window=settings.clock_step_window
+            ),
+        )
+
+    @property
+    def executor(self) -> Executor:
+        def build() -> Executor:
+            settings = self.settings
+            return Executor(
+                sessions=self.sessions,
+                gateway=self.gateway,
+                registry=self.registry,
+                fingerprinter=self.outbox.fingerprinter,
+                worker=worker_name(),
+                lease_seconds=settings.lease_seconds,
+                batch_extra=settings.claim_batch,
+                clock_margin=settings.clock_margin_seconds,
+                max_tries=settings.retry_max_tries,
+                clock_watch=self.clock_watch,
+            )
+
+        return self._once("executor", build)
+
+    @property
+    def reconciler(self) -> Reconciler:
+        def build() -> Reconciler:
+            settings = self.settings
+            return Reconciler(
+                sessions=self.sessions,
+                gateway=self.gateway,
+                registry=self.registry,
+                worker=worker_name(),
+                lease_seconds=settings.lease_seconds,
+                client_timeout=settings.downstream_timeout,
+                review_after=settings.review_after_seconds,
+                clock_watch=self.clock_watch,
+            )
+
+        return self._once("reconciler", build)
+
+    @property
+    def review(self) -> ReviewQueue:
+        """The review queue staff work (the console, ``settled review``): its lookups go to
+        each kind's downstream as the worker's sends do."""
+        return self._once(
+            "review",
+            lambda: ReviewQueue(
+                self.sessions,
+                self.gateway,
+                self.registry,
+                lookup_timeout=self.settings.downstream_timeout,
+                clock_watch=self.clock_watch,
+            ),
+        )
+
+    @property
+    def proposals(self) -> Proposals:
+        """What AI agents propose, with the configured contracts, repeat window and time to
+        live, fingerprinted with the process's own outbox."""
+        settings = self.settings
+        return self._once(
+            "proposals",
+            lambda: Proposals(
+                self.outbox,
+                timedelta(seconds=settings.agent_repeat_window_seconds),
+                timedelta(seconds=settings.agent_proposal_ttl_seconds),
+            ),
+        )
+
+    @property
+    def approvals(self) -> Approvals:
+        """Staff deciding what agents proposed (the console's proposals page)."""
+        return self._once("approvals", lambda: Approvals(self.sessions, self.proposals))
+
+    def approvals_over(self, proposals: Proposals) -> Approvals:
+        """Staff deciding over ``proposals`` instead of the runtime's (a caller's own rules)."""
+        return Approvals(self.sessions, proposals)
+
+    @property
+    def finder(self) -> Finder:
+        return self._once("finder", lambda: Finder(self.sessions))
+
+    @property
+    def overview(self) -> Overview:
+        return self._once("overview", lambda: Overview(self.sessions))
+
+    def agent_desk(self, *, tenant: str | None) -> AgentDesk:
+        """What the MCP server's tools work with: these sessions, the proposals service and
+        each tenant's policy limit; ``tenant`` is the one a stdio server speaks for (None: the
+        HTTP transport's API key says)."""
+        from settled.mcp_server import AgentDesk  # the MCP SDK: only where agents are served
+
+        return AgentDesk(
+            self.sessions,
+            self.proposals,
+            dict(self.settings.agent_auto_approve_minor),
+            tenant=tenant,
+        )
 
     def coalescer(self) -> Coalescer:
         """The executor behind a ``Coalescer``: concurrent tasks' hints worked in shared
         batches (``workers.coalesce``). One per runtime, whichever task asks first."""
-        with self._making:
-            if self._coalescer is None:
-                self._coalescer = Coalescer(
-                    self.executor.execute, runners=2, max_batch=self.executor.max_batch
-                )
-            return self._coalescer
+        return self._once(
+            "coalescer",
+            lambda: Coalescer(self.executor.execute, runners=2, max_batch=self.executor.max_batch),
+        )
 
     def close(self) -> None:
-        if self._coalescer is not None:
-            self._coalescer.close()
-        self.executor.close()
-        self.reconciler.close()
-        close = getattr(self.gateway, "close", None)
+        """Stop what was built (the coalescer's runners, the executor's and reconciler's
+        threads, the gateway's connections) and dispose of the engine when the runtime made
+        it."""
+        with self._making:
+            built = dict(self._built)
+        if "coalescer" in built:
+            built["coalescer"].close()
+        for name in ("executor", "reconciler"):
+            if name in built:
+                built[name].close()
+        close = getattr(built.get("gateway"), "close", None)
         if close is not None:
             close()
-        self.engine.dispose()
+        if self._owns_engine:
+            self.engine.dispose()
 
 
 def worker_name() -> str:
@@ -120,41 +269,27 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
     return GatewayByKind(http, dict.fromkeys(stripe_kinds, stripe))
 
 
-def build_review(
-    settings: Settings,
-    sessions: sessionmaker[Session],
-    *,
-    registry: KindRegistry | None = None,
-    gateway: Gateway | None = None,
-    watch: ClockWatch | None = None,
-) -> ReviewQueue:
-    """The review queue staff work (the console, ``settled review``) over ``sessions``: its
-    lookups go to each kind's downstream as the worker's do (``build_gateway``), or through
-    ``gateway``. ``registry`` has the settings' contracts applied already (default: the
-    default kinds with them). ``watch`` is the process's watch on the database's clock (default:
-    one of its own, from the settings).
-
-    Raises InvalidInput as ``build_gateway`` does.
-    """
-    if registry is None:
-        registry = settings.apply_contracts(default_registry())
-    if gateway is None:
-        gateway = build_gateway(settings, registry)
-    if watch is None:
-        watch = ClockWatch(margin=settings.clock_margin_seconds, window=settings.clock_step_window)
-    return ReviewQueue(
-        sessions, gateway, registry, lookup_timeout=settings.downstream_timeout, clock_watch=watch
-    )
-
-
 def build_runtime(
     settings: Settings,
     *,
     registry: KindRegistry | None = None,
     gateway: Gateway | None = None,
+    sessions: sessionmaker[Session] | None = None,
     **engine_kwargs: Any,
 ) -> Runtime:
+    """The process's runtime from ``settings``: its engine (``engine_kwargs`` for
+    ``make_engine``), or the caller's ``sessions`` (their engine stays the caller's); the
+    default kinds, or ``registry``, with the settings' contracts applied; each kind's downstream
+    as configured, or ``gateway``.
+
+    Raises InvalidSetting as ``check_providers`` does (before anything is built).
+    """
     registry = settings.apply_contracts(registry or default_registry())
+    if gateway is None:
+        check_providers(settings, registry)
+    if sessions is not None:
+        engine = sessions.kw["bind"]
+        return Runtime(settings, engine, sessions, registry, gateway=gateway, owns_engine=False)
     # No pre-ping: it costs a round trip and a commit per checkout (two per operation). The
     # executor runs a step again when its pooled connection turns out to be dead
     # (``outbox.storage.connection.run_twice``); other users of these sessions fail once and the
@@ -162,35 +297,4 @@ def build_runtime(
     engine_kwargs.setdefault("pool_pre_ping", False)
     engine = make_engine(settings.database_url, **engine_kwargs)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    outbox = Outbox.from_settings(settings, registry)
-    if gateway is None:
-        gateway = build_gateway(settings, registry)
-    # One watch on the database's clock for the process: a step any service sees is honoured
-    # by all of them (and recorded for the other processes).
-    watch = ClockWatch(margin=settings.clock_margin_seconds, window=settings.clock_step_window)
-    executor = Executor(
-        sessions=sessions,
-        gateway=gateway,
-        registry=registry,
-        fingerprinter=outbox.fingerprinter,
-        worker=worker_name(),
-        lease_seconds=settings.lease_seconds,
-        batch_extra=settings.claim_batch,
-        clock_margin=settings.clock_margin_seconds,
-        max_tries=settings.retry_max_tries,
-        clock_watch=watch,
-    )
-    reconciler = Reconciler(
-        sessions=sessions,
-        gateway=gateway,
-        registry=registry,
-        worker=worker_name(),
-        lease_seconds=settings.lease_seconds,
-        client_timeout=settings.downstream_timeout,
-        review_after=settings.review_after_seconds,
-        clock_watch=watch,
-    )
-    review = build_review(settings, sessions, registry=registry, gateway=gateway, watch=watch)
-    return Runtime(
-        settings, engine, sessions, registry, outbox, gateway, executor, reconciler, review
-    )
+    return Runtime(settings, engine, sessions, registry, gateway=gateway)

@@ -25,19 +25,18 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
-from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import logs, runs
 from outbox.apikeys import Principal, authenticate
-from outbox.db import make_engine
 from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.proposals import Proposals
 from outbox.settings import Settings
 from outbox.storage.connection import ping
 from settled import metrics
 from settled.console import auth, pages
+from settled.runtime import Runtime, build_runtime
 from support.review import ReviewQueue
 
 access_log = logging.getLogger("settled.access")
@@ -240,24 +239,22 @@ async def log_access(request: Request, call_next: Any) -> Any:
 
 
 def create_web_app(
-    source: Settings | sessionmaker[Session] | Any,
+    source: Settings | sessionmaker[Session] | Runtime,
     *,
     review: ReviewQueue | None = None,
     proposals: Proposals | None = None,
 ) -> FastAPI:
-    """The status API and the support console over ``source``: settings (an engine is made
-    here and disposed on shutdown), a sessionmaker, or anything with ``sessions`` and
-    ``review`` attributes (a Runtime). The console's review queue is ``review``, else the
-    Runtime's, else one built on first use from the settings by the composition root
-    (``settled.runtime.build_review``: each kind's downstream as the worker's); its
-    proposals service is ``proposals``, else one built from the settings."""
-    sessions, owned = _sessions_of(source)
+    """The status API and the support console over ``source``: a runtime (the composition
+    root's, ``settled.runtime``), or settings or a sessionmaker to build one from (closed on
+    shutdown; a sessionmaker's engine stays the caller's). The console works with the
+    runtime's services; ``review`` and ``proposals`` replace the runtime's (tests)."""
+    runtime, owned = _runtime_of(source)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        if owned is not None:
-            owned.dispose()
+        if owned:
+            runtime.close()
 
     app = FastAPI(
         title="Settled status API",
@@ -265,57 +262,29 @@ def create_web_app(
         description="What a run has done, has not done, and what is still uncertain.",
         lifespan=lifespan,
     )
-    app.state.sessions = sessions
-    app.state.metrics_registry = metrics.registry(sessions)
+    app.state.sessions = runtime.sessions
+    app.state.metrics_registry = metrics.registry(runtime.sessions)
     app.middleware("http")(log_access)
     for error, handler in ERROR_HANDLERS.items():
         app.exception_handler(error)(_answer(handler))
     app.include_router(status_api)
     app.include_router(operator_routes)
-    _mount_console(app, source, sessions, review, proposals)
-    return app
-
-
-def _mount_console(
-    app: FastAPI,
-    source: Settings | sessionmaker[Session] | Any,
-    sessions: sessionmaker[Session],
-    review: ReviewQueue | None,
-    proposals: Proposals | None,
-) -> None:
-    """The console's pages, its sign-in and its static files, under ``/console``."""
-    if review is None:
-        review = getattr(source, "review", None)
-    settings = source if isinstance(source, Settings) else getattr(source, "settings", None)
-    if not isinstance(settings, Settings):
-        settings = Settings()
-    chosen = settings
-
-    def make_review() -> ReviewQueue:
-        from settled.runtime import build_review  # the worker's gateways: only when used
-
-        return review if review is not None else build_review(chosen, sessions)
-
-    if proposals is None:
-        proposals = Proposals.from_settings(settings)
-    app.state.console = pages.ConsoleServices(sessions, make_review, proposals)
-    auth.configure(app, settings)  # sessions' lifetimes, sign-in throttling, cookie flags
+    app.state.console = pages.ConsoleServices(runtime, review, proposals)
+    auth.configure(app, runtime.settings)  # sessions' lifetimes, sign-in throttling, cookies
     app.include_router(auth.router)
     app.include_router(pages.router)
     static = Path(pages.__file__).parent / "static"
     app.mount("/console/static", StaticFiles(directory=static), name="console-static")
+    return app
 
 
-def _sessions_of(
-    source: Settings | sessionmaker[Session] | Any,
-) -> tuple[sessionmaker[Session], Engine | None]:
-    """The sessions to serve from, and the engine made for them here (None: the caller's)."""
+def _runtime_of(source: Settings | sessionmaker[Session] | Runtime) -> tuple[Runtime, bool]:
+    """The runtime to serve from, and whether it was built here (closed on shutdown)."""
+    if isinstance(source, Runtime):
+        return source, False
     if isinstance(source, Settings):
-        owned = make_engine(source.database_url)
-        return sessionmaker(owned, expire_on_commit=False), owned
-    if isinstance(source, sessionmaker):
-        return source, None
-    return source.sessions, None
+        return build_runtime(source), True
+    return build_runtime(Settings(), sessions=source), True
 
 
 def serve(settings: Settings, *, host: str, port: int) -> None:

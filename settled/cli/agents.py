@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from settled.cli.common import TEXT, Text, in_transaction
+from settled.cli.common import TEXT, Text
 
 PORT = click.IntRange(1, 65535)
 HANDLE = Text(max_length=64)
@@ -26,13 +26,15 @@ HANDLE = Text(max_length=64)
 @click.option("--port", default=8800, show_default=True, type=PORT)
 def mcp(transport: str, host: str, port: int) -> None:
     """Serve the tools for AI agents over the Model Context Protocol."""
-    from outbox.db import make_engine
+    from outbox import relay
     from outbox.errors import InvalidInput
     from outbox.ids import validate_tenant
     from outbox.settings import Settings
+    from settled.celery_app import create_app, hint_publisher
     from settled.mcp_http import serve
-    from settled.mcp_server import AgentDesk, build_server
+    from settled.mcp_server import build_server
     from settled.preflight import announce, preflight
+    from settled.runtime import build_runtime
 
     settings = Settings()
     if transport == "stdio" and settings.agent_tenant is None:
@@ -44,18 +46,20 @@ def mcp(transport: str, host: str, port: int) -> None:
         validate_tenant(settings.agent_tenant)
     # It approves (and so fingerprints) and publishes hints: the worker's checks, broker too.
     announce(preflight(settings, broker=True), f"mcp --transport {transport}")
-    engine = make_engine(settings.database_url)
+    rt = build_runtime(settings)
+    # Commits publish hints for the operations they created: an approved proposal's
+    # operation is sent at once, not at the sweeper's next pass.
+    relay.install(rt.sessions, hint_publisher(create_app(settings)))
     try:
-        desk = AgentDesk.from_settings(settings, _hinting_sessions(settings, engine))
         if transport == "stdio":
-            build_server(desk).run("stdio")
+            build_server(rt.agent_desk(tenant=settings.agent_tenant)).run("stdio")
             return
         url = f"http://{host}:{port}"
-        desk = AgentDesk(desk.sessions, desk.proposals, desk.auto_approve_minor, tenant=None)
         click.echo(f"MCP server on {url}/mcp", err=True)
+        desk = rt.agent_desk(tenant=None)
         serve(build_server(desk, http_url=url), host=host, port=port, log_level=_level())
     finally:
-        engine.dispose()
+        rt.close()
 
 
 def _level() -> str:
@@ -70,33 +74,24 @@ def proposals() -> None:
     """What AI agents proposed and nobody has decided yet (staff approve or decline)."""
 
 
-def _hinting_sessions(settings: Any, engine: Any) -> Any:
-    """Sessions on ``engine`` whose commits publish hints for the operations they created
-    (an approved proposal's operation is sent at once, not at the sweeper's next pass)."""
-    from sqlalchemy.orm import sessionmaker
-
-    from outbox import relay
-    from settled.celery_app import create_app, hint_publisher
-
-    sessions = sessionmaker(engine, expire_on_commit=False)
-    relay.install(sessions, hint_publisher(create_app(settings)))
-    return sessions
-
-
 def _in_transaction(action: Any) -> Any:
     """Run ``action(proposals_service, session)`` in one transaction on the configured
     database, with the MCP server's rules (the configured contracts, the repeat window)."""
-    from outbox.proposals import Proposals
     from outbox.settings import Settings
     from settled.preflight import preflight
+    from settled.runtime import build_runtime
 
     settings = Settings()
     preflight(settings, broker=False)  # an approval fingerprints: the worker's keys, or none
-    # Not the MCP server's module (its SDK takes seconds to import), the same service. No
-    # hint from a one-shot command: a broker that is down would hold it in the publish's
-    # retries, and the sweeper picks the approved operation up within SETTLED_SWEEP_SECONDS.
-    service = Proposals.from_settings(settings)
-    return in_transaction(lambda session: action(service, session))
+    # The MCP server's service, built by the same root. No hint from a one-shot command: a
+    # broker that is down would hold it in the publish's retries, and the sweeper picks the
+    # approved operation up within SETTLED_SWEEP_SECONDS.
+    rt = build_runtime(settings)
+    try:
+        with rt.sessions.begin() as session:
+            return action(rt.proposals, session)
+    finally:
+        rt.close()
 
 
 #: What a line of ``settled proposals`` shows of a proposal, in this order.

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import click
 
-from settled.cli.common import TEXT, Text, in_transaction
+from settled.cli.common import TEXT, Text
 
 LANG = click.option(
     "--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
@@ -149,18 +149,20 @@ def ops_resubmit(tenant: str, op_id: str, new_op_id: str, by: str, why: str, as_
 
     Only for one proven not carried out; both operations record who asked and why. The
     sweeper hands the new one to a worker (within SETTLED_SWEEP_SECONDS)."""
-    from outbox.intake import Outbox
-    from outbox.kinds import default_registry
     from outbox.resubmit import resubmit
     from outbox.settings import Settings
+    from settled.runtime import build_runtime
 
-    settings = Settings()
-    outbox = Outbox.from_settings(settings, settings.apply_contracts(default_registry()))
-    done = in_transaction(
-        lambda s: _resubmitted(
-            resubmit(outbox, s, tenant=tenant, op_id=op_id, new_op_id=new_op_id, by=by, why=why)
-        )
-    )
+    rt = build_runtime(Settings())
+    try:
+        with rt.sessions.begin() as s:
+            done = _resubmitted(
+                resubmit(
+                    rt.outbox, s, tenant=tenant, op_id=op_id, new_op_id=new_op_id, by=by, why=why
+                )
+            )
+    finally:
+        rt.close()
     if as_json:
         click.echo(json.dumps(done, indent=2, ensure_ascii=False))
         return

@@ -12,9 +12,7 @@ is a 403 page; another tenant's item, operation or proposal is a 404 page, like 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -24,7 +22,6 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
-from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import (
     Forbidden,
@@ -39,6 +36,7 @@ from settled.console import formats
 from settled.console.auth import ConsoleUser, current_user, require_csrf
 from settled.console.chart import chart
 from settled.console.text import LANGS, lang_of, translate
+from settled.runtime import Runtime
 from support.approvals import Approvals
 from support.find import KEYS, Finder
 from support.overview import Overview
@@ -49,35 +47,33 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 25
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConsoleServices:
-    """What the pages use, made once per app: the review queue is built on first use (it
-    needs a gateway to the downstream)."""
+    """What the pages use: the services the composition root built (``settled.runtime``), the
+    same the worker and ``settled review`` use (each on first use: the review queue needs a
+    gateway to the downstream). ``review`` and ``proposals`` replace the runtime's."""
 
-    sessions: sessionmaker[Session]
-    make_review: Callable[[], ReviewQueue]
-    proposals: Proposals
-    _review: ReviewQueue | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    runtime: Runtime
+    given_review: ReviewQueue | None = None
+    given_proposals: Proposals | None = None
 
     @property
     def review(self) -> ReviewQueue:
-        with self._lock:
-            if self._review is None:
-                self._review = self.make_review()
-            return self._review
+        return self.given_review if self.given_review is not None else self.runtime.review
 
     @property
     def finder(self) -> Finder:
-        return Finder(self.sessions)
+        return self.runtime.finder
 
     @property
     def overview(self) -> Overview:
-        return Overview(self.sessions)
+        return self.runtime.overview
 
     @property
     def approvals(self) -> Approvals:
-        return Approvals(self.sessions, self.proposals)
+        if self.given_proposals is not None:
+            return self.runtime.approvals_over(self.given_proposals)
+        return self.runtime.approvals
 
 
 templates = Jinja2Templates(

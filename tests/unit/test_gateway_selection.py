@@ -100,6 +100,17 @@ def test_the_console_and_settled_review_ask_each_kind_where_the_worker_sends_it(
         assert routes(web.state.console.review.gateway, REGISTRY) == expected
         assert over_runtime.state.console.review.gateway is worker.executor.gateway
         assert worker.review.gateway is worker.executor.gateway is worker.reconciler.gateway
+        # the other services too: one of each per process, sharing what they must share
+        console = over_runtime.state.console
+        assert console.review is worker.review
+        assert console.approvals.proposals is worker.proposals
+        assert console.finder is worker.finder and console.overview is worker.overview
+        assert worker.agent_desk(tenant=None).proposals is worker.proposals
+        assert worker.proposals.outbox is worker.outbox
+        assert worker.executor.fingerprinter is worker.outbox.fingerprinter
+        watch = worker.executor.clock_watch
+        assert worker.reconciler.clock_watch is watch and worker.review.clock_watch is watch
+        assert worker.executor.sessions is worker.reconciler.sessions is worker.sessions
     finally:
         web.state.console.review.gateway.close()
         cli.close()
