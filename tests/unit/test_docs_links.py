@@ -20,7 +20,8 @@ ROOT = Path(__file__).parents[2]
 
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]+`")
-LINK = re.compile(r"!?\[(?:[^\]\n]|\][^(\n])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+#: A link or an image: its text (over lines too, one level of brackets inside), then its target.
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$", re.M)
 
 
@@ -108,7 +109,7 @@ def test_a_broken_link_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     )
     page = tmp_path / "docs" / "b.md"
     page.write_text(
-        "[ok](a.md#checks-at-start) [gone](c.md) [anchor](a.md#checks-at-the-start)\n"
+        "[ok](a.md#checks-at-start) [gone](c.md) [an\nanchor](a.md#checks-at-the-start)\n"
         "[github only](a.md#wire-protocol-settled--downstream) `[code](x.md)` [web](https://x.y)\n"
         "```\n[in a block](nowhere.md)\n```\n"
     )
