@@ -128,7 +128,7 @@ def refuse_unknown_variables(environ: Mapping[str, str]) -> None:
         for name, near in found.items()
     ]
     raise InvalidSetting(
-        " / ".join(parts) + ("" if all(found.values()) else ' (README, "Settings", lists them)'),
+        " / ".join(parts) + ("" if all(found.values()) else " (docs/configuration.md lists them)"),
         code="unknown_setting",
         setting=next(iter(found)),
     )

@@ -13,6 +13,13 @@ fi
 echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
+# The documentation site, strictly: a broken link, a missing anchor or a page left out of the
+# nav fails the build (mkdocs.yml, "validation"). Built into a folder of its own, then removed.
+# Not --quiet: it hides the warnings from --strict too, and the build then passes with them.
+echo "== mkdocs build --strict"
+site_dir=$(mktemp -d)
+.venv/bin/mkdocs build --strict --site-dir "$site_dir"
+rm -rf "$site_dir"
 if [ "$#" -gt 0 ]; then
   .venv/bin/pytest "$@"  # a selection: no coverage floor
   exit

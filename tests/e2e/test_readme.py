@@ -1,4 +1,5 @@
-"""The README's enqueue example, executed as written against PostgreSQL and Redis."""
+"""The app developers' guide's enqueue example (docs/app-developers.md), executed as written against
+PostgreSQL and Redis."""
 
 from __future__ import annotations
 
@@ -16,15 +17,15 @@ import redis
 
 from tests.support import services
 
-README = Path(__file__).parents[2] / "README.md"
+GUIDE = Path(__file__).parents[2] / "docs" / "app-developers.md"
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 def example(name: str) -> str:
-    text = README.read_text()
+    text = GUIDE.read_text()
     m = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", text, re.S)
-    assert m, f"README has no example {name!r}"
+    assert m, f"docs/app-developers.md has no example {name!r}"
     return m.group(1)
 
 

@@ -1,4 +1,5 @@
-"""The README's FakeGateway example, executed as written against an SQLite file."""
+"""The app developers' guide's FakeGateway example (docs/app-developers.md), executed as written
+against an SQLite file."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Every ``settled`` command that the README, the production guide (docs/production.md),
-docker-compose.yml, the Dockerfile, the systemd units and ``settled run`` name exists: a command
-removed from the CLI (as ``web`` and ``apikey`` once were) fails here, not in a user's terminal
-or a crash-looping container.
+"""Every ``settled`` command that the README, any page of docs/ (the guides of every reader,
+docs/production.md among them), docker-compose.yml, the Dockerfile, the systemd units and
+``settled run`` name exists: a command removed from the CLI (as ``web`` and ``apikey`` once were)
+fails here, not in a user's terminal or a crash-looping container. A page added to docs/, or a
+command moved from one page to another, is checked where it now is.
 
 Mentions in prose and shell blocks are checked up to the command (their arguments are
 placeholders); the command lines of compose, the Dockerfile, the guide's Kubernetes manifests,
@@ -69,12 +70,23 @@ def code_of(markdown: str) -> str:
     return "\n".join(fenced + re.findall(r"`([^`\n]+)`", prose))
 
 
-def readme_mentions() -> list[list[str]]:
-    return mentions_in(ROOT / "README.md")
-
-
 def mentions_in(path: Path) -> list[list[str]]:
     return [m.group(1).split() for m in MENTION.finditer(code_of(path.read_text()))]
+
+
+def documents(root: Path) -> list[Path]:
+    """The README and every page of docs/, in every folder."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def documented_mentions(root: Path = ROOT) -> list[tuple[str, list[str]]]:
+    """(the file, relative to ``root``; the words after ``settled``) of every mention in the
+    README and the pages of docs/."""
+    return [
+        (str(path.relative_to(root)), words)
+        for path in documents(root)
+        for words in mentions_in(path)
+    ]
 
 
 GUIDE = ROOT / "docs" / "production.md"
@@ -90,6 +102,14 @@ def resolve_in_guide(words: list[str]) -> None:
     except AssertionError:
         if words[: len(LANDS_SEPARATELY)] != LANDS_SEPARATELY:
             raise
+
+
+def check_mention(where: str, words: list[str]) -> None:
+    """A documented mention names a command (the guide's one exception aside)."""
+    if where == "docs/production.md":
+        resolve_in_guide(words)
+    else:
+        resolve(words, where)
 
 
 def manifest_commands(path: Path) -> list[list[str]]:
@@ -164,13 +184,43 @@ def run_children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) ->
     return [c[3:] for c in started]
 
 
-def test_the_readme_names_commands_that_exist() -> None:
-    mentions = readme_mentions()
-    named = {" ".join(m[:2]) for m in mentions}
-    # What the README documents: if these are no longer found, the extraction broke.
-    assert {"db upgrade", "run", "web", "apikey create", "apikey revoke", "review list"} <= named
-    for words in mentions:
-        resolve(words, "README.md")
+def test_the_readme_and_the_docs_name_commands_that_exist() -> None:
+    mentions = documented_mentions()
+    named = {" ".join(words[:2]) for _, words in mentions}
+    # What the guides document: if these are no longer found, the extraction broke.
+    assert {
+        "demo",
+        "db upgrade",
+        "db current",
+        "check",
+        "run",
+        "worker",
+        "beat",
+        "web",
+        "simulator",
+        "apikey create",
+        "apikey revoke",
+        "ops list",
+        "ops resubmit",
+        "ops prune",
+        "review list",
+        "review resolve",
+        "staff create",
+        "proposals approve",
+        "mcp",
+    } <= named
+    # Each reader's guide is read, wherever its commands are.
+    assert {
+        "README.md",
+        "docs/running.md",
+        "docs/configuration.md",
+        "docs/support.md",
+        "docs/agents.md",
+        "docs/wire-protocol.md",
+        "docs/production.md",
+    } <= {where for where, _ in mentions}
+    for where, words in mentions:
+        check_mention(where, words)
 
 
 def test_the_production_guide_names_commands_that_exist() -> None:
@@ -180,6 +230,27 @@ def test_the_production_guide_names_commands_that_exist() -> None:
     assert " ".join(LANDS_SEPARATELY) in named  # the exception is used, and only for it
     for words in mentions:
         resolve_in_guide(words)
+
+
+def test_a_missing_command_on_any_page_of_docs_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("Run `settled demo`.\n")
+    (tmp_path / "docs" / "new").mkdir(parents=True)
+    (tmp_path / "docs" / "new" / "page.md").write_text(
+        "A page nobody listed anywhere:\n\n"
+        "```sh\nsettled review list\nsettled frobnicate --now\n```\n"
+    )
+    mentions = documented_mentions(tmp_path)
+    assert mentions == [
+        ("README.md", ["demo"]),
+        ("docs/new/page.md", ["review", "list"]),
+        ("docs/new/page.md", ["frobnicate"]),
+    ]
+    for where, words in mentions[:2]:
+        check_mention(where, words)
+    with pytest.raises(
+        AssertionError, match=re.escape("docs/new/page.md: `settled frobnicate` is not a")
+    ):
+        check_mention(*mentions[2])
 
 
 def test_the_production_guides_manifests_run_commands_that_exist() -> None:

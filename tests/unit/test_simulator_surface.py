@@ -1,5 +1,5 @@
 """What users of the simulator import and call, pinned: the package's exports, the control
-client's methods, and the control API's routes (the same as README.md's table)."""
+client's methods, and the control API's routes (the same as the table of docs/wire-protocol.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import settled.simulator
 from settled.simulator import SimulatorControl
 from settled.simulator.control_api import ROUTES
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+WIRE_PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "wire-protocol.md"
 
 EXPORTS = [
     "Fault",
@@ -63,10 +63,10 @@ def test_the_control_client_keeps_its_methods() -> None:
     assert public == CONTROL_METHODS
 
 
-def _readme_routes() -> set[tuple[str, str]]:
-    """(method, route) of every row of README.md's control API table: "`POST /_control/x`",
-    or "`GET` / `POST /_control/x`" for two methods on one route."""
-    section = README.read_text(encoding="utf-8").split("#### Control API", 1)[1]
+def _documented_routes() -> set[tuple[str, str]]:
+    """(method, route) of every row of docs/wire-protocol.md's control API table:
+    "`POST /_control/x`", or "`GET` / `POST /_control/x`" for two methods on one route."""
+    section = WIRE_PROTOCOL.read_text(encoding="utf-8").split("### Control API", 1)[1]
     routes = set()
     for row in re.findall(r"^\| (`[^|]*/_control/[^|]*`) \|", section, flags=re.MULTILINE):
         *methods, path = re.findall(r"[A-Z]+|/_control/\w+", row)
@@ -74,6 +74,6 @@ def _readme_routes() -> set[tuple[str, str]]:
     return routes
 
 
-def test_the_control_api_serves_the_routes_readme_documents() -> None:
-    assert set(ROUTES) == _readme_routes()
+def test_the_control_api_serves_the_routes_the_wire_protocol_documents() -> None:
+    assert set(ROUTES) == _documented_routes()
     assert len(ROUTES) == 13
