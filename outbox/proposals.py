@@ -24,12 +24,11 @@ proposal is never approved, whether or not the sweeper has marked it ``expired``
 
 from __future__ import annotations
 
-import re
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -39,23 +38,55 @@ from outbox.ids import new_op_id, validate_correlation_id, validate_label, valid
 from outbox.intake import Outbox, compensation_lock, order_lock
 from outbox.kinds import Intent, Kind, default_registry
 from outbox.models import Operation, Proposal
+from outbox.proposal_rules import (
+    APPROVED,
+    DECLINED,
+    EXPIRED,
+    HANDLE_PREFIX,
+    HANDLE_RE,
+    MAX_ACTOR,
+    MAX_REASON,
+    NOTHING_DONE,
+    PROPOSED,
+    UNDID_NOTHING,
+    auto_approvable,
+    decision_check,
+    new_handle,
+    on_the_order,
+    repeat_of,
+    without,
+)
+from outbox.proposal_states import LIVE, ProposalStatus
 from outbox.report import Report
 from outbox.runs import open_run, run_report
 from outbox.settings import Settings
-from outbox.states import State
 from outbox.storage import proposals as store
 from outbox.storage import storage_for
 from outbox.storage.operations import compensations_of, find_operation
 from outbox.storage.runs import run as run_by_id
 from outbox.storage.search import operations_on_orders
 
-HANDLE_PREFIX = "prp_"
-HANDLE_RE = re.compile(r"prp_[A-Za-z0-9_-]{32}")
-MAX_REASON = 500
-MAX_ACTOR = 100
-PROPOSED, APPROVED, DECLINED, EXPIRED = "proposed", "approved", "declined", "expired"
-#: the statuses a repeat is answered from: a declined or expired request may be asked again
-LIVE = frozenset({PROPOSED, APPROVED})
+__all__ = [
+    "APPROVED",
+    "DECLINED",
+    "EXPIRED",
+    "HANDLE_PREFIX",
+    "HANDLE_RE",
+    "LIVE",
+    "MAX_ACTOR",
+    "MAX_REASON",
+    "PROPOSED",
+    "ProposalStatus",
+    "Proposals",
+    "Proposed",
+    "auto_approvable",
+    "decision_check",
+    "new_handle",
+    "on_the_order",
+    "proposal_report",
+    "repeat_of",
+]
+
 #: per kind, the intent field that names a new thing downstream: the server mints it when the
 #: request leaves it out (a model that chose it would choose a new one on every retry), and
 #: a repeat is then judged on the other fields
@@ -71,118 +102,11 @@ def _cancel_ticket(done: Mapping[str, Any], cause: str) -> dict[str, Any]:
 COMPENSATIONS: Mapping[str, tuple[str, Callable[[Mapping[str, Any], str], dict[str, Any]]]] = {
     "after_sales_ticket": ("ticket_cancel", _cancel_ticket),
 }
-#: an operation in one of these states has nothing to offset yet, or never will have
-_NOTHING_DONE = frozenset({State.PLANNED.value, State.REJECTED.value, State.CANCELLED.value})
-#: a compensation in one of these states undid nothing: another may be approved after it
-_UNDID_NOTHING = frozenset({State.REJECTED.value, State.CANCELLED.value})
-
-
-def new_handle() -> str:
-    """An opaque, unguessable proposal handle (192 random bits)."""
-    return HANDLE_PREFIX + secrets.token_urlsafe(24)
 
 
 def new_ticket_id() -> str:
     """A ticket id the server mints for an agent's ticket request (``tkt_...``)."""
     return "tkt_" + secrets.token_urlsafe(12)
-
-
-def without(params: Mapping[str, Any], field: str | None) -> dict[str, Any]:
-    """``params`` less ``field`` (all of them when None)."""
-    return {k: v for k, v in params.items() if k != field}
-
-
-# -- the rules (pure) ----------------------------------------------------------------------
-
-
-def repeat_of(
-    earlier: Sequence[Proposal], same_params: Callable[[Proposal], bool]
-) -> Proposal | None:
-    """The earliest live proposal among ``earlier`` with the same parameters (None: none)."""
-    for proposal in earlier:
-        if proposal.status in LIVE and same_params(proposal):
-            return proposal
-    return None
-
-
-class _Standing(Protocol):
-    """What the rules read of a proposal on the order (a ``Proposal`` row, or a model's)."""
-
-    @property
-    def status(self) -> str: ...
-
-    @property
-    def op_id(self) -> str | None: ...
-
-
-class _Done(Protocol):
-    """What the rules read of an operation on the order (an ``Operation`` row, or a model's)."""
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def op_id(self) -> str: ...
-
-    @property
-    def state(self) -> str: ...
-
-
-ProposalT = TypeVar("ProposalT", bound=_Standing)
-OperationT = TypeVar("OperationT", bound=_Done)
-
-
-def on_the_order(
-    ever: Sequence[ProposalT],
-    operations: Sequence[OperationT],
-    kind: str,
-    repeated: ProposalT | None = None,
-) -> tuple[tuple[ProposalT, ...], tuple[OperationT, ...]]:
-    """What else of ``kind`` is on an order, as a new request (or ``repeated``, the one it
-    repeats) sees it: the live proposals among ``ever`` (every proposal on the order, however
-    old) other than ``repeated``, and the operations of the kind that no proposal made (the
-    app's own) and that were not rejected or cancelled. What an approval shows, and what keeps
-    the policy from approving by itself (``auto_approvable``)."""
-    live = tuple(p for p in ever if p.status in LIVE and p is not repeated)
-    proposed_ops = {p.op_id for p in ever if p.op_id is not None}
-    others = tuple(
-        op
-        for op in operations
-        if op.kind == kind and op.op_id not in proposed_ops and op.state not in _UNDID_NOTHING
-    )
-    return live, others
-
-
-def auto_approvable(
-    limit: int | None,
-    amount: int | None,
-    earlier: Sequence[_Standing],
-    others: Sequence[_Done] = (),
-) -> bool:
-    """Whether a tenant's policy approves a new proposal by itself: an amount at most the
-    tenant's limit, no other live proposal for the same order, however old, and no operation
-    of the kind on it that the app made itself and that did something or may (a second refund
-    on one order always needs a person's explicit approval, which shows the first)."""
-    if limit is None or amount is None or amount > limit:
-        return False
-    return not any(p.status in LIVE for p in earlier) and not others
-
-
-def decision_check(status: str, expired: bool, to: str) -> str | None:
-    """Whether a proposal in ``status`` (``expired``: past its time to live, marked or not)
-    may be decided ``to`` (APPROVED or DECLINED): None to go on; ``to`` when it already is
-    (answered unchanged); else the refusal's code (``proposal_expired``, ``proposal_decided``).
-    The conditional UPDATE re-checks status and age under the row's lock (``store.decide``)."""
-    if status == to:
-        return to
-    if expired:
-        return "proposal_expired"
-    if status != PROPOSED:
-        return "proposal_decided"
-    return None
-
-
-# -- the service ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -360,7 +284,7 @@ class Proposals:
         if proposal.status != APPROVED or proposal.op_id is None:
             return False
         op = find_operation(session, proposal.tenant, proposal.op_id)
-        return op is not None and op.state in _UNDID_NOTHING
+        return op is not None and op.state in UNDID_NOTHING
 
     def _operation_to_offset(self, session: Session, original: Proposal) -> Operation:
         """The operation of approved proposal ``original``, if it may have done something to
@@ -368,7 +292,7 @@ class Proposals:
         op = None
         if original.status == APPROVED and original.op_id is not None:
             op = find_operation(session, original.tenant, original.op_id)
-        if op is None or op.state in _NOTHING_DONE:
+        if op is None or op.state in NOTHING_DONE:
             raise InvalidInput(
                 "nothing was done by this request, so there is nothing to compensate "
                 "(a request not sent yet is stopped with a cancel instead)",
@@ -418,7 +342,7 @@ class Proposals:
             made_after=cutoff,
         ):
             # Expired in between, or decided by somebody else first.
-            self._refuse_if_expired(session, proposal)
+            self._refuse("proposal_expired" if self.expired(session, proposal) else None, proposal)
             raise ProposalConflict("the proposal was decided by somebody else first")
         session.expire(proposal)
         return proposal
@@ -453,7 +377,7 @@ class Proposals:
         ``compensate``, take turns on a lock (intake takes it too), so the second sees the
         first's compensation."""
         storage_for(session).serialize(session, compensation_lock(op.tenant, op.id))
-        if any(c.state not in _UNDID_NOTHING for c in compensations_of(session, op.tenant, op.id)):
+        if any(c.state not in UNDID_NOTHING for c in compensations_of(session, op.tenant, op.id)):
             raise InvalidInput(
                 "this request already has a compensation; it is compensated once "
                 "(follow the earlier compensation with request_status)",
@@ -494,18 +418,6 @@ class Proposals:
     def status_of(self, session: Session, proposal: Proposal) -> str:
         """The proposal's status as it truly is now (``expired`` once past its time to live)."""
         return EXPIRED if self.expired(session, proposal) else proposal.status
-
-    def expire_due(self, session: Session) -> int:
-        """Mark ``expired`` every undecided proposal past its time to live; how many."""
-        return store.expire_waiting(session, self.ttl)
-
-    def _refuse_if_expired(self, session: Session, proposal: Proposal) -> None:
-        if self.expired(session, proposal):
-            raise ProposalConflict(
-                "the proposal expired without a decision; nothing was sent",
-                code="proposal_expired",
-                status=EXPIRED,
-            )
 
     @staticmethod
     def _refuse(check: str | None, proposal: Proposal) -> None:
