@@ -24,8 +24,7 @@ proposal is never approved, whether or not the sweeper has marked it ``expired``
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -87,27 +86,6 @@ __all__ = [
     "repeat_of",
 ]
 
-#: per kind, the intent field that names a new thing downstream: the server mints it when the
-#: request leaves it out (a model that chose it would choose a new one on every retry), and
-#: a repeat is then judged on the other fields
-MINTED: Mapping[str, str] = {"after_sales_ticket": "ticket_id"}
-
-
-def _cancel_ticket(done: Mapping[str, Any], cause: str) -> dict[str, Any]:
-    return {"ticket_id": done["ticket_id"], "reason": cause}
-
-
-#: per kind, the kind of its compensation and that operation's params from the original's
-#: params and a cause (a kind not named cannot be compensated through a request)
-COMPENSATIONS: Mapping[str, tuple[str, Callable[[Mapping[str, Any], str], dict[str, Any]]]] = {
-    "after_sales_ticket": ("ticket_cancel", _cancel_ticket),
-}
-
-
-def new_ticket_id() -> str:
-    """A ticket id the server mints for an agent's ticket request (``tkt_...``)."""
-    return "tkt_" + secrets.token_urlsafe(12)
-
 
 @dataclass(frozen=True)
 class Proposed:
@@ -153,9 +131,9 @@ class Proposals:
         repeats. Bad input raises an InvalidInput subclass before anything is written."""
         tenant = validate_tenant(tenant)
         spec = self.outbox.registry.get(kind)
-        minted = MINTED.get(spec.name)
+        minted = spec.agent.minted
         if minted is not None and isinstance(params, Mapping) and minted not in params:
-            params = {**params, minted: new_ticket_id()}
+            params = {**params, minted: spec.agent.mint()}
         intent = spec.parse(params)
         reason = validate_label(reason, field="reason", max_length=MAX_REASON)
         if correlation_id is not None:
@@ -188,7 +166,7 @@ class Proposals:
         if correlation_id is not None:
             correlation_id = validate_correlation_id(correlation_id)
         original = self.find(session, tenant, handle)
-        how = COMPENSATIONS.get(original.kind)
+        how = self.outbox.registry.get(original.kind).agent.compensation
         if how is None:
             raise InvalidInput(
                 f"a {original.kind} cannot be compensated through a request",
@@ -196,9 +174,8 @@ class Proposals:
                 field="handle",
             )
         self._operation_to_offset(session, original)
-        kind, params = how
-        spec = self.outbox.registry.get(kind)
-        intent = spec.parse(params(original.params, cause))
+        spec = self.outbox.registry.get(how.kind)
+        intent = spec.parse(how.params(original.params, cause))
         return self._add_unless_repeat(
             session,
             tenant,
@@ -222,7 +199,7 @@ class Proposals:
         compensates: Proposal | None = None,
     ) -> Proposed:
         """The live proposal ``intent`` repeats, or a new one (flushed)."""
-        minted = MINTED.get(spec.name)
+        minted = spec.agent.minted
         fp = self.outbox.fingerprinter
         # One request for an order at a time: two identical requests at the same instant must
         # not both find no repeat and both be added (and then both auto-approved). Every

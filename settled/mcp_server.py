@@ -40,7 +40,6 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.apikeys import authenticate
-from outbox.currencies import MINOR_UNITS
 from outbox.errors import (
     IdempotencyConflict,
     InvalidInput,
@@ -48,6 +47,7 @@ from outbox.errors import (
     NotFound,
     ProposalConflict,
 )
+from outbox.kinds import AgentProfile
 from outbox.models import Operation, Proposal
 from outbox.proposals import (
     APPROVED,
@@ -77,24 +77,10 @@ WRITE_RULES = (
 )
 
 
-#: what each kind of request is called in the tools' answers
-NOUNS = {"refund": "refund", "after_sales_ticket": "ticket", "ticket_cancel": "compensation"}
-#: the intent's field names as each request tool calls them (the ticket's "reason" is the
-#: tool's ``problem``: the tool's ``reason`` is the free-text why)
-FIELD_NAMES = {"after_sales_ticket": {"reason": "problem"}, "ticket_cancel": {"reason": "cause"}}
 #: bad input no other value of a field fixes: explained to the user, not corrected
 NOTHING_TO_DO = frozenset(
     {"not_compensable", "nothing_to_compensate", "run_cancelled", "already_compensated"}
 )
-REPEAT_NOTES = {
-    "refund": "This repeats an earlier request for the same order, amount, currency and payee: "
-    "no new refund was made. Do not ask again; follow this handle with refund_status.",
-    "after_sales_ticket": "This repeats an earlier ticket request for the same order and "
-    "problem: no new ticket was made. Do not ask again; follow this handle with "
-    "request_status.",
-    "ticket_cancel": "This repeats an earlier compensation request for the same operation: "
-    "nothing new was made. Do not ask again; follow this handle with request_status.",
-}
 
 
 class Approval(BaseModel):
@@ -122,6 +108,10 @@ class AgentDesk:
             auto_approve_minor=dict(settings.agent_auto_approve_minor),
             tenant=settings.agent_tenant,
         )
+
+    def profile(self, kind: str) -> AgentProfile:
+        """What requests of ``kind`` mean to an agent (``outbox.kinds.AgentProfile``)."""
+        return self.proposals.outbox.registry.get(kind).agent
 
     def caller(self) -> str | None:
         """The tenant of this call: the bound one, or the API key's (None: nobody)."""
@@ -358,7 +348,9 @@ def _cancel(
 
 def _describe(desk: AgentDesk, session: Session, proposal: Proposal, lang: Lang) -> dict[str, Any]:
     """``describe`` with the proposal's expiry judged by the database's clock now."""
-    return describe(session, proposal, lang, expired=desk.proposals.expired(session, proposal))
+    profile = desk.profile(proposal.kind)
+    expired = desk.proposals.expired(session, proposal)
+    return describe(session, proposal, lang, profile, expired=expired)
 
 
 # -- asking for approval, on both protocol revisions ------------------------------------------
@@ -493,20 +485,21 @@ async def _first_part(
 ) -> Step:
     """Refuse an op_id or a caller with no tenant; else propose (a compensation: of the
     request ``params["handle"]``), approve by policy where it may, and say what to ask."""
+    desk = _desk(ctx)
+    profile = desk.profile(kind)
     if op_id is not None:
         return refusal(
             "fixable",
-            f"Do not send an op_id: the server mints one when the {NOUNS[kind]} is approved. "
-            "Call again without it.",
+            f"Do not send an op_id: the server mints one when the {profile.noun_of(kind)} is "
+            "approved. Call again without it.",
             field="op_id",
         )
-    desk = _desk(ctx)
     tenant = desk.caller()
     if tenant is None:
         return refusal("permission", "This connection has no tenant. Stop; do not retry.")
 
     def make(session: Session) -> Proposed:
-        if kind == "ticket_cancel":
+        if "handle" in params:  # request_compensation's: the request it compensates
             return desk.proposals.propose_compensation(
                 session,
                 tenant=tenant,
@@ -559,10 +552,10 @@ async def _propose(
             # and the app's own (one made between two rounds changes the question: the human
             # is asked again, now shown it)
             earlier += [_made(op) for op in got.others]
-            return Ask(tenant, p.handle, p.kind, _prompt(p, earlier))
+            return Ask(tenant, p.handle, p.kind, _prompt(p, earlier, desk.profile(p.kind)))
         status = _describe(desk, session, p, "en")
         status["repeat"] = True
-        status["note"] = REPEAT_NOTES[kind]
+        status["note"] = desk.profile(kind).repeat_note
         return answer(status)
 
     try:
@@ -570,7 +563,7 @@ async def _propose(
     except NotFound:
         return refusal("fixable", "No such request. Check the handle.", field="handle")
     except InvalidInput as exc:
-        return _invalid(exc, FIELD_NAMES.get(kind, {}))
+        return _invalid(exc, desk.profile(kind).tool_fields)
 
 
 async def _conclude(
@@ -611,11 +604,11 @@ async def _decided(
         )
     if outcome is not None and outcome.action in ("accept", "decline"):
         return await _guarded(desk, lambda s: _declined(desk, s, ask), noun="request")
-    status_tool = "refund_status" if ask.kind == "refund" else "request_status"
+    profile = desk.profile(ask.kind)
     return refusal(
         "pending",
-        f"The {NOUNS[ask.kind]} waits for approval by support staff. Do not retry: check "
-        f"{status_tool} with this handle later.",
+        f"The {profile.noun_of(ask.kind)} waits for approval by support staff. Do not retry: "
+        f"check {profile.status_tool} with this handle later.",
         handle=handle,
     )
 
@@ -630,53 +623,32 @@ def _declined(desk: AgentDesk, session: Session, ask: Ask) -> CallToolResult:
         session.expire_all()  # decided by another transaction: read it as it now is
         proposal = desk.proposals.find(session, ask.tenant, ask.handle)
         status = _describe(desk, session, proposal, "en")
+        noun = desk.profile(ask.kind).noun_of(ask.kind)
         status["note"] = (
-            f"The user declined, but this {NOUNS[ask.kind]} was already {status['status']} "
+            f"The user declined, but this {noun} was already {status['status']} "
             f"({proposal.decided_by or 'expiry'}) before the answer arrived. Tell the user "
             "exactly this status."
         )
         return answer(status)
+    noun = desk.profile(ask.kind).noun_of(ask.kind)
     return refusal(
         "business_rejected",
-        f"The user declined this {NOUNS[ask.kind]}. Tell the user; do not ask again "
-        "unless they do.",
+        f"The user declined this {noun}. Tell the user; do not ask again unless they do.",
         handle=ask.handle,
     )
 
 
-def _prompt(proposal: Proposal, earlier: list[dict[str, Any]]) -> str:
+def _prompt(proposal: Proposal, earlier: list[dict[str, Any]], profile: AgentProfile) -> str:
     """The approval prompt: what would be done (for a refund: amount, currency, payee and
-    order), the reason, and the earlier requests of the same kind on the order."""
-    lines = [f"Approve {_what(proposal.kind, proposal.params)}?"]
+    order; ``AgentProfile.prompt``), the reason, and the earlier requests of the same kind on
+    the order."""
+    kind = proposal.kind
+    lines = [f"Approve {profile.what(kind, proposal.params)}?"]
     lines.append(f"Request: {proposal.handle}")
     lines.append(f"Reason given: {proposal.reason}")
     for e in earlier:
-        lines.append(
-            f"Earlier on this order: {_what(proposal.kind, e, short=True)} ({e['status']})."
-        )
+        lines.append(f"Earlier on this order: {profile.what(kind, e, short=True)} ({e['status']}).")
     return "\n".join(lines)
-
-
-def _what(kind: str, p: Mapping[str, Any], *, short: bool = False) -> str:
-    """What a proposal of ``kind`` with params ``p`` would do, in a few words."""
-    if kind == "refund":
-        money = f"{_amount(p['amount_minor'], p['currency'])} {p['currency']}"
-        if short:
-            return f"{money} to {p['payee']}"
-        return f"a refund of {money} to payee {p['payee']} on order {p['order_id']}"
-    if kind == "after_sales_ticket":
-        ticket = f"an after-sales ticket ({p['reason']})"
-        return ticket if short else f"{ticket} on order {p['order_id']}"
-    if kind == "ticket_cancel":
-        return f"cancelling ticket {p['ticket_id']} ({p['reason']})"
-    return kind  # pragma: no cover - the tools propose only the kinds above
-
-
-def _amount(minor: int, currency: str) -> str:
-    digits = MINOR_UNITS.get(currency, 2)
-    if digits == 0:
-        return str(minor)
-    return f"{minor // 10**digits}.{minor % 10**digits:0{digits}d}"
 
 
 def _summary(p: Proposal) -> dict[str, Any]:
