@@ -11,11 +11,10 @@ payee is another proposal. A request that repeats a live one (proposed or approv
 same order within the repeat window is not made again: the answer is the existing proposal.
 A different request for the same order (a second partial refund) is a new proposal, and its
 approval shows the earlier ones. A compensation is different: one original is compensated
-once, so any live request to compensate it (whatever its cause, however old; not one whose
-operation was rejected or cancelled) is the repeat, and approval refuses when the original
-already has a compensation that was not rejected or cancelled. An approved compensation gets
-a run of its own, linked to the original: stopping either never stops the other. Like intake,
-nothing here commits.
+once (``outbox.proposal_offsets``). An approved compensation gets a run of its own, linked to
+the original: stopping either never stops the other. Like intake, nothing here commits. What
+a kind means here (the field the server mints, how it is compensated) is its agent profile
+(``outbox.kinds.AgentProfile``); the pure rules are ``outbox.proposal_rules``.
 
 A proposal nobody decides within its time to live (``ttl``) expires: approval checks its age
 by the database's clock in the same conditional UPDATE that approves it, so an expired
@@ -34,9 +33,10 @@ from sqlalchemy.orm import Session
 from outbox.errors import InvalidInput, InvalidParams, NotFound, ProposalConflict
 from outbox.fingerprint import canonical_params
 from outbox.ids import new_op_id, validate_correlation_id, validate_label, validate_tenant
-from outbox.intake import Outbox, compensation_lock, order_lock
+from outbox.intake import Outbox, order_lock
 from outbox.kinds import Intent, Kind, default_registry
 from outbox.models import Operation, Proposal
+from outbox.proposal_offsets import operation_to_offset, refuse_if_compensated, undid_nothing
 from outbox.proposal_rules import (
     APPROVED,
     DECLINED,
@@ -45,9 +45,7 @@ from outbox.proposal_rules import (
     HANDLE_RE,
     MAX_ACTOR,
     MAX_REASON,
-    NOTHING_DONE,
     PROPOSED,
-    UNDID_NOTHING,
     auto_approvable,
     decision_check,
     new_handle,
@@ -61,7 +59,6 @@ from outbox.runs import open_run, run_report
 from outbox.settings import Settings
 from outbox.storage import proposals as store
 from outbox.storage import storage_for
-from outbox.storage.operations import compensations_of, find_operation
 from outbox.storage.runs import run as run_by_id
 from outbox.storage.search import operations_on_orders
 
@@ -173,7 +170,7 @@ class Proposals:
                 code="not_compensable",
                 field="handle",
             )
-        self._operation_to_offset(session, original)
+        operation_to_offset(session, original)
         spec = self.outbox.registry.get(how.kind)
         intent = spec.parse(how.params(original.params, cause))
         return self._add_unless_repeat(
@@ -226,7 +223,7 @@ class Proposals:
             # (An approved one whose operation was rejected or cancelled undid nothing.)
             repeated = repeat_of(
                 store.compensating(session, compensates.id),
-                lambda p: not self._undid_nothing(session, p),
+                lambda p: not undid_nothing(session, p),
             )
         # What an approval must show, and what keeps the policy from approving by itself:
         # every live proposal on the order however old (the window only bounds repeats), and
@@ -254,29 +251,6 @@ class Proposals:
             },
         )
         return Proposed(row, created=True, earlier=live, others=others)
-
-    @staticmethod
-    def _undid_nothing(session: Session, proposal: Proposal) -> bool:
-        """Whether approved ``proposal``'s operation ended rejected or cancelled."""
-        if proposal.status != APPROVED or proposal.op_id is None:
-            return False
-        op = find_operation(session, proposal.tenant, proposal.op_id)
-        return op is not None and op.state in UNDID_NOTHING
-
-    def _operation_to_offset(self, session: Session, original: Proposal) -> Operation:
-        """The operation of approved proposal ``original``, if it may have done something to
-        offset; else InvalidInput (``nothing_to_compensate``, naming the handle)."""
-        op = None
-        if original.status == APPROVED and original.op_id is not None:
-            op = find_operation(session, original.tenant, original.op_id)
-        if op is None or op.state in NOTHING_DONE:
-            raise InvalidInput(
-                "nothing was done by this request, so there is nothing to compensate "
-                "(a request not sent yet is stopped with a cancel instead)",
-                code="nothing_to_compensate",
-                field="handle",
-            )
-        return op
 
     def find(self, session: Session, tenant: str, handle: str) -> Proposal:
         """Proposal ``handle`` of ``tenant``; NotFound (the same error) for any other."""
@@ -332,8 +306,8 @@ class Proposals:
         if proposal.compensates_id is not None:
             original = session.get(Proposal, proposal.compensates_id)
             assert original is not None  # a foreign key holds it
-            offsets = self._operation_to_offset(session, original)
-            self._refuse_if_compensated(session, offsets)
+            offsets = operation_to_offset(session, original)
+            refuse_if_compensated(session, offsets)
         run = open_run(session, tenant=proposal.tenant, title=f"agent proposal {proposal.handle}")
         self.outbox.enqueue(
             session,
@@ -346,21 +320,6 @@ class Proposals:
             compensates=offsets,
         )
         return run.id
-
-    @staticmethod
-    def _refuse_if_compensated(session: Session, op: Operation) -> None:
-        """InvalidInput (``already_compensated``) when ``op`` already has a compensation that
-        was not rejected or cancelled. Two approvals at once, or an approval and the app's
-        ``compensate``, take turns on a lock (intake takes it too), so the second sees the
-        first's compensation."""
-        storage_for(session).serialize(session, compensation_lock(op.tenant, op.id))
-        if any(c.state not in UNDID_NOTHING for c in compensations_of(session, op.tenant, op.id)):
-            raise InvalidInput(
-                "this request already has a compensation; it is compensated once "
-                "(follow the earlier compensation with request_status)",
-                code="already_compensated",
-                field="handle",
-            )
 
     def decline(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
         """Decline a proposal still waiting (never committed); declining a declined one is
