@@ -1,16 +1,19 @@
-"""Operation kinds: each declares a strict intent model and its downstream's contract."""
+"""Operation kinds: each declares a strict intent model, its downstream's contract, the
+providers that can serve it, and what it means to an AI agent (its ``AgentProfile``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import secrets
+import string
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from outbox.currencies import MINOR_UNITS
+from outbox.currencies import MINOR_UNITS, format_amount
 from outbox.errors import InvalidParams, UnknownKind
 from outbox.retry import DEFAULT_CAP_SECONDS
 
@@ -145,11 +148,108 @@ class DownstreamContract:
 
 
 @dataclass(frozen=True)
+class Compensation:
+    """How an agent's request compensates an operation of a kind: the kind of the new
+    operation, and its params from the original's params and the cause the agent gives."""
+
+    kind: str
+    params: Callable[[Mapping[str, Any], str], dict[str, Any]]
+
+
+#: a placeholder of ``AgentProfile.prompt`` that is not an intent field: the amount in its
+#: currency's units, with the currency (``100.00 CNY``), from ``amount_minor`` and ``currency``
+MONEY = "money"
+
+
+@dataclass(frozen=True)
+class AgentProfile:
+    """What a kind means to an AI agent: how the MCP tools (``settled mcp``) name and show a
+    request of it, and the proposals' rules for it (``outbox.proposals``). Every field has a
+    default, so a kind of the app's own needs none: its requests are then named by the kind's
+    name and show every intent field."""
+
+    #: what one request is called in the tools' sentences ("refund"; default: the kind's name)
+    noun: str | None = None
+    #: per language (``en``, ``zh``), a request's name in status answers ("Refund request";
+    #: default: the kind's name)
+    titles: Mapping[str, str] = field(default_factory=dict)
+    #: the intent fields a status answer shows beside the handle, in order (default: all);
+    #: an answer always names the order (``order_id``)
+    shown: tuple[str, ...] = ()
+    #: intent fields shown under another name in answers, e.g. ``{"reason": "problem"}``
+    shown_as: Mapping[str, str] = field(default_factory=dict)
+    #: the intent's fields as the request tool calls them, for an error naming a field
+    tool_fields: Mapping[str, str] = field(default_factory=dict)
+    #: the intent field that names a new thing downstream: the server mints it (``mint``)
+    #: when a request leaves it out (a model that chose it would choose a new one on every
+    #: retry), and a repeat is then judged on the other fields
+    minted: str | None = None
+    #: what a minted value starts with (``tkt_``)
+    minted_prefix: str = ""
+    #: how a request compensates an operation of this kind (None: it cannot be)
+    compensation: Compensation | None = None
+    #: the read tool a model follows a request of this kind with
+    status_tool: str = "request_status"
+    #: the note on an answer that repeats an earlier request
+    repeat_note: str = (
+        "This repeats an earlier request: nothing new was made. Do not ask again; follow "
+        "this handle with request_status."
+    )
+    #: the approval prompt's words for what a request would do, a template of intent fields
+    #: (and ``{money}``), e.g. ``"a refund of {money} to payee {payee} on order {order_id}"``
+    #: (default: the kind's name)
+    prompt: str | None = None
+    #: the same, short, for the earlier requests on the order a prompt lists (default: ``prompt``)
+    prompt_short: str | None = None
+
+    def noun_of(self, kind: str) -> str:
+        return self.noun or kind
+
+    def title(self, kind: str, lang: str) -> str:
+        return self.titles.get(lang, kind)
+
+    def mint(self) -> str:
+        """A new value of the ``minted`` field (72 random bits after the prefix)."""
+        return self.minted_prefix + secrets.token_urlsafe(12)
+
+    def what(self, kind: str, params: Mapping[str, Any], *, short: bool = False) -> str:
+        """What a request of ``kind`` with ``params`` would do, in a few words."""
+        template = (self.prompt_short or self.prompt) if short else self.prompt
+        if template is None:
+            return kind
+        money = format_amount(params.get("amount_minor"), params.get("currency"))
+        return template.format_map({**params, MONEY: money})
+
+    def fields_named(self) -> set[str]:
+        """Every intent field this profile names (checked against the intent by ``Kind``)."""
+        named = {*self.shown, *self.shown_as, *self.tool_fields}
+        if self.minted is not None:
+            named.add(self.minted)
+        for template in (self.prompt, self.prompt_short):
+            if template is not None:
+                named |= {f for _, f, _, _ in string.Formatter().parse(template) if f}
+        return named - {MONEY}
+
+
+@dataclass(frozen=True)
 class Kind:
     name: str
     intent: type[Intent]
     endpoint: str  # path of the downstream's submit call
     contract: DownstreamContract = field(default_factory=DownstreamContract)
+    #: what it means to an AI agent (not hashed: a profile holds mappings)
+    agent: AgentProfile = field(default_factory=AgentProfile, hash=False)
+    #: the downstream providers that can serve it (``SETTLED_DOWNSTREAM_PROVIDERS``): ``http``,
+    #: the wire protocol, serves every kind
+    providers: frozenset[str] = frozenset({"http"})
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.agent.fields_named() - set(self.intent.model_fields))
+        if unknown:
+            raise ValueError(
+                f"the agent profile of kind {self.name!r} names fields its intent "
+                f"{self.intent.__name__} does not have: {unknown}"
+            )
 
     def parse(self, params: object) -> Intent:
         """Validate ``params`` against the intent model; raise InvalidParams (no values echoed)."""
@@ -210,13 +310,65 @@ class KindRegistry:
         return KindRegistry(kinds.values())
 
 
+def _cancel_ticket(done: Mapping[str, Any], cause: str) -> dict[str, Any]:
+    return {"ticket_id": done["ticket_id"], "reason": cause}
+
+
+REFUND_PROFILE = AgentProfile(
+    noun="refund",
+    titles={"en": "Refund request", "zh": "退款申请"},
+    shown=("order_id", "amount_minor", "currency", "payee"),
+    status_tool="refund_status",
+    repeat_note="This repeats an earlier request for the same order, amount, currency and "
+    "payee: no new refund was made. Do not ask again; follow this handle with refund_status.",
+    prompt="a refund of {money} to payee {payee} on order {order_id}",
+    prompt_short="{money} to {payee}",
+)
+TICKET_PROFILE = AgentProfile(
+    noun="ticket",
+    titles={"en": "Ticket request", "zh": "售后工单申请"},
+    shown=("order_id", "ticket_id", "reason"),
+    # the ticket's category is the tool's "problem" (the tool's "reason" is the why)
+    shown_as={"reason": "problem"},
+    tool_fields={"reason": "problem"},
+    minted="ticket_id",
+    minted_prefix="tkt_",
+    compensation=Compensation("ticket_cancel", _cancel_ticket),
+    repeat_note="This repeats an earlier ticket request for the same order and problem: no "
+    "new ticket was made. Do not ask again; follow this handle with request_status.",
+    prompt="an after-sales ticket ({reason}) on order {order_id}",
+    prompt_short="an after-sales ticket ({reason})",
+)
+TICKET_CANCEL_PROFILE = AgentProfile(
+    noun="compensation",
+    titles={"en": "Compensation request", "zh": "补偿申请"},
+    shown=("ticket_id", "reason"),
+    tool_fields={"reason": "cause"},
+    repeat_note="This repeats an earlier compensation request for the same operation: "
+    "nothing new was made. Do not ask again; follow this handle with request_status.",
+    prompt="cancelling ticket {ticket_id} ({reason})",
+)
+
+
 def default_registry() -> KindRegistry:
-    """Refunds, after-sales tickets, pickups and ticket cancellations."""
+    """Refunds (served by the wire protocol or Stripe), after-sales tickets, pickups and
+    ticket cancellations, with their agent profiles."""
     return KindRegistry(
         [
-            Kind("refund", RefundIntent, "/v1/refunds"),
-            Kind("after_sales_ticket", TicketIntent, "/v1/tickets"),
+            Kind(
+                "refund",
+                RefundIntent,
+                "/v1/refunds",
+                agent=REFUND_PROFILE,
+                providers=frozenset({"http", "stripe"}),
+            ),
+            Kind("after_sales_ticket", TicketIntent, "/v1/tickets", agent=TICKET_PROFILE),
             Kind("pickup", PickupIntent, "/v1/pickups"),
-            Kind("ticket_cancel", TicketCancelIntent, "/v1/ticket_cancellations"),
+            Kind(
+                "ticket_cancel",
+                TicketCancelIntent,
+                "/v1/ticket_cancellations",
+                agent=TICKET_CANCEL_PROFILE,
+            ),
         ]
     )

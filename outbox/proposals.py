@@ -11,11 +11,10 @@ payee is another proposal. A request that repeats a live one (proposed or approv
 same order within the repeat window is not made again: the answer is the existing proposal.
 A different request for the same order (a second partial refund) is a new proposal, and its
 approval shows the earlier ones. A compensation is different: one original is compensated
-once, so any live request to compensate it (whatever its cause, however old; not one whose
-operation was rejected or cancelled) is the repeat, and approval refuses when the original
-already has a compensation that was not rejected or cancelled. An approved compensation gets
-a run of its own, linked to the original: stopping either never stops the other. Like intake,
-nothing here commits.
+once (``outbox.proposal_offsets``). An approved compensation gets a run of its own, linked to
+the original: stopping either never stops the other. Like intake, nothing here commits. What
+a kind means here (the field the server mints, how it is compensated) is its agent profile
+(``outbox.kinds.AgentProfile``); the pure rules are ``outbox.proposal_rules``.
 
 A proposal nobody decides within its time to live (``ttl``) expires: approval checks its age
 by the database's clock in the same conditional UPDATE that approves it, so an expired
@@ -24,165 +23,64 @@ proposal is never approved, whether or not the sweeper has marked it ``expired``
 
 from __future__ import annotations
 
-import re
-import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidInput, InvalidParams, NotFound, ProposalConflict
 from outbox.fingerprint import canonical_params
 from outbox.ids import new_op_id, validate_correlation_id, validate_label, validate_tenant
-from outbox.intake import Outbox, compensation_lock, order_lock
-from outbox.kinds import Intent, Kind, default_registry
+from outbox.intake import Outbox, order_lock
+from outbox.kinds import Intent, Kind
 from outbox.models import Operation, Proposal
+from outbox.proposal_offsets import operation_to_offset, refuse_if_compensated, undid_nothing
+from outbox.proposal_rules import (
+    APPROVED,
+    DECLINED,
+    EXPIRED,
+    HANDLE_PREFIX,
+    HANDLE_RE,
+    MAX_ACTOR,
+    MAX_REASON,
+    PROPOSED,
+    auto_approvable,
+    decision_check,
+    new_handle,
+    on_the_order,
+    repeat_of,
+    without,
+)
+from outbox.proposal_states import LIVE, ProposalStatus
 from outbox.report import Report
 from outbox.runs import open_run, run_report
-from outbox.settings import Settings
-from outbox.states import State
 from outbox.storage import proposals as store
 from outbox.storage import storage_for
-from outbox.storage.operations import compensations_of, find_operation
 from outbox.storage.runs import run as run_by_id
 from outbox.storage.search import operations_on_orders
 
-HANDLE_PREFIX = "prp_"
-HANDLE_RE = re.compile(r"prp_[A-Za-z0-9_-]{32}")
-MAX_REASON = 500
-MAX_ACTOR = 100
-PROPOSED, APPROVED, DECLINED, EXPIRED = "proposed", "approved", "declined", "expired"
-#: the statuses a repeat is answered from: a declined or expired request may be asked again
-LIVE = frozenset({PROPOSED, APPROVED})
-#: per kind, the intent field that names a new thing downstream: the server mints it when the
-#: request leaves it out (a model that chose it would choose a new one on every retry), and
-#: a repeat is then judged on the other fields
-MINTED: Mapping[str, str] = {"after_sales_ticket": "ticket_id"}
-
-
-def _cancel_ticket(done: Mapping[str, Any], cause: str) -> dict[str, Any]:
-    return {"ticket_id": done["ticket_id"], "reason": cause}
-
-
-#: per kind, the kind of its compensation and that operation's params from the original's
-#: params and a cause (a kind not named cannot be compensated through a request)
-COMPENSATIONS: Mapping[str, tuple[str, Callable[[Mapping[str, Any], str], dict[str, Any]]]] = {
-    "after_sales_ticket": ("ticket_cancel", _cancel_ticket),
-}
-#: an operation in one of these states has nothing to offset yet, or never will have
-_NOTHING_DONE = frozenset({State.PLANNED.value, State.REJECTED.value, State.CANCELLED.value})
-#: a compensation in one of these states undid nothing: another may be approved after it
-_UNDID_NOTHING = frozenset({State.REJECTED.value, State.CANCELLED.value})
-
-
-def new_handle() -> str:
-    """An opaque, unguessable proposal handle (192 random bits)."""
-    return HANDLE_PREFIX + secrets.token_urlsafe(24)
-
-
-def new_ticket_id() -> str:
-    """A ticket id the server mints for an agent's ticket request (``tkt_...``)."""
-    return "tkt_" + secrets.token_urlsafe(12)
-
-
-def without(params: Mapping[str, Any], field: str | None) -> dict[str, Any]:
-    """``params`` less ``field`` (all of them when None)."""
-    return {k: v for k, v in params.items() if k != field}
-
-
-# -- the rules (pure) ----------------------------------------------------------------------
-
-
-def repeat_of(
-    earlier: Sequence[Proposal], same_params: Callable[[Proposal], bool]
-) -> Proposal | None:
-    """The earliest live proposal among ``earlier`` with the same parameters (None: none)."""
-    for proposal in earlier:
-        if proposal.status in LIVE and same_params(proposal):
-            return proposal
-    return None
-
-
-class _Standing(Protocol):
-    """What the rules read of a proposal on the order (a ``Proposal`` row, or a model's)."""
-
-    @property
-    def status(self) -> str: ...
-
-    @property
-    def op_id(self) -> str | None: ...
-
-
-class _Done(Protocol):
-    """What the rules read of an operation on the order (an ``Operation`` row, or a model's)."""
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def op_id(self) -> str: ...
-
-    @property
-    def state(self) -> str: ...
-
-
-ProposalT = TypeVar("ProposalT", bound=_Standing)
-OperationT = TypeVar("OperationT", bound=_Done)
-
-
-def on_the_order(
-    ever: Sequence[ProposalT],
-    operations: Sequence[OperationT],
-    kind: str,
-    repeated: ProposalT | None = None,
-) -> tuple[tuple[ProposalT, ...], tuple[OperationT, ...]]:
-    """What else of ``kind`` is on an order, as a new request (or ``repeated``, the one it
-    repeats) sees it: the live proposals among ``ever`` (every proposal on the order, however
-    old) other than ``repeated``, and the operations of the kind that no proposal made (the
-    app's own) and that were not rejected or cancelled. What an approval shows, and what keeps
-    the policy from approving by itself (``auto_approvable``)."""
-    live = tuple(p for p in ever if p.status in LIVE and p is not repeated)
-    proposed_ops = {p.op_id for p in ever if p.op_id is not None}
-    others = tuple(
-        op
-        for op in operations
-        if op.kind == kind and op.op_id not in proposed_ops and op.state not in _UNDID_NOTHING
-    )
-    return live, others
-
-
-def auto_approvable(
-    limit: int | None,
-    amount: int | None,
-    earlier: Sequence[_Standing],
-    others: Sequence[_Done] = (),
-) -> bool:
-    """Whether a tenant's policy approves a new proposal by itself: an amount at most the
-    tenant's limit, no other live proposal for the same order, however old, and no operation
-    of the kind on it that the app made itself and that did something or may (a second refund
-    on one order always needs a person's explicit approval, which shows the first)."""
-    if limit is None or amount is None or amount > limit:
-        return False
-    return not any(p.status in LIVE for p in earlier) and not others
-
-
-def decision_check(status: str, expired: bool, to: str) -> str | None:
-    """Whether a proposal in ``status`` (``expired``: past its time to live, marked or not)
-    may be decided ``to`` (APPROVED or DECLINED): None to go on; ``to`` when it already is
-    (answered unchanged); else the refusal's code (``proposal_expired``, ``proposal_decided``).
-    The conditional UPDATE re-checks status and age under the row's lock (``store.decide``)."""
-    if status == to:
-        return to
-    if expired:
-        return "proposal_expired"
-    if status != PROPOSED:
-        return "proposal_decided"
-    return None
-
-
-# -- the service ---------------------------------------------------------------------------
+__all__ = [
+    "APPROVED",
+    "DECLINED",
+    "EXPIRED",
+    "HANDLE_PREFIX",
+    "HANDLE_RE",
+    "LIVE",
+    "MAX_ACTOR",
+    "MAX_REASON",
+    "PROPOSED",
+    "ProposalStatus",
+    "Proposals",
+    "Proposed",
+    "auto_approvable",
+    "decision_check",
+    "new_handle",
+    "on_the_order",
+    "proposal_report",
+    "repeat_of",
+]
 
 
 @dataclass(frozen=True)
@@ -207,14 +105,6 @@ class Proposals:
     #: how long a proposal waits for a decision before it expires
     ttl: timedelta = timedelta(hours=24)
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Proposals:
-        """The service with the configured contracts, repeat window and time to live."""
-        registry = settings.apply_contracts(default_registry())
-        window = timedelta(seconds=settings.agent_repeat_window_seconds)
-        ttl = timedelta(seconds=settings.agent_proposal_ttl_seconds)
-        return cls(Outbox.from_settings(settings, registry), window, ttl)
-
     def propose(
         self,
         session: Session,
@@ -229,9 +119,9 @@ class Proposals:
         repeats. Bad input raises an InvalidInput subclass before anything is written."""
         tenant = validate_tenant(tenant)
         spec = self.outbox.registry.get(kind)
-        minted = MINTED.get(spec.name)
+        minted = spec.agent.minted
         if minted is not None and isinstance(params, Mapping) and minted not in params:
-            params = {**params, minted: new_ticket_id()}
+            params = {**params, minted: spec.agent.mint()}
         intent = spec.parse(params)
         reason = validate_label(reason, field="reason", max_length=MAX_REASON)
         if correlation_id is not None:
@@ -264,17 +154,16 @@ class Proposals:
         if correlation_id is not None:
             correlation_id = validate_correlation_id(correlation_id)
         original = self.find(session, tenant, handle)
-        how = COMPENSATIONS.get(original.kind)
+        how = self.outbox.registry.get(original.kind).agent.compensation
         if how is None:
             raise InvalidInput(
                 f"a {original.kind} cannot be compensated through a request",
                 code="not_compensable",
                 field="handle",
             )
-        self._operation_to_offset(session, original)
-        kind, params = how
-        spec = self.outbox.registry.get(kind)
-        intent = spec.parse(params(original.params, cause))
+        operation_to_offset(session, original)
+        spec = self.outbox.registry.get(how.kind)
+        intent = spec.parse(how.params(original.params, cause))
         return self._add_unless_repeat(
             session,
             tenant,
@@ -298,7 +187,7 @@ class Proposals:
         compensates: Proposal | None = None,
     ) -> Proposed:
         """The live proposal ``intent`` repeats, or a new one (flushed)."""
-        minted = MINTED.get(spec.name)
+        minted = spec.agent.minted
         fp = self.outbox.fingerprinter
         # One request for an order at a time: two identical requests at the same instant must
         # not both find no repeat and both be added (and then both auto-approved). Every
@@ -325,7 +214,7 @@ class Proposals:
             # (An approved one whose operation was rejected or cancelled undid nothing.)
             repeated = repeat_of(
                 store.compensating(session, compensates.id),
-                lambda p: not self._undid_nothing(session, p),
+                lambda p: not undid_nothing(session, p),
             )
         # What an approval must show, and what keeps the policy from approving by itself:
         # every live proposal on the order however old (the window only bounds repeats), and
@@ -353,29 +242,6 @@ class Proposals:
             },
         )
         return Proposed(row, created=True, earlier=live, others=others)
-
-    @staticmethod
-    def _undid_nothing(session: Session, proposal: Proposal) -> bool:
-        """Whether approved ``proposal``'s operation ended rejected or cancelled."""
-        if proposal.status != APPROVED or proposal.op_id is None:
-            return False
-        op = find_operation(session, proposal.tenant, proposal.op_id)
-        return op is not None and op.state in _UNDID_NOTHING
-
-    def _operation_to_offset(self, session: Session, original: Proposal) -> Operation:
-        """The operation of approved proposal ``original``, if it may have done something to
-        offset; else InvalidInput (``nothing_to_compensate``, naming the handle)."""
-        op = None
-        if original.status == APPROVED and original.op_id is not None:
-            op = find_operation(session, original.tenant, original.op_id)
-        if op is None or op.state in _NOTHING_DONE:
-            raise InvalidInput(
-                "nothing was done by this request, so there is nothing to compensate "
-                "(a request not sent yet is stopped with a cancel instead)",
-                code="nothing_to_compensate",
-                field="handle",
-            )
-        return op
 
     def find(self, session: Session, tenant: str, handle: str) -> Proposal:
         """Proposal ``handle`` of ``tenant``; NotFound (the same error) for any other."""
@@ -418,7 +284,7 @@ class Proposals:
             made_after=cutoff,
         ):
             # Expired in between, or decided by somebody else first.
-            self._refuse_if_expired(session, proposal)
+            self._refuse("proposal_expired" if self.expired(session, proposal) else None, proposal)
             raise ProposalConflict("the proposal was decided by somebody else first")
         session.expire(proposal)
         return proposal
@@ -431,8 +297,8 @@ class Proposals:
         if proposal.compensates_id is not None:
             original = session.get(Proposal, proposal.compensates_id)
             assert original is not None  # a foreign key holds it
-            offsets = self._operation_to_offset(session, original)
-            self._refuse_if_compensated(session, offsets)
+            offsets = operation_to_offset(session, original)
+            refuse_if_compensated(session, offsets)
         run = open_run(session, tenant=proposal.tenant, title=f"agent proposal {proposal.handle}")
         self.outbox.enqueue(
             session,
@@ -445,21 +311,6 @@ class Proposals:
             compensates=offsets,
         )
         return run.id
-
-    @staticmethod
-    def _refuse_if_compensated(session: Session, op: Operation) -> None:
-        """InvalidInput (``already_compensated``) when ``op`` already has a compensation that
-        was not rejected or cancelled. Two approvals at once, or an approval and the app's
-        ``compensate``, take turns on a lock (intake takes it too), so the second sees the
-        first's compensation."""
-        storage_for(session).serialize(session, compensation_lock(op.tenant, op.id))
-        if any(c.state not in _UNDID_NOTHING for c in compensations_of(session, op.tenant, op.id)):
-            raise InvalidInput(
-                "this request already has a compensation; it is compensated once "
-                "(follow the earlier compensation with request_status)",
-                code="already_compensated",
-                field="handle",
-            )
 
     def decline(self, session: Session, tenant: str, handle: str, *, by: str) -> Proposal:
         """Decline a proposal still waiting (never committed); declining a declined one is
@@ -494,18 +345,6 @@ class Proposals:
     def status_of(self, session: Session, proposal: Proposal) -> str:
         """The proposal's status as it truly is now (``expired`` once past its time to live)."""
         return EXPIRED if self.expired(session, proposal) else proposal.status
-
-    def expire_due(self, session: Session) -> int:
-        """Mark ``expired`` every undecided proposal past its time to live; how many."""
-        return store.expire_waiting(session, self.ttl)
-
-    def _refuse_if_expired(self, session: Session, proposal: Proposal) -> None:
-        if self.expired(session, proposal):
-            raise ProposalConflict(
-                "the proposal expired without a decision; nothing was sent",
-                code="proposal_expired",
-                status=EXPIRED,
-            )
 
     @staticmethod
     def _refuse(check: str | None, proposal: Proposal) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from mcp_types import CallToolResult, TextContent
 from sqlalchemy.orm import Session
 
+from outbox.kinds import AgentProfile
 from outbox.models import Proposal
 from outbox.proposals import APPROVED, PROPOSED, proposal_report
 from outbox.report import render_line
@@ -17,7 +18,7 @@ from outbox.report_text import Lang
 ErrorKind = Literal["fixable", "permission", "business_rejected", "pending", "conflict"]
 
 #: A proposal's status before it is an operation, per language (after: the run report's words);
-#: ``{what}`` is the kind's name in ``REQUESTS``.
+#: ``{what}`` is the request's title (``AgentProfile.titles``).
 WORDS: dict[str, dict[str, str]] = {
     "en": {
         "waiting_for_approval": "{what} {handle} is waiting for approval; nothing has been sent.",
@@ -30,36 +31,25 @@ WORDS: dict[str, dict[str, str]] = {
         "expired": "{what} {handle} 未获处理已过期，未发送任何请求。",
     },
 }
-#: A request of each kind, per language.
-REQUESTS: dict[str, dict[str, str]] = {
-    "en": {
-        "refund": "Refund request",
-        "after_sales_ticket": "Ticket request",
-        "ticket_cancel": "Compensation request",
-    },
-    "zh": {"refund": "退款申请", "after_sales_ticket": "售后工单申请", "ticket_cancel": "补偿申请"},
-}
-#: the fields each kind's answer shows beside the handle (a refund's keep their old names)
-SHOWN: dict[str, tuple[str, ...]] = {
-    "refund": ("order_id", "amount_minor", "currency", "payee"),
-    "after_sales_ticket": ("order_id", "ticket_id", "reason"),
-    "ticket_cancel": ("ticket_id", "reason"),
-}
 
 
 def describe(
-    session: Session, proposal: Proposal, lang: Lang, *, expired: bool = False
+    session: Session,
+    proposal: Proposal,
+    lang: Lang,
+    profile: AgentProfile,
+    *,
+    expired: bool = False,
 ) -> dict[str, Any]:
-    """A proposal as the status tool shows it: its terms, and either where its approval
-    stands or (once approved) its operation's line of the run report, with evidence.
-    ``expired``: the proposal outlived its time to live (``Proposals.expired``), marked or not."""
+    """A proposal as the status tool shows it: its terms (as its kind's ``profile`` shows
+    them, and its order), and either where its approval stands or (once approved) its
+    operation's line of the run report, with evidence. ``expired``: the proposal outlived its
+    time to live (``Proposals.expired``), marked or not."""
     params = proposal.params
     data: dict[str, Any] = {"handle": proposal.handle, "kind": proposal.kind}
-    for name in SHOWN.get(proposal.kind, tuple(params)):
-        # a ticket's category is the tool's "problem" (its "reason" is the why)
-        shown = "problem" if name == "reason" and proposal.kind != "ticket_cancel" else name
-        data[shown] = params.get(name)
-    if proposal.kind == "ticket_cancel":
+    for name in profile.shown or tuple(params):
+        data[profile.shown_as.get(name, name)] = params.get(name)
+    if "order_id" not in data:  # a compensation's intent names no order: the original's
         data["order_id"] = proposal.order_ref
     data["decided_by"] = proposal.decided_by
     report = proposal_report(session, proposal) if proposal.status == APPROVED else None
@@ -67,7 +57,7 @@ def describe(
         status = "waiting_for_approval" if proposal.status == PROPOSED else proposal.status
         if expired:
             status = "expired"
-        what = REQUESTS[lang].get(proposal.kind, proposal.kind)
+        what = profile.title(proposal.kind, lang)
         text = WORDS[lang][status].format(what=what, handle=proposal.handle)
         return {**data, "status": status, "text": text}
     line = report.line(proposal.op_id)

@@ -221,18 +221,14 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-#: The kinds each provider other than ``http`` can serve.
-PROVIDER_KINDS = {"stripe": frozenset({"refund"})}
-
-
 def check_providers(settings: Settings, registry: KindRegistry) -> None:
-    """Raise InvalidSetting for a kind not registered or one its provider cannot serve, and
+    """Raise InvalidSetting for a kind not registered or one its provider cannot serve (the
+    kind's ``providers``), and
     for Stripe with no keys (every refund would be refused for want of one)."""
     wrong = sorted(
         name
         for name, provider in settings.downstream_providers.items()
-        if name not in registry.names()
-        or (provider != "http" and name not in PROVIDER_KINDS[provider])
+        if name not in registry.names() or provider not in registry.get(name).providers
     )
     if wrong:
         raise InvalidSetting(

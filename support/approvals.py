@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import NotFound, ProposalConflict, SettledError
 from outbox.models import Operation, Proposal
-from outbox.proposals import APPROVED, DECLINED, PROPOSED, Proposals
+from outbox.proposals import APPROVED, DECLINED, PROPOSED, Proposals, ProposalStatus
 from outbox.storage.proposals import expiry_cutoff
 from outbox.storage.search import on_orders, proposal_by_id, waiting_proposals
 from support.staff import Staff, require_acting
@@ -79,7 +79,7 @@ class Approvals:
         """Decline: nothing is sent."""
         return self._decide(staff, proposal_id, DECLINED)
 
-    def _decide(self, staff: Staff, proposal_id: int, status: str) -> Decision:
+    def _decide(self, staff: Staff, proposal_id: int, status: ProposalStatus) -> Decision:
         verb = "approve" if status == APPROVED else "decline"
         try:
             require_acting(staff)
@@ -109,7 +109,7 @@ class Approvals:
             extra={"staff": staff.id, "proposal": proposal_id, "code": exc.code},
         )
 
-    def _write(self, staff: Staff, proposal_id: int, status: str) -> dict[str, Any]:
+    def _write(self, staff: Staff, proposal_id: int, status: ProposalStatus) -> dict[str, Any]:
         with self.sessions.begin() as session:
             p = self._load(session, staff, proposal_id)
             if p.status != PROPOSED:

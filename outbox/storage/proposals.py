@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from outbox.db import db_now
 from outbox.models import Proposal
+from outbox.proposal_states import ProposalStatus
 from outbox.storage.operations import db_time
 
 proposals: Table = Proposal.__table__  # type: ignore[assignment]
@@ -38,15 +39,16 @@ FOR_ORDER = (
 COMPENSATING = (
     select(Proposal).where(Proposal.compensates_id == bindparam("p_id")).order_by(Proposal.id)
 )
-WAITING = select(Proposal).where(Proposal.status == "proposed").order_by(Proposal.id)
+_PROPOSED, _EXPIRED = ProposalStatus.PROPOSED.value, ProposalStatus.EXPIRED.value
+WAITING = select(Proposal).where(Proposal.status == _PROPOSED).order_by(Proposal.id)
 WAITING_OF_TENANT = WAITING.where(Proposal.tenant == bindparam("tenant"))
 PAST = select(Proposal.id).where(
     Proposal.id == bindparam("p_id"), Proposal.created_at <= bindparam("cutoff")
 )
 EXPIRE = (
     update(proposals)
-    .where(proposals.c.status == "proposed", proposals.c.created_at <= bindparam("cutoff"))
-    .values(status="expired", decided_by="expiry", decided_at=db_now())
+    .where(proposals.c.status == _PROPOSED, proposals.c.created_at <= bindparam("cutoff"))
+    .values(status=_EXPIRED, decided_by="expiry", decided_at=db_now())
 )
 EXPIRE_FOR_ORDER = EXPIRE.where(
     proposals.c.tenant == bindparam("p_tenant"),
@@ -55,7 +57,7 @@ EXPIRE_FOR_ORDER = EXPIRE.where(
 )
 DECIDE = (
     update(proposals)
-    .where(proposals.c.id == bindparam("p_id"), proposals.c.status == "proposed")
+    .where(proposals.c.id == bindparam("p_id"), proposals.c.status == _PROPOSED)
     .values(
         status=bindparam("p_status"),
         decided_by=bindparam("p_by"),
@@ -69,7 +71,7 @@ DECIDE_UNEXPIRED = DECIDE.where(proposals.c.created_at > bindparam("cutoff"))
 
 def add_proposal(session: Session, values: dict[str, Any]) -> Proposal:
     """A new proposal row in ``session`` (flushed: it has its id; never committed)."""
-    row = Proposal(**values, status="proposed")
+    row = Proposal(**values, status=_PROPOSED)
     session.add(row)
     session.flush()
     return row
@@ -145,15 +147,16 @@ def decide(
     session: Session,
     proposal_id: int,
     *,
-    status: str,
+    status: ProposalStatus,
     by: str,
     op_id: str | None = None,
     run_id: int | None = None,
     made_after: datetime | None = None,
 ) -> bool:
-    """Decide a proposal still ``proposed`` (and, with ``made_after``, made after that moment);
-    False (nothing written) if it was decided first or is older."""
-    values: dict[str, object] = {"p_id": proposal_id, "p_status": status, "p_by": by}
+    """Decide a proposal still ``proposed`` (and, with ``made_after``, made after that moment)
+    ``status`` (the transition table's move: ``outbox.proposal_states``); False (nothing
+    written) if it was decided first or is older."""
+    values: dict[str, object] = {"p_id": proposal_id, "p_status": status.value, "p_by": by}
     values.update({"p_op_id": op_id, "p_run_id": run_id})
     if made_after is None:
         result = session.execute(DECIDE, values)

@@ -16,6 +16,7 @@ from sqlalchemy import Select, bindparam, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from outbox.models import Operation, Proposal, ReviewItem, Run
+from outbox.proposal_states import ProposalStatus
 
 #: Review items with their operation's op_id, kind, state and params, oldest first.
 REVIEW_PAGE = (
@@ -51,11 +52,15 @@ BY_RUN_HANDLE = (
 #: Proposals nobody has decided yet, oldest first.
 WAITING_PROPOSALS = (
     select(Proposal)
-    .where(Proposal.status == "proposed")
+    .where(Proposal.status == ProposalStatus.PROPOSED.value)
     .order_by(Proposal.created_at, Proposal.id)
     .limit(bindparam("limit"))
 )
-WAITING_COUNT = select(func.count()).select_from(Proposal).where(Proposal.status == "proposed")
+WAITING_COUNT = (
+    select(func.count())
+    .select_from(Proposal)
+    .where(Proposal.status == ProposalStatus.PROPOSED.value)
+)
 PROPOSAL_BY_ID = select(Proposal).where(Proposal.id == bindparam("proposal_id"))
 MAX_ON_ORDERS = 500
 BY_OP_ID = (

@@ -44,6 +44,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 #: Pure decisions and values: importing one loads none of these.
 PURE = (
     "outbox.states",
+    "outbox.proposal_states",
+    "outbox.proposal_rules",
     "outbox.errors",
     "outbox.ids",
     "outbox.kinds",
