@@ -24,6 +24,7 @@ from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings
 from reconciler.reconcile import Reconciler
+from settled.observe import Observed
 from support.review import ReviewQueue
 from workers.coalesce import Coalescer
 from workers.executor import Executor
@@ -162,7 +163,9 @@ def build_runtime(
     engine_kwargs.setdefault("pool_pre_ping", False)
     engine = make_engine(settings.database_url, **engine_kwargs)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    outbox = Outbox.from_settings(settings, registry)
+    # Identities in log lines; spans while tracing is on (``settled.observe``).
+    observed = Observed(sessions)
+    outbox = Outbox.from_settings(settings, registry, observer=observed)
     if gateway is None:
         gateway = build_gateway(settings, registry)
     # One watch on the database's clock for the process: a step any service sees is honoured
@@ -179,6 +182,7 @@ def build_runtime(
         clock_margin=settings.clock_margin_seconds,
         max_tries=settings.retry_max_tries,
         clock_watch=watch,
+        observer=observed,
     )
     reconciler = Reconciler(
         sessions=sessions,
@@ -189,6 +193,7 @@ def build_runtime(
         client_timeout=settings.downstream_timeout,
         review_after=settings.review_after_seconds,
         clock_watch=watch,
+        observer=observed,
     )
     review = build_review(settings, sessions, registry=registry, gateway=gateway, watch=watch)
     return Runtime(

@@ -51,6 +51,7 @@ from outbox.errors import SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import KindRegistry
 from outbox.leases import LeaseKeeper
+from outbox.observer import NO_OBSERVER, ClaimedBatch, Observer, guarded
 from outbox.retry import DEFAULT_MAX_TRIES
 from outbox.states import State
 from outbox.storage import Storage, storage_for
@@ -98,6 +99,9 @@ class Executor(SendsBatches, RecoversSent):
     monotonic: Monotonic = time.monotonic
     #: this process's watch on the database's clock (shared with its other services)
     clock_watch: ClockWatch = field(default_factory=ClockWatch)
+    #: told of each claim, send, record and recovery (``outbox.observer``; its errors are
+    #: logged, never change what is sent or written)
+    observer: Observer = NO_OBSERVER
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
@@ -145,7 +149,9 @@ class Executor(SendsBatches, RecoversSent):
         # Taken before the claim is asked: database time estimated from it runs ahead of the
         # database's, never behind (outbox.clock).
         mono = self.monotonic()
-        claims = self._claim(ids, extra)
+        with guarded(self.observer).claiming(ids) as seen:
+            claims = self._claim(ids, extra)
+            seen(ClaimedBatch(ids, claims.claimed, [c for c, _ in claims.send], claims.recover))
         self._clock_read(claims, mono)
         full = extra > 0 and len(claims.claimed) + len(claims.written) >= extra
         to_send, to_recover, written = claims.send, claims.recover, claims.written

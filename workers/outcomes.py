@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from outbox.change import Change
 from outbox.downstream import Accepted, Refused, SubmitOutcome
 from outbox.kinds import Kind
+from outbox.observer import Observer, guarded
 from outbox.states import ConfigFault, Event, State
 from outbox.storage import Storage
 from outbox.storage.claims import Claimed
@@ -46,6 +47,7 @@ class RecordsOutcomes:
     worker: str
     max_tries: int
     rand: Callable[[], float]
+    observer: Observer
 
     @property
     def storage(self) -> Storage:
@@ -55,6 +57,14 @@ class RecordsOutcomes:
         raise NotImplementedError
 
     def _record(self, batch: list[Sent]) -> dict[int, State]:
+        """``_write_outcomes``, inside the observer's ``recording``."""
+        outcomes = [(sent.claimed, sent.outcome) for sent in batch]
+        with guarded(self.observer).recording(outcomes) as seen:
+            written = self._write_outcomes(batch)
+            seen(written)
+            return written
+
+    def _write_outcomes(self, batch: list[Sent]) -> dict[int, State]:
         """Write the outcomes of a batch, each under its own lease version.
 
         A stale lease (a newer claim took the operation over) skips that operation only: its

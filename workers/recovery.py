@@ -15,6 +15,7 @@ from outbox.downstream import Gateway, look_up, lookup_deadline
 from outbox.errors import SettledError
 from outbox.kinds import KindRegistry
 from outbox.leases import LeaseKeeper
+from outbox.observer import Observer, guarded
 from outbox.states import State
 from outbox.storage import Storage
 from outbox.storage.claims import Claimed
@@ -33,6 +34,7 @@ class RecoversSent:
     registry: KindRegistry
     worker: str
     lease_seconds: float
+    observer: Observer
 
     @property
     def storage(self) -> Storage:
@@ -46,6 +48,13 @@ class RecoversSent:
         raise NotImplementedError
 
     def _recover(self, claimed: Claimed, clock: DbClock) -> dict[int, State]:
+        """``_look_up_sent``, inside the observer's ``recovering``."""
+        with guarded(self.observer).recovering(claimed) as seen:
+            written = self._look_up_sent(claimed, clock)
+            seen(written.get(claimed.id))
+            return written
+
+    def _look_up_sent(self, claimed: Claimed, clock: DbClock) -> dict[int, State]:
         """The worker that sent this died before recording: ask, never re-send.
 
         The lookup has half a lease from its own start (after the batch's sends), within the

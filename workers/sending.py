@@ -16,6 +16,7 @@ from datetime import timedelta
 from outbox.clock import DbClock, Deadline
 from outbox.downstream import Gateway, NotSent, SendPhase, SubmitOutcome
 from outbox.kinds import Kind
+from outbox.observer import Observer, guarded
 from outbox.states import State
 from outbox.storage.claims import Claimed
 from workers.failpoints import failpoint
@@ -31,6 +32,7 @@ class SendsBatches(RecordsOutcomes):
     max_batch: int
     clock_margin: float
     record_linger: float
+    observer: Observer
     _pool: ThreadPoolExecutor | None
     _making: threading.Lock
 
@@ -99,6 +101,13 @@ class SendsBatches(RecordsOutcomes):
         return clock.deadline(min(claimed.deadline, lease_end))
 
     def _send_one(self, claimed: Claimed, kind: Kind, clock: DbClock) -> Sent:
+        """``_attempt``, inside the observer's ``sending``."""
+        with guarded(self.observer).sending(claimed) as seen:
+            sent = self._attempt(claimed, kind, clock)
+            seen(sent.outcome)
+            return sent
+
+    def _attempt(self, claimed: Claimed, kind: Kind, clock: DbClock) -> Sent:
         deadline = self.send_deadline(claimed, clock)
         outcome: SubmitOutcome
         if deadline.left() <= 0:
