@@ -32,6 +32,7 @@ from outbox.ids import (
 )
 from outbox.kinds import Intent, Kind, KindRegistry, default_registry
 from outbox.models import Operation, Run
+from outbox.observer import NO_OBSERVER, Observer, guarded
 from outbox.settings import Settings
 from outbox.states import State
 from outbox.storage import storage_for
@@ -73,10 +74,18 @@ class Outbox:
     idempotency_secret: bytes
     max_attempts: int = 5
     deadline: timedelta = timedelta(hours=1)
+    #: told of each enqueue (``outbox.observer``; ``settled.observe.observer()`` traces it)
+    observer: Observer = NO_OBSERVER
 
     @classmethod
-    def from_settings(cls, settings: Settings, registry: KindRegistry | None = None) -> Outbox:
-        """The outbox the settings describe.
+    def from_settings(
+        cls,
+        settings: Settings,
+        registry: KindRegistry | None = None,
+        *,
+        observer: Observer = NO_OBSERVER,
+    ) -> Outbox:
+        """The outbox the settings describe, telling ``observer`` of each enqueue.
 
         Raises InvalidSetting (``development_secrets``) for the development fingerprint key or
         idempotency secret against PostgreSQL (``Settings.development_secrets``): the worker,
@@ -91,6 +100,7 @@ class Outbox:
             idempotency_secret=settings.idempotency_secret.get_secret_value().encode(),
             max_attempts=settings.max_attempts,
             deadline=timedelta(seconds=settings.deadline_seconds),
+            observer=observer,
         )
 
     def enqueue(
@@ -113,6 +123,37 @@ class Outbox:
         writes nothing; with another intent it raises IdempotencyConflict. Bad input raises an
         InvalidInput subclass before anything is written.
         """
+        watch = guarded(self.observer).enqueuing(session, tenant=tenant, op_id=op_id, kind=kind)
+        with watch as seen:
+            got = self._enqueue(
+                session,
+                tenant=tenant,
+                op_id=op_id,
+                kind=kind,
+                params=params,
+                run=run,
+                correlation_id=correlation_id,
+                compensates=compensates,
+                max_attempts=max_attempts,
+                deadline=deadline,
+            )
+            seen((got.operation, got.created))
+            return got
+
+    def _enqueue(
+        self,
+        session: Session,
+        *,
+        tenant: str,
+        op_id: str,
+        kind: str,
+        params: Mapping[str, Any],
+        run: Run | None,
+        correlation_id: str | None,
+        compensates: Operation | None,
+        max_attempts: int | None,
+        deadline: datetime | None,
+    ) -> Enqueued:
         request = self._validate(
             tenant=tenant,
             op_id=op_id,

@@ -16,6 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import CREATED_KEY as CREATED
+from outbox.observer import NO_OBSERVER, Observer, guarded
 
 log = logging.getLogger(__name__)
 
@@ -28,20 +29,28 @@ Publish = Callable[[Sequence[int]], None]
 PER_MESSAGE = 20
 
 
-def publish_hints(publish: Publish, ids: Iterable[int], *, per_message: int = PER_MESSAGE) -> int:
-    """Publish hints for ``ids``, ``per_message`` to a message; a broker error is logged, not
-    raised (the sweeper brings those operations back). Returns how many ids went out."""
+def publish_hints(
+    publish: Publish,
+    ids: Iterable[int],
+    *,
+    per_message: int = PER_MESSAGE,
+    observer: Observer = NO_OBSERVER,
+) -> int:
+    """Publish hints for ``ids``, ``per_message`` to a message, inside ``observer``'s
+    ``hinting``; a broker error is logged, not raised (the sweeper brings those operations
+    back). Returns how many ids went out."""
     if per_message < 1:
         raise ValueError("per_message must be at least 1")
     todo = list(ids)
     sent = 0
-    for start in range(0, len(todo), per_message):
-        chunk = todo[start : start + per_message]
-        try:
-            publish(chunk)
-            sent += len(chunk)
-        except Exception:  # never fail the app here
-            log.warning("hint not published; the sweeper will pick it up", exc_info=True)
+    with guarded(observer).hinting(todo):
+        for start in range(0, len(todo), per_message):
+            chunk = todo[start : start + per_message]
+            try:
+                publish(chunk)
+                sent += len(chunk)
+            except Exception:  # never fail the app here
+                log.warning("hint not published; the sweeper will pick it up", exc_info=True)
     return sent
 
 
@@ -50,8 +59,10 @@ def install(
     publish: Publish,
     *,
     per_message: int = PER_MESSAGE,
+    observer: Observer = NO_OBSERVER,
 ) -> None:
-    """Publish hints for the operations intake created, once their transaction commits."""
+    """Publish hints for the operations intake created, once their transaction commits (in
+    ``observer``'s ``hinting``: ``settled.observe.observer()`` continues their traces)."""
     if per_message < 1:
         raise ValueError("per_message must be at least 1")
 
@@ -59,7 +70,7 @@ def install(
     def _after_commit(session: Session) -> None:
         ids = session.info.pop(CREATED, None)
         if ids:
-            publish_hints(publish, ids, per_message=per_message)
+            publish_hints(publish, ids, per_message=per_message, observer=observer)
 
     @event.listens_for(target, "after_rollback")
     def _after_rollback(session: Session) -> None:

@@ -36,6 +36,7 @@ from outbox.downstream import Gateway, LookupOutcome, look_up, lookup_deadline
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
 from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
+from outbox.observer import NO_OBSERVER, Observer, guarded
 from outbox.states import State
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import attempt_history, operation_facts
@@ -85,6 +86,9 @@ class Reconciler:
     monotonic: Monotonic = time.monotonic
     #: this process's watch on the database's clock (shared with its other services)
     clock_watch: ClockWatch = field(default_factory=ClockWatch)
+    #: told of each operation reconciled (``outbox.observer``; its errors are logged, never
+    #: change what is decided or written)
+    observer: Observer = NO_OBSERVER
 
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
@@ -182,6 +186,13 @@ class Reconciler:
             self.clock_watch.record_now(self.sessions, step, by=self.actor)
 
     def _reconcile_safely(self, claimed: Claimed, clock: DbClock) -> str:
+        """``_reconcile_caught``, inside the observer's ``reconciling``."""
+        with guarded(self.observer).reconciling(claimed) as seen:
+            outcome = self._reconcile_caught(claimed, clock)
+            seen(outcome)
+            return outcome
+
+    def _reconcile_caught(self, claimed: Claimed, clock: DbClock) -> str:
         """``_reconcile``, and whatever goes wrong stays with this operation."""
         try:
             return self._reconcile(claimed, clock)

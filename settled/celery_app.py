@@ -275,7 +275,9 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     app = SettledCelery("settled", broker=celery_broker_url(settings), set_as_current=False)
     app.bell = _bell(settings)
     app.doorbell = app.bell if settings.hint_doorbell and settings.claim_batch else None
-    observe.install()  # identities in log lines; traces when the environment asks for them
+    # Traces when the environment asks for them (Celery's spans from the start; the
+    # services' observer is the runtime's: ``settled.observe``). Nothing is patched.
+    observe.start_tracing()
     app.conf.update(
         **DELIVERY,
         task_store_errors_even_if_ignored=False,

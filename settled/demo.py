@@ -358,7 +358,7 @@ def run_demo(
         celery = create_app(settings)
         # One operation per hint (and claim_batch=0 above): the solo worker then takes a run's
         # refunds one at a time, so the stop button (case 5) finds the later ones still planned.
-        relay.install(rt.sessions, hint_publisher(celery), per_message=1)
+        relay.install(rt.sessions, hint_publisher(celery), per_message=1, observer=rt.observer)
         control = SimulatorControl(sim.url)
         try:
             with _worker(settings, folder):

@@ -26,6 +26,7 @@ from outbox.kinds import KindRegistry, default_registry
 from outbox.proposals import Proposals
 from outbox.settings import Settings
 from reconciler.reconcile import Reconciler
+from settled.observe import Observed
 from support.approvals import Approvals
 from support.find import Finder
 from support.overview import Overview
@@ -76,8 +77,17 @@ class Runtime:
             return built
 
     @property
+    def observer(self) -> Observed:
+        """What every service reports its steps to: identities in log lines, spans while
+        tracing is on (``settled.observe``)."""
+        return self._once("observer", lambda: Observed(self.sessions))
+
+    @property
     def outbox(self) -> Outbox:
-        return self._once("outbox", lambda: Outbox.from_settings(self.settings, self.registry))
+        return self._once(
+            "outbox",
+            lambda: Outbox.from_settings(self.settings, self.registry, observer=self.observer),
+        )
 
     @property
     def gateway(self) -> Gateway:
@@ -111,6 +121,7 @@ class Runtime:
                 clock_margin=settings.clock_margin_seconds,
                 max_tries=settings.retry_max_tries,
                 clock_watch=self.clock_watch,
+                observer=self.observer,
             )
 
         return self._once("executor", build)
@@ -128,6 +139,7 @@ class Runtime:
                 client_timeout=settings.downstream_timeout,
                 review_after=settings.review_after_seconds,
                 clock_watch=self.clock_watch,
+                observer=self.observer,
             )
 
         return self._once("reconciler", build)

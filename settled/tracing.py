@@ -19,8 +19,9 @@ Span attributes name the operation (``settled.tenant``, ``settled.op_id``, ``set
 ``settled.operation_id``), the attempt, what it proved and the state written. Never the
 idempotency key, the params or the payee; Celery's spans carry no task arguments.
 
-The spans are made around the services' methods by ``settled.observe``; this module knows
-OpenTelemetry and where a context is kept, nothing of the executor or the reconciler. It
+The spans are made by the services' observer, ``settled.observe.Observed``, in their hooks
+(``outbox.observer``); this module knows OpenTelemetry and where a context is kept, nothing of
+the executor or the reconciler. It
 imports OpenTelemetry only while tracing is on: the ``tracing`` extra may be absent.
 """
 

@@ -49,7 +49,7 @@ def mcp(transport: str, host: str, port: int) -> None:
     rt = build_runtime(settings)
     # Commits publish hints for the operations they created: an approved proposal's
     # operation is sent at once, not at the sweeper's next pass.
-    relay.install(rt.sessions, hint_publisher(create_app(settings)))
+    relay.install(rt.sessions, hint_publisher(create_app(settings)), observer=rt.observer)
     try:
         if transport == "stdio":
             build_server(rt.agent_desk(tenant=settings.agent_tenant)).run("stdio")

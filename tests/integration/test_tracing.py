@@ -1,13 +1,14 @@
-"""OpenTelemetry traces (``settled.tracing``, made by ``settled.observe``): one trace per
-operation, from its intake through the hint (a real Celery worker, the context in the message
-headers), the claim and the send to the recorded outcome, and any later reconcile; the
-idempotency key is never an attribute."""
+"""OpenTelemetry traces (``settled.tracing``, made by ``settled.observe.Observed``, the
+services' observer): one trace per operation, from its intake through the hint (a real Celery
+worker, the context in the message headers), the claim and the send to the recorded outcome,
+and any later reconcile; the idempotency key is never an attribute."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from outbox.settings import Settings
 from outbox.states import State
 from outbox.storage.traces import TRACES
 from settled import celery_app, observe, tracing
+from settled.observe import Observed
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import wait_until
 
@@ -64,6 +66,14 @@ def logging_restored() -> Iterator[None]:
                 os.environ[k] = v
 
 
+@pytest.fixture
+def observed(rig: Rig) -> Observed:
+    """The rig's intake observed as an app's is (its executors and reconcilers are given it)."""
+    seen = Observed(rig.sessions)
+    rig.outbox = replace(rig.outbox, observer=seen)
+    return seen
+
+
 def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
@@ -102,7 +112,9 @@ def test_one_trace_from_intake_through_a_celery_hint_to_the_outcome(
     )
     app = celery_app.create_app(worker_settings)
     sessions = sessionmaker(rig.engine, expire_on_commit=False)
-    relay.install(sessions, celery_app.hint_publisher(app))
+    app_observer = observe.observer()  # what an app passes to its intake and relay
+    outbox = replace(outbox, observer=app_observer)
+    relay.install(sessions, celery_app.hint_publisher(app), observer=app_observer)
     try:
         with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
             with sessions.begin() as s:
@@ -140,12 +152,12 @@ def test_one_trace_from_intake_through_a_celery_hint_to_the_outcome(
 
 
 def test_a_reconcile_pass_continues_the_operations_trace(
-    rig: Rig, spans: InMemorySpanExporter
+    rig: Rig, spans: InMemorySpanExporter, observed: Observed
 ) -> None:
     lost = rig.enqueue("op-lost")
     rig.control.add_rule("commit_then_timeout", hold_seconds=HOLD, times=1)
-    assert rig.executor().execute([lost]) == {lost: State.UNKNOWN}
-    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    assert rig.executor(observer=observed).execute([lost]) == {lost: State.UNKNOWN}
+    assert rig.reconciler(observer=observed).run_once().outcomes == {"found": 1}
     assert rig.op(lost).state == State.SUCCEEDED.value
 
     (enqueue,) = named(spans, "settled.enqueue")
@@ -159,10 +171,10 @@ def test_a_reconcile_pass_continues_the_operations_trace(
     assert_key_never_an_attribute(spans, rig.op(lost).idempotency_key)
 
 
-def test_without_tracing_no_trace_context_is_stored(rig: Rig) -> None:
-    observe.install()  # what every Celery app does; the environment does not ask for tracing
+def test_without_tracing_no_trace_context_is_stored(rig: Rig, observed: Observed) -> None:
+    observe.start_tracing()  # what every Celery app does; the environment does not ask for it
     op = rig.enqueue("op-1")
-    rig.executor().execute([op])
+    rig.executor(observer=observed).execute([op])
     with rig.sessions() as s:
         stored = s.scalar(select(TRACES.c.trace_context).where(TRACES.c.id == op))
     assert stored is None
@@ -188,8 +200,8 @@ class Fields(logging.Handler):
         self.lines.append((record.getMessage(), logs.fields_of(record)))
 
 
-def test_worker_log_lines_carry_the_operations_identity(rig: Rig) -> None:
-    observe.install()  # tracing off: identities in log lines only
+def test_worker_log_lines_carry_the_operations_identity(rig: Rig, observed: Observed) -> None:
+    # tracing off: identities in log lines only
     fields = Fields()
     root = logging.getLogger()
     root.addHandler(fields)
@@ -197,7 +209,7 @@ def test_worker_log_lines_carry_the_operations_identity(rig: Rig) -> None:
     root.setLevel(logging.INFO)
     try:
         op = rig.enqueue("op-7")
-        rig.executor().execute([op])
+        rig.executor(observer=observed).execute([op])
     finally:
         root.removeHandler(fields)
         root.setLevel(saved)
