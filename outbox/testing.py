@@ -56,6 +56,7 @@ from typing import Any, Literal
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Found,
     LookupMisuse,
     LookupOutcome,
@@ -67,9 +68,9 @@ from outbox.downstream import (
     SubmitOutcome,
     Unavailable,
     Unknown,
+    old_keywords,
     receipt_matches,
 )
-from outbox.kinds import Kind
 
 __all__ = ["Call", "Effect", "FakeGateway", "InFlight"]
 
@@ -252,37 +253,27 @@ class FakeGateway:
 
     # -- the port -----------------------------------------------------------------------------
 
+    @old_keywords
     def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> SubmitOutcome:
         """Send one attempt (in memory); see the module docstring for what it answers."""
+        tenant, op_id, key, params = _fields(request)
         with self._lock:
-            outcome = self._submit(tenant, op_id, kind.name, idempotency_key, params, deadline)
-            args = (tenant, op_id, kind.name, idempotency_key, dict(params), deadline, outcome)
+            outcome = self._submit(tenant, op_id, request.kind.name, key, params, deadline)
+            args = (tenant, op_id, request.kind.name, key, params, deadline, outcome)
             self.calls.append(Call("submit", *args))
             return outcome
 
+    @old_keywords
     def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> LookupOutcome:
-        """Ask what happened to ``idempotency_key``; a record is checked against ``params``."""
+        """Ask what happened to the request's key; a record is checked against its params."""
+        tenant, op_id, key, params = _fields(request)
         with self._lock:
-            outcome = self._lookup(tenant, idempotency_key, params, deadline)
-            args = (tenant, op_id, kind.name, idempotency_key, dict(params), deadline, outcome)
+            outcome = self._lookup(tenant, key, params, deadline)
+            args = (tenant, op_id, request.kind.name, key, params, deadline, outcome)
             self.calls.append(Call("lookup", *args))
             return outcome
 
@@ -371,6 +362,10 @@ class FakeGateway:
     def _receipt(self, key: str, params: Mapping[str, Any], status: str) -> Receipt:
         reference = f"{self._prefix}_{next(self._references)}"
         return Receipt(reference, status, dict(params), {"idempotency_key": key})
+
+
+def _fields(request: DownstreamRequest) -> tuple[str, str, str, dict[str, Any]]:
+    return request.tenant, request.op_id, request.idempotency_key, dict(request.params)
 
 
 def _left(deadline: Deadline | datetime) -> float:

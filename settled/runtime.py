@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock_steps import ClockWatch
 from outbox.db import make_engine
-from outbox.downstream import Gateway
+from outbox.downstream import Gateway, as_gateway
 from outbox.errors import InvalidSetting
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
@@ -165,6 +165,7 @@ def build_runtime(
     outbox = Outbox.from_settings(settings, registry)
     if gateway is None:
         gateway = build_gateway(settings, registry)
+    gateway = as_gateway(gateway, stacklevel=2)  # told once for every service: an old-style one
     # One watch on the database's clock for the process: a step any service sees is honoured
     # by all of them (and recorded for the other processes).
     watch = ClockWatch(margin=settings.clock_margin_seconds, window=settings.clock_step_window)

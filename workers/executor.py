@@ -49,11 +49,13 @@ from outbox.clock import DbClock, Deadline, Monotonic
 from outbox.clock_steps import ClockWatch
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Gateway,
     NotSent,
     Refused,
     SendPhase,
     SubmitOutcome,
+    as_gateway,
     look_up,
     lookup_deadline,
 )
@@ -113,6 +115,9 @@ class Executor:
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
     _making: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.gateway = as_gateway(self.gateway, stacklevel=3)  # an old-style adapter too
 
     @property
     def storage(self) -> Storage:
@@ -313,14 +318,7 @@ class Executor:
             log.warning("not sent: the lease ended first", extra={"operation_id": claimed.id})
             outcome = NotSent("the lease ended before sending", SendPhase.BEFORE)
         else:
-            outcome = self.gateway.submit(
-                tenant=claimed.tenant,
-                op_id=claimed.op_id,
-                kind=kind,
-                idempotency_key=claimed.idempotency_key,
-                params=claimed.params,
-                deadline=deadline,
-            )
+            outcome = self.gateway.submit(DownstreamRequest.of(claimed, kind), deadline=deadline)
         return Sent(claimed, kind, outcome, clock.now())
 
     def _record(self, batch: list[Sent]) -> dict[int, State]:

@@ -11,6 +11,7 @@ from outbox import FakeGateway
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Found,
     Gateway,
     LookupMisuse,
@@ -30,26 +31,17 @@ PARAMS = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee"
 LATER = datetime.now(UTC) + timedelta(days=365)
 
 
-def submit(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
-    args: dict[str, Any] = {
-        "tenant": "acme",
-        "op_id": "op-1",
-        "params": PARAMS,
-        "deadline": LATER,
-        **kw,
-    }
-    return fake.submit(kind=REFUND, idempotency_key=key, **args)
+def request(key: str = "k1", **kw: Any) -> DownstreamRequest:
+    fields: dict[str, Any] = {"tenant": "acme", "op_id": "op-1", "params": PARAMS, **kw}
+    return DownstreamRequest(kind=REFUND, idempotency_key=key, **fields)
 
 
-def lookup(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
-    args: dict[str, Any] = {
-        "tenant": "acme",
-        "op_id": "op-1",
-        "params": PARAMS,
-        "deadline": LATER,
-        **kw,
-    }
-    return fake.lookup(kind=REFUND, idempotency_key=key, **args)
+def submit(fake: Gateway, key: str = "k1", deadline: Any = LATER, **kw: Any) -> Any:
+    return fake.submit(request(key, **kw), deadline=deadline)
+
+
+def lookup(fake: Gateway, key: str = "k1", deadline: Any = LATER, **kw: Any) -> Any:
+    return fake.lookup(request(key, **kw), deadline=deadline)
 
 
 def test_a_submit_is_accepted_with_a_receipt_of_the_params_sent() -> None:
