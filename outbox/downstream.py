@@ -5,7 +5,8 @@ Both calls take one value, the ``DownstreamRequest`` (the operation as the downs
 asked about it), and the deadline. They return values for every expected outcome; each value
 says what it *proves* (docs/DESIGN.md, "What an outcome proves"). Only programming errors
 raise. Pure: no database, no network; adapters (``workers.http_client``) and fakes implement
-``Gateway``.
+``Gateway``, and the conformance suite (``outbox.conformance``) asks any of them the same
+questions.
 
 An adapter still written with the six keywords of earlier releases (``submit(*, tenant,
 op_id, kind, idempotency_key, params, deadline)``) is called the old way for one more
