@@ -353,9 +353,9 @@ def as_gateway(gateway: Any, *, stacklevel: int = 1) -> Gateway:
     called for one release more."""
     if isinstance(gateway, OldStyleGateway):
         return gateway
-    old = frozenset(
-        name for name in ("submit", "lookup") if not takes_request(getattr(gateway, name))
-    )
+    # A method it lacks is no sign of either form: calling it fails as it always did.
+    methods = {name: getattr(gateway, name, None) for name in ("submit", "lookup")}
+    old = frozenset(name for name, call in methods.items() if call and not takes_request(call))
     if not old:
         return cast(Gateway, gateway)
     name = type(gateway).__qualname__

@@ -117,3 +117,11 @@ def test_a_shipped_gateway_still_takes_the_old_keywords_for_one_release_with_a_w
 def test_the_old_keywords_only_in_part_are_a_type_error() -> None:
     with pytest.raises(TypeError):
         FakeGateway().submit(tenant="acme", idempotency_key="k1", deadline=LATER)  # type: ignore[call-arg]
+
+
+def test_a_gateway_that_lacks_a_call_is_taken_as_it_is() -> None:
+    class LookupOnly:
+        def lookup(self, request: DownstreamRequest, /, *, deadline: Any) -> Any: ...
+
+    only = LookupOnly()
+    assert as_gateway(only) is only  # a review queue's stand-in: asked lookups only
