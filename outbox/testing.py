@@ -7,7 +7,11 @@ behaves like a downstream with Stripe-like idempotency and a lookup API:
 - a submit executes the request and answers ``Accepted`` with a receipt of the params sent;
 - the same key submitted again is not executed again: it answers what the first one did;
 - a lookup finds what a key did (``Found``), or answers ``NotFound``;
-- a call whose deadline has already passed is not made (``NotSent`` / ``Unavailable``).
+- the same key with other params is an idempotency error (``Misuse``), and nothing is done;
+- a receipt whose reference Settled cannot store (``valid_reference``), scripted, is no proof
+  (``Misuse("receipt_unreadable")``; the downstream did carry it out);
+- a call whose deadline has already passed is not made (``NotSent`` / ``Unavailable``), and
+  neither is one while ``unreachable`` is set (connections refused: ``NotSent`` at connect).
 
 Script other answers, in order, for every key or for one key; what a scripted answer did
 downstream is remembered as the real one would be (``Accepted``: done; ``Refused``: a
@@ -21,7 +25,8 @@ then the answer was lost" case)::
     assert [c.idempotency_key for c in fake.submits] == [key]
     assert fake.effects("acme", key) == 1
 
-Every call is recorded (``calls``) with its tenant, kind, key, params and deadline.
+Every call is recorded (``calls``) with its tenant, kind, key, params and deadline. Like
+every ``Gateway``, it answers the questions of the conformance suite (``outbox.conformance``).
 Thread-safe: the executor sends a batch from several threads.
 
 For simulations (``tests/integration/test_simulation.py``) the fake also keeps what a real
@@ -56,9 +61,11 @@ from typing import Any, Literal
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Found,
     LookupMisuse,
     LookupOutcome,
+    Misuse,
     NotFound,
     NotSent,
     Receipt,
@@ -67,9 +74,10 @@ from outbox.downstream import (
     SubmitOutcome,
     Unavailable,
     Unknown,
+    old_keywords,
     receipt_matches,
+    valid_reference,
 )
-from outbox.kinds import Kind
 
 __all__ = ["Call", "Effect", "FakeGateway", "InFlight"]
 
@@ -147,6 +155,8 @@ class FakeGateway:
         #: a request on the wire that lands after its deadline is refused (off: only the
         #: test's delay bound stops it, as with a downstream that ignores the deadline)
         self.enforces_deadline = enforces_deadline
+        #: no connection can be made: every call answers NotSent (connect) / Unavailable
+        self.unreachable = False
         self._prefix = reference_prefix
         self._lock = threading.Lock()
         self._submits: dict[str | None, deque[_Scripted]] = defaultdict(deque)
@@ -158,6 +168,8 @@ class FakeGateway:
         self._ledger: list[Effect] = []
         #: (tenant, key) -> the fake's clock when its record was made
         self._recorded_at: dict[tuple[str, str], float] = {}
+        #: (tenant, key) -> the params of the request that made its record
+        self._sent: dict[tuple[str, str], dict[str, Any]] = {}
         self._holds: dict[str | None, int] = defaultdict(int)
         self._wire: dict[int, InFlight] = {}
         self._requests = itertools.count(1)
@@ -202,12 +214,12 @@ class FakeGateway:
             request = self._wire.pop(request_id)
             if self.enforces_deadline and not request.in_time(self.clock()):
                 return NotSent("arrived past its deadline: refused", SendPhase.BEFORE)
-            stored = self._records.get((request.tenant, request.idempotency_key))
+            tenant, key, params = request.tenant, request.idempotency_key, request.params
+            stored = self._records.get((tenant, key))
             if stored is not None:
-                return stored[1]
-            accepted = Accepted(self._receipt(request.idempotency_key, request.params, "succeeded"))
-            found = Found(accepted.receipt)
-            self._carry_out(request.tenant, request.op_id, request.idempotency_key, found, accepted)
+                return self._replay(tenant, key, params, stored[1])
+            accepted = Accepted(self._receipt(key, params, "succeeded"))
+            self._carry_out(tenant, request.op_id, key, params, Found(accepted.receipt), accepted)
             return accepted
 
     def drop(self, request_id: int) -> None:
@@ -252,37 +264,27 @@ class FakeGateway:
 
     # -- the port -----------------------------------------------------------------------------
 
+    @old_keywords
     def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> SubmitOutcome:
         """Send one attempt (in memory); see the module docstring for what it answers."""
+        tenant, op_id, key, params = _fields(request)
         with self._lock:
-            outcome = self._submit(tenant, op_id, kind.name, idempotency_key, params, deadline)
-            args = (tenant, op_id, kind.name, idempotency_key, dict(params), deadline, outcome)
+            outcome = self._submit(tenant, op_id, request.kind.name, key, params, deadline)
+            args = (tenant, op_id, request.kind.name, key, params, deadline, outcome)
             self.calls.append(Call("submit", *args))
             return outcome
 
+    @old_keywords
     def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> LookupOutcome:
-        """Ask what happened to ``idempotency_key``; a record is checked against ``params``."""
+        """Ask what happened to the request's key; a record is checked against its params."""
+        tenant, op_id, key, params = _fields(request)
         with self._lock:
-            outcome = self._lookup(tenant, idempotency_key, params, deadline)
-            args = (tenant, op_id, kind.name, idempotency_key, dict(params), deadline, outcome)
+            outcome = self._lookup(tenant, key, params, deadline)
+            args = (tenant, op_id, request.kind.name, key, params, deadline, outcome)
             self.calls.append(Call("lookup", *args))
             return outcome
 
@@ -300,6 +302,8 @@ class FakeGateway:
         left = _left(deadline)
         if left <= 0:
             return NotSent("deadline passed before sending", SendPhase.BEFORE)
+        if self.unreachable:
+            return NotSent("connection refused: the downstream is unreachable", SendPhase.CONNECT)
         if self._take_hold(key):
             request_id = next(self._requests)
             self._wire[request_id] = InFlight(
@@ -309,20 +313,31 @@ class FakeGateway:
         scripted = self._next(self._submits, key)
         if scripted is None:
             stored = self._records.get((tenant, key))
-            if stored is not None:
-                return stored[1]  # idempotency: the first answer, nothing done again
+            if stored is not None:  # idempotency: the first answer, nothing done again
+                return self._replay(tenant, key, params, stored[1])
             scripted = _Scripted(Accepted(self._receipt(key, params, "succeeded")), None)
         outcome: SubmitOutcome = scripted.outcome
         if isinstance(outcome, Accepted):
-            self._carry_out(tenant, op_id, key, Found(outcome.receipt), outcome)
+            self._carry_out(tenant, op_id, key, params, Found(outcome.receipt), outcome)
+            if not valid_reference(outcome.receipt.reference):
+                return Misuse("receipt_unreadable", "the receipt's reference is not valid", 200)
         elif isinstance(outcome, Refused) and scripted.executed is not False:
             receipt = self._receipt(key, params, "rejected")
             found = Found(receipt, outcome.reason, outcome.code)
-            self._carry_out(tenant, op_id, key, found, outcome)
+            self._carry_out(tenant, op_id, key, params, found, outcome)
         elif scripted.executed:
             accepted = Accepted(self._receipt(key, params, "succeeded"))
-            self._carry_out(tenant, op_id, key, Found(accepted.receipt), accepted)
+            self._carry_out(tenant, op_id, key, params, Found(accepted.receipt), accepted)
         return outcome
+
+    def _replay(
+        self, tenant: str, key: str, params: Mapping[str, Any], answer: SubmitOutcome
+    ) -> SubmitOutcome:
+        """The first answer to a key again; the key with other params is an idempotency
+        error (a downstream never answers another request's receipt as this one's)."""
+        if self._sent.get((tenant, key)) != dict(params):
+            return Misuse("idempotency_error", "the key was used with other params", 400)
+        return answer
 
     def _take_hold(self, key: str) -> bool:
         for which in (key, None):
@@ -336,6 +351,8 @@ class FakeGateway:
     ) -> LookupOutcome:
         if _left(deadline) <= 0:
             return Unavailable("deadline passed before sending")
+        if self.unreachable:
+            return Unavailable("ConnectError")
         scripted = self._next(self._lookups, key)
         if scripted is not None:
             result: LookupOutcome = scripted.outcome
@@ -359,9 +376,16 @@ class FakeGateway:
         return None
 
     def _carry_out(
-        self, tenant: str, op_id: str, key: str, found: Found, answer: SubmitOutcome
+        self,
+        tenant: str,
+        op_id: str,
+        key: str,
+        params: Mapping[str, Any],
+        found: Found,
+        answer: SubmitOutcome,
     ) -> None:
         self._records[(tenant, key)] = (found, answer)
+        self._sent[(tenant, key)] = dict(params)
         self._recorded_at[(tenant, key)] = self.clock()
         if found.receipt.status == "succeeded":
             self._effects[(tenant, key)] += 1
@@ -371,6 +395,10 @@ class FakeGateway:
     def _receipt(self, key: str, params: Mapping[str, Any], status: str) -> Receipt:
         reference = f"{self._prefix}_{next(self._references)}"
         return Receipt(reference, status, dict(params), {"idempotency_key": key})
+
+
+def _fields(request: DownstreamRequest) -> tuple[str, str, str, dict[str, Any]]:
+    return request.tenant, request.op_id, request.idempotency_key, dict(request.params)
 
 
 def _left(deadline: Deadline | datetime) -> float:

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.change import Change
 from outbox.clock import DbClock, Monotonic
 from outbox.clock_steps import ClockWatch
-from outbox.downstream import Gateway, LookupOutcome, look_up, lookup_deadline
+from outbox.downstream import Gateway, LookupOutcome, as_gateway, look_up, lookup_deadline
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
 from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
@@ -92,6 +92,9 @@ class Reconciler:
 
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.gateway = as_gateway(self.gateway, stacklevel=3)  # an old-style adapter too
 
     @property
     def storage(self) -> Storage:

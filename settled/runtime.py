@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock_steps import ClockWatch
 from outbox.db import make_engine
-from outbox.downstream import Gateway
+from outbox.downstream import Gateway, as_gateway
 from outbox.errors import InvalidSetting
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
@@ -65,7 +65,9 @@ class Runtime:
             sessions,
             registry,
         )
-        self._built: dict[str, Any] = {} if gateway is None else {"gateway": gateway}
+        self._built: dict[str, Any] = {}
+        if gateway is not None:  # told once for every service: an old-style adapter
+            self._built["gateway"] = as_gateway(gateway, stacklevel=3)
         self._owns_engine = owns_engine
         self._making = threading.RLock()
 

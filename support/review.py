@@ -19,7 +19,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import DbClock
 from outbox.clock_steps import ClockWatch
-from outbox.downstream import Found, Gateway, LookupOutcome, lookup_name, settlement
+from outbox.downstream import (
+    DownstreamRequest,
+    Found,
+    Gateway,
+    LookupOutcome,
+    as_gateway,
+    lookup_name,
+    settlement,
+)
 from outbox.errors import InvalidInput, NotFound, ReviewConflict, SettledError
 from outbox.kinds import KindRegistry
 from outbox.models import Operation, ReviewItem
@@ -68,6 +76,9 @@ class ReviewQueue:
     lookup_timeout: float = 10.0
     #: this process's watch on the database's clock (shared with its other services)
     clock_watch: ClockWatch = field(default_factory=ClockWatch)
+
+    def __post_init__(self) -> None:
+        self.gateway = as_gateway(self.gateway, stacklevel=3)  # an old-style adapter too
 
     @property
     def storage(self) -> Storage:
@@ -292,14 +303,11 @@ class ReviewQueue:
         kind = self.registry.get(snapshot["kind"])
         if not kind.contract.queryable:
             return None
-        result: LookupOutcome = self.gateway.lookup(
-            tenant=snapshot["tenant"],
-            op_id=snapshot["op_id"],
-            kind=kind,
-            idempotency_key=snapshot["idempotency_key"],
-            params=snapshot["params"],
-            deadline=clock.after(self.lookup_timeout),
-        )
+        request = DownstreamRequest(
+            snapshot["tenant"], snapshot["op_id"], kind, snapshot["idempotency_key"],
+            snapshot["params"],
+        )  # fmt: skip
+        result = self.gateway.lookup(request, deadline=clock.after(self.lookup_timeout))
         return result
 
 

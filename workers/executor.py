@@ -46,7 +46,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.change import Change
 from outbox.clock import DbClock, Monotonic
 from outbox.clock_steps import ClockWatch
-from outbox.downstream import Gateway
+from outbox.downstream import Gateway, as_gateway
 from outbox.errors import SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import KindRegistry
@@ -106,6 +106,9 @@ class Executor(SendsBatches, RecoversSent):
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
     _making: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.gateway = as_gateway(self.gateway, stacklevel=3)  # an old-style adapter too
 
     @property
     def storage(self) -> Storage:

@@ -30,6 +30,7 @@ from pydantic import SecretStr
 from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import (
+    DownstreamRequest,
     LookupOutcome,
     NotSent,
     Refused,
@@ -37,8 +38,8 @@ from outbox.downstream import (
     SubmitOutcome,
     Unavailable,
     Unknown,
+    old_keywords,
 )
-from outbox.kinds import Kind
 from outbox.states import RejectReason
 from workers.http_classify import classify_lookup, classify_submit
 from workers.transport import (
@@ -146,17 +147,13 @@ class HttpGateway:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @old_keywords
     def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> SubmitOutcome:
         """Send one attempt; never retries; never spends past ``deadline``."""
+        tenant, kind, idempotency_key = request.tenant, request.kind, request.idempotency_key
+        params = request.params
         key = self._authorization.get(tenant)
         if key is None:
             log.warning(
@@ -216,17 +213,13 @@ class HttpGateway:
         )
         return outcome
 
+    @old_keywords
     def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> LookupOutcome:
-        """Ask what happened to ``idempotency_key``; the receipt is checked against ``params``."""
+        """Ask what happened to the request's key; the receipt is checked against its params."""
+        tenant, kind, idempotency_key = request.tenant, request.kind, request.idempotency_key
+        params = request.params
         key = self._authorization.get(tenant)
         if key is None:
             return Unavailable("no API key configured for the tenant")

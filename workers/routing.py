@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from outbox.clock import Deadline
-from outbox.downstream import Gateway, LookupOutcome, SubmitOutcome
+from outbox.downstream import (
+    DownstreamRequest,
+    Gateway,
+    LookupOutcome,
+    SubmitOutcome,
+    as_gateway,
+    old_keywords,
+)
 from outbox.kinds import Kind
 
 
@@ -16,50 +22,24 @@ class GatewayByKind:
     """The ``Gateway`` port, each call passed to the gateway of its kind."""
 
     def __init__(self, default: Gateway, by_kind: Mapping[str, Gateway]) -> None:
-        self.default = default
-        self.by_kind = dict(by_kind)
+        self.default = as_gateway(default, stacklevel=2)
+        self.by_kind = {kind: as_gateway(g, stacklevel=2) for kind, g in by_kind.items()}
 
     def of(self, kind: Kind) -> Gateway:
         """The gateway that serves ``kind``."""
         return self.by_kind.get(kind.name, self.default)
 
+    @old_keywords
     def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> SubmitOutcome:
-        return self.of(kind).submit(
-            tenant=tenant,
-            op_id=op_id,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            params=params,
-            deadline=deadline,
-        )
+        return self.of(request.kind).submit(request, deadline=deadline)
 
+    @old_keywords
     def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> LookupOutcome:
-        return self.of(kind).lookup(
-            tenant=tenant,
-            op_id=op_id,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            params=params,
-            deadline=deadline,
-        )
+        return self.of(request.kind).lookup(request, deadline=deadline)
 
     def close(self) -> None:
         """Close every gateway that can be closed, each once."""

@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import timedelta
 
 from outbox.clock import DbClock, Deadline
-from outbox.downstream import Gateway, NotSent, SendPhase, SubmitOutcome
+from outbox.downstream import DownstreamRequest, Gateway, NotSent, SendPhase, SubmitOutcome
 from outbox.kinds import Kind
 from outbox.observer import Observer, guarded
 from outbox.states import State
@@ -116,12 +116,5 @@ class SendsBatches(RecordsOutcomes):
             log.warning("not sent: the lease ended first", extra={"operation_id": claimed.id})
             outcome = NotSent("the lease ended before sending", SendPhase.BEFORE)
         else:
-            outcome = self.gateway.submit(
-                tenant=claimed.tenant,
-                op_id=claimed.op_id,
-                kind=kind,
-                idempotency_key=claimed.idempotency_key,
-                params=claimed.params,
-                deadline=deadline,
-            )
+            outcome = self.gateway.submit(DownstreamRequest.of(claimed, kind), deadline=deadline)
         return Sent(claimed, kind, outcome, clock.now())

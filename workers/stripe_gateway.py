@@ -32,6 +32,7 @@ from pydantic import SecretStr
 
 from outbox.clock import Deadline
 from outbox.downstream import (
+    DownstreamRequest,
     Found,
     LookupMisuse,
     LookupOutcome,
@@ -41,8 +42,8 @@ from outbox.downstream import (
     SendPhase,
     SubmitOutcome,
     Unavailable,
+    old_keywords,
 )
-from outbox.kinds import Kind
 from outbox.states import RejectReason
 from workers.stripe_classify import (
     KEY_FIELD,
@@ -164,17 +165,13 @@ class StripeGateway:
     def close(self) -> None:
         self._http.close()
 
+    @old_keywords
     def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> SubmitOutcome:
         """Create the refund once; never retries; never spends past ``deadline``."""
+        tenant, op_id, idempotency_key = request.tenant, request.op_id, request.idempotency_key
+        kind, params = request.kind, request.params
         fields = {"tenant": tenant, "kind": kind.name, "key": idempotency_key}
         client = self._clients.get(tenant)
         if client is None:
@@ -206,17 +203,13 @@ class StripeGateway:
         log.info("stripe submit answered", extra={**fields, "proof": outcome.proof.value})
         return outcome
 
+    @old_keywords
     def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> LookupOutcome:
         """Find the refund among the payment intent's refunds by the operation in its metadata."""
+        tenant, op_id, idempotency_key = request.tenant, request.op_id, request.idempotency_key
+        params = request.params
         client = self._clients.get(tenant)
         if client is None:
             return Unavailable("no Stripe key configured for the tenant")

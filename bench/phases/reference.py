@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from bench.phases.common import API_KEY, PARAMS, TENANT, libpq
+from outbox.downstream import DownstreamRequest
 from outbox.kinds import default_registry
 
 RAW_TABLE = """
@@ -42,11 +43,7 @@ def _sim_client(url: str, start_at: float, n: int, prefix: str) -> tuple[float, 
         began = time.time()
         for i in range(n):
             gateway.submit(
-                tenant=TENANT,
-                op_id=f"{prefix}-{i}",
-                kind=kind,
-                idempotency_key=f"{prefix}-{i}",
-                params=PARAMS,
+                DownstreamRequest(TENANT, f"{prefix}-{i}", kind, f"{prefix}-{i}", PARAMS),
                 deadline=deadline,
             )
         return began, time.time()

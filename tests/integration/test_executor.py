@@ -12,6 +12,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.downstream import DownstreamRequest
 from outbox.errors import StaleLease
 from outbox.kinds import default_registry
 from outbox.models import Attempt, Operation, OperationEvent, Run
@@ -316,11 +317,7 @@ def test_abandoned_send_is_queried_never_resent(rig: Rig) -> None:
     from outbox.kinds import default_registry as reg
 
     gateway.submit(
-        tenant="acme",
-        op_id=rig.op(op_id).op_id,
-        kind=reg().get("refund"),
-        idempotency_key=key,
-        params=GOOD,
+        DownstreamRequest("acme", rig.op(op_id).op_id, reg().get("refund"), key, GOOD),
         deadline=datetime.now(UTC) + timedelta(seconds=5),
     )
     assert rig.executor().execute([op_id]) == {}  # lease still live: nothing to claim

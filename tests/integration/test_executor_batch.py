@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,8 +16,7 @@ from sqlalchemy import Engine, event, select, update
 from sqlalchemy.orm import sessionmaker
 
 from outbox.db import make_engine
-from outbox.downstream import Gateway, SubmitOutcome
-from outbox.kinds import Kind
+from outbox.downstream import DownstreamRequest, Gateway, SubmitOutcome
 from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.states import Event, RejectReason, State
 from outbox.storage.attempts import start_attempts
@@ -40,25 +39,9 @@ class TakeOverDuring:
         self.victim = victim
         self.key = rig.op(victim).idempotency_key
 
-    def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: datetime,
-    ) -> SubmitOutcome:
-        outcome = self.inner.submit(
-            tenant=tenant,
-            op_id=op_id,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            params=params,
-            deadline=deadline,
-        )
-        if idempotency_key == self.key:  # the sender paused past its lease; a newer claim
+    def submit(self, request: DownstreamRequest, /, *, deadline: datetime) -> SubmitOutcome:
+        outcome = self.inner.submit(request, deadline=deadline)
+        if request.idempotency_key == self.key:  # the sender paused past its lease; a newer claim
             with self.rig.sessions.begin() as s:
                 s.execute(
                     update(Operation)
@@ -71,8 +54,8 @@ class TakeOverDuring:
                 self.rig.storage.write_transition(s, lost, actor="other")
         return outcome
 
-    def lookup(self, **kw: Any) -> Any:
-        return self.inner.lookup(**kw)
+    def lookup(self, request: DownstreamRequest, /, **kw: Any) -> Any:
+        return self.inner.lookup(request, **kw)
 
 
 def test_a_stale_lease_in_a_batch_skips_that_operation_only(rig: Rig) -> None:
@@ -199,14 +182,14 @@ class HoldAnswer:
         self.key = key
         self.release = threading.Event()
 
-    def submit(self, **kw: Any) -> SubmitOutcome:
-        outcome = self.inner.submit(**kw)
-        if kw["idempotency_key"] == self.key:
+    def submit(self, request: DownstreamRequest, /, **kw: Any) -> SubmitOutcome:
+        outcome = self.inner.submit(request, **kw)
+        if request.idempotency_key == self.key:
             assert self.release.wait(30), "the held answer was never released"
         return outcome
 
-    def lookup(self, **kw: Any) -> Any:
-        return self.inner.lookup(**kw)
+    def lookup(self, request: DownstreamRequest, /, **kw: Any) -> Any:
+        return self.inner.lookup(request, **kw)
 
 
 def test_one_slow_answer_does_not_hold_up_the_other_outcomes_of_its_batch(rig: Rig) -> None:

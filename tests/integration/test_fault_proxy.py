@@ -8,6 +8,7 @@ import pytest
 
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Found,
     LookupOutcome,
     NotSent,
@@ -30,22 +31,14 @@ OP_ID = "op-1"
 
 def submit(gw: HttpGateway) -> SubmitOutcome:
     return gw.submit(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=KEY,
-        params=PARAMS,
+        DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS),
         deadline=datetime.now(UTC) + timedelta(seconds=30),
     )
 
 
 def lookup(gw: HttpGateway) -> LookupOutcome:
     return gw.lookup(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=KEY,
-        params=PARAMS,
+        DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS),
         deadline=datetime.now(UTC) + timedelta(seconds=30),
     )
 
@@ -110,11 +103,7 @@ def test_refuse_also_ends_open_connections_so_nothing_is_sent_on_them(
     assert isinstance(submit(proxied_gateway), Accepted)  # leaves a kept-alive connection
     sim_proxy.refuse()
     outcome = proxied_gateway.submit(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key="stl_proxy_key_2",
-        params=PARAMS,
+        DownstreamRequest("acme", OP_ID, REFUND, "stl_proxy_key_2", PARAMS),
         deadline=datetime.now(UTC) + timedelta(seconds=30),
     )
     assert outcome == NotSent("ConnectError", SendPhase.CONNECT)

@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from outbox import wire
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Found,
     LookupMisuse,
     LookupOutcome,
@@ -47,25 +48,11 @@ def deadline(seconds: float = 30.0) -> datetime:
 
 
 def submit(gw: HttpGateway, key: str = KEY, params: Mapping[str, Any] = PARAMS) -> SubmitOutcome:
-    return gw.submit(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=key,
-        params=params,
-        deadline=deadline(),
-    )
+    return gw.submit(DownstreamRequest("acme", OP_ID, REFUND, key, params), deadline=deadline())
 
 
 def lookup(gw: HttpGateway, key: str = KEY, params: Mapping[str, Any] = PARAMS) -> LookupOutcome:
-    return gw.lookup(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=key,
-        params=params,
-        deadline=deadline(),
-    )
+    return gw.lookup(DownstreamRequest("acme", OP_ID, REFUND, key, params), deadline=deadline())
 
 
 @pytest.fixture(autouse=True)
@@ -140,12 +127,7 @@ def test_503_before_is_not_executed_when_the_contract_documents_it(
     kind = REGISTRY.with_contract("refund", not_executed_statuses=frozenset({429, 503}))
     sim_control.add_rule(Fault.UNAVAILABLE_BEFORE, KEY, times=1)
     outcome = sim_gateway.submit(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=kind.get("refund"),
-        idempotency_key=KEY,
-        params=PARAMS,
-        deadline=deadline(),
+        DownstreamRequest("acme", OP_ID, kind.get("refund"), KEY, PARAMS), deadline=deadline()
     )
     assert outcome == NotExecuted(503, None)
     assert sim_control.effects("acme", KEY) == 0
@@ -331,9 +313,7 @@ def test_deadline_reaches_the_downstream_in_the_header(
     sim_gateway: HttpGateway, sim_control: SimulatorControl
 ) -> None:
     when = deadline(CLIENT_TIMEOUT / 2)  # comes before the client's own timeout
-    sim_gateway.submit(
-        tenant="acme", op_id=OP_ID, kind=REFUND, idempotency_key=KEY, params=PARAMS, deadline=when
-    )
+    sim_gateway.submit(DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=when)
     (row,) = sim_control.ledger()["requests"]
     assert row["last_deadline"] == wire.format_deadline(when)
 
@@ -343,12 +323,7 @@ def test_the_header_deadline_is_the_client_timeout_when_that_comes_first(
 ) -> None:
     before = datetime.now(UTC)
     sim_gateway.submit(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=KEY,
-        params=PARAMS,
-        deadline=deadline(3600),
+        DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=deadline(3600)
     )
     (row,) = sim_control.ledger()["requests"]
     told = wire.parse_deadline(row["last_deadline"])
@@ -361,11 +336,7 @@ def test_passed_deadline_sends_nothing(
     sim_gateway: HttpGateway, sim_control: SimulatorControl
 ) -> None:
     outcome = sim_gateway.submit(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=KEY,
-        params=PARAMS,
+        DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS),
         deadline=datetime.now(UTC) - timedelta(seconds=1),
     )
     assert isinstance(outcome, NotSent)

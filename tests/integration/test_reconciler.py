@@ -14,6 +14,7 @@ from sqlalchemy import func, select, update
 
 from outbox import runs
 from outbox.db import db_now
+from outbox.downstream import DownstreamRequest
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent, Run
 from outbox.states import State
@@ -197,11 +198,13 @@ def test_worker_died_mid_send_is_found_by_the_reconciler(rig: Rig) -> None:
     op = rig.enqueue()
     rig.start_send(op)
     rig.gateway().submit(
-        tenant="acme",
-        op_id=rig.op(op).op_id,
-        kind=default_registry().get("refund"),
-        idempotency_key=rig.op(op).idempotency_key,
-        params=rig.op(op).params,
+        DownstreamRequest(
+            "acme",
+            rig.op(op).op_id,
+            default_registry().get("refund"),
+            rig.op(op).idempotency_key,
+            rig.op(op).params,
+        ),
         deadline=datetime.now(UTC) + timedelta(seconds=5),
     )
     assert rig.reconciler().run_once().claimed == 0  # the lease is still live
@@ -393,11 +396,13 @@ def test_a_dead_workers_send_the_lease_leaves_no_time_to_ask_about_stays_as_it_w
         op = rig.enqueue(f"op-{i}")
         claimed = rig.start_send(op)
         rig.gateway().submit(
-            tenant="acme",
-            op_id=claimed.op_id,
-            kind=default_registry().get("refund"),
-            idempotency_key=claimed.idempotency_key,
-            params=claimed.params,
+            DownstreamRequest(
+                "acme",
+                claimed.op_id,
+                default_registry().get("refund"),
+                claimed.idempotency_key,
+                claimed.params,
+            ),
             deadline=datetime.now(UTC) + timedelta(seconds=5),
         )
         rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 
+from outbox.downstream import DownstreamRequest
 from outbox.models import OperationEvent
 from outbox.states import State
 from tests.support.gateways import FakeMonotonic, SlowLookups
@@ -25,11 +26,13 @@ def sent_by_a_dead_worker(rig: Rig, n: int) -> list[int]:
         op = rig.enqueue(f"op-{i}")
         claimed = rig.start_send(op)
         rig.gateway().submit(
-            tenant="acme",
-            op_id=claimed.op_id,
-            kind=rig.outbox.registry.get("refund"),
-            idempotency_key=claimed.idempotency_key,
-            params=claimed.params,
+            DownstreamRequest(
+                "acme",
+                claimed.op_id,
+                rig.outbox.registry.get("refund"),
+                claimed.idempotency_key,
+                claimed.params,
+            ),
             deadline=datetime.now(UTC) + timedelta(seconds=5),
         )
         rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))

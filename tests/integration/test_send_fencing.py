@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from outbox import runs, wire
-from outbox.downstream import Accepted, Gateway, NotFound, Receipt
+from outbox.downstream import Accepted, DownstreamRequest, Gateway, NotFound, Receipt
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.report import render_line
 from outbox.report_lines import Group, Line
@@ -110,7 +110,7 @@ def test_a_worker_delayed_past_its_lease_before_sending_records_not_sent_before_
 
     executor = rig.executor(lease_seconds=LEASE, monotonic=stalled, worker="A")
 
-    def submit(**kw: Any) -> Any:
+    def submit(request: DownstreamRequest, /, **kw: Any) -> Any:
         raise AssertionError("the gateway was called after the lease ended")
 
     executor.gateway = Interposed(executor.gateway)
@@ -290,16 +290,16 @@ class Poisoned:
     def __init__(self, inner: Gateway, key: str) -> None:
         self.inner, self.key = inner, key
 
-    def submit(self, **kw: Any) -> Any:
-        outcome = self.inner.submit(**kw)
-        if kw["idempotency_key"] == self.key and isinstance(outcome, Accepted):
+    def submit(self, request: DownstreamRequest, /, **kw: Any) -> Any:
+        outcome = self.inner.submit(request, **kw)
+        if request.idempotency_key == self.key and isinstance(outcome, Accepted):
             r = outcome.receipt
             return Accepted(Receipt("r" * 250, r.status, r.params, r.raw))
         return outcome
 
-    def lookup(self, **kw: Any) -> Any:
-        found = self.inner.lookup(**kw)
-        if kw["idempotency_key"] == self.key and hasattr(found, "receipt"):
+    def lookup(self, request: DownstreamRequest, /, **kw: Any) -> Any:
+        found = self.inner.lookup(request, **kw)
+        if request.idempotency_key == self.key and hasattr(found, "receipt"):
             r = found.receipt
             return type(found)(Receipt("r" * 250, r.status, r.params, r.raw))
         return found
@@ -401,10 +401,10 @@ def test_no_resend_inside_the_retention_margin_when_the_downstream_clock_runs_ah
 class Broken:
     """A downstream client with a bug: every lookup raises."""
 
-    def submit(self, **kw: Any) -> Any:
+    def submit(self, request: DownstreamRequest, /, **kw: Any) -> Any:
         raise AssertionError("the reconciler never sends")
 
-    def lookup(self, **kw: Any) -> Any:
+    def lookup(self, request: DownstreamRequest, /, **kw: Any) -> Any:
         raise RuntimeError("a bug in the lookup")
 
 

@@ -31,6 +31,7 @@ from pydantic import SecretStr
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     NotSent,
     SendPhase,
     SubmitOutcome,
@@ -61,14 +62,7 @@ SLACK = 1.5
 def submit(
     gateway: HttpGateway | StripeGateway, deadline: Deadline | datetime, key: str = "k1"
 ) -> SubmitOutcome:
-    return gateway.submit(
-        tenant="acme",
-        op_id="op-1",
-        kind=REFUND,
-        idempotency_key=key,
-        params=PARAMS,
-        deadline=deadline,
-    )
+    return gateway.submit(DownstreamRequest("acme", "op-1", REFUND, key, PARAMS), deadline=deadline)
 
 
 def in_seconds(seconds: float) -> datetime:
@@ -425,12 +419,7 @@ def test_a_stripe_answer_trickling_a_byte_at_a_time_ends_at_the_deadline_as_unkn
         assert sim_control.effects("acme", "k1") == 1  # it was: unknown, never "not sent"
         lookup_deadline = Deadline(in_seconds(1.5), time.monotonic() + 1.5)
         found = gateway.lookup(
-            tenant="acme",
-            op_id="op-1",
-            kind=REFUND,
-            idempotency_key="k1",
-            params=PARAMS,
-            deadline=lookup_deadline,
+            DownstreamRequest("acme", "op-1", REFUND, "k1", PARAMS), deadline=lookup_deadline
         )
         assert isinstance(found, Unavailable)
         assert time.monotonic() < lookup_deadline.expires + SLACK

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from outbox.clock import Deadline
-from outbox.downstream import Gateway, LookupOutcome, SubmitOutcome, Unavailable
-from outbox.kinds import Kind
+from outbox.downstream import DownstreamRequest, Gateway, LookupOutcome, SubmitOutcome, Unavailable
 
 
 @dataclass
@@ -27,47 +25,19 @@ class Interposed:
     rewrite_submit: Callable[[SubmitOutcome], SubmitOutcome] | None = None
 
     def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> SubmitOutcome:
         hook, self.before_submit = self.before_submit, None
         if hook is not None:
-            hook(idempotency_key)
-        outcome = self.inner.submit(
-            tenant=tenant,
-            op_id=op_id,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            params=params,
-            deadline=deadline,
-        )
+            hook(request.idempotency_key)
+        outcome = self.inner.submit(request, deadline=deadline)
         return outcome if self.rewrite_submit is None else self.rewrite_submit(outcome)
 
     def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> LookupOutcome:
-        found = self.inner.lookup(
-            tenant=tenant,
-            op_id=op_id,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            params=params,
-            deadline=deadline,
-        )
-        found = self.lookup_as.get(idempotency_key, found)
+        found = self.inner.lookup(request, deadline=deadline)
+        found = self.lookup_as.get(request.idempotency_key, found)
         hook, self.after_lookup = self.after_lookup, None
         if hook is not None:
             hook(found)
@@ -102,44 +72,16 @@ class SlowLookups:
     asked: int = 0
 
     def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> SubmitOutcome:
-        return self.inner.submit(
-            tenant=tenant,
-            op_id=op_id,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            params=params,
-            deadline=deadline,
-        )
+        return self.inner.submit(request, deadline=deadline)
 
     def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
+        self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
     ) -> LookupOutcome:
         assert isinstance(deadline, Deadline)
         left = deadline.left()
-        found = self.inner.lookup(
-            tenant=tenant,
-            op_id=op_id,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            params=params,
-            deadline=deadline,
-        )
+        found = self.inner.lookup(request, deadline=deadline)
         if left <= 0:
             return found  # not sent: ``inner`` saw the deadline gone
         self.asked += 1

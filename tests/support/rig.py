@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.downstream import Gateway, Receipt
+from outbox.downstream import DownstreamRequest, Gateway, Receipt
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Attempt, Operation, ReviewItem
@@ -174,11 +174,13 @@ class Rig:
         """The reference the downstream's record of the operation shows (its lookup), also
         where the record differs from the intent."""
         found = self.gateway().lookup(
-            tenant="acme",
-            op_id=self.op(op_id).op_id,
-            kind=self.outbox.registry.get("refund"),
-            idempotency_key=self.op(op_id).idempotency_key,
-            params=self.op(op_id).params,
+            DownstreamRequest(
+                "acme",
+                self.op(op_id).op_id,
+                self.outbox.registry.get("refund"),
+                self.op(op_id).idempotency_key,
+                self.op(op_id).params,
+            ),
             deadline=datetime.now(UTC) + timedelta(seconds=5),
         )
         record = getattr(found, "receipt", None) or getattr(found, "record", None)

@@ -10,15 +10,19 @@ from typing import Any
 from outbox import FakeGateway
 from outbox.clock import Deadline
 from outbox.downstream import (
+    MAX_REFERENCE,
     Accepted,
+    DownstreamRequest,
     Found,
     Gateway,
     LookupMisuse,
+    Misuse,
     NotExecuted,
     NotFound,
     NotSent,
     Receipt,
     Refused,
+    SendPhase,
     Unavailable,
     Unknown,
 )
@@ -30,26 +34,17 @@ PARAMS = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee"
 LATER = datetime.now(UTC) + timedelta(days=365)
 
 
-def submit(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
-    args: dict[str, Any] = {
-        "tenant": "acme",
-        "op_id": "op-1",
-        "params": PARAMS,
-        "deadline": LATER,
-        **kw,
-    }
-    return fake.submit(kind=REFUND, idempotency_key=key, **args)
+def request(key: str = "k1", **kw: Any) -> DownstreamRequest:
+    fields: dict[str, Any] = {"tenant": "acme", "op_id": "op-1", "params": PARAMS, **kw}
+    return DownstreamRequest(kind=REFUND, idempotency_key=key, **fields)
 
 
-def lookup(fake: Gateway, key: str = "k1", **kw: Any) -> Any:
-    args: dict[str, Any] = {
-        "tenant": "acme",
-        "op_id": "op-1",
-        "params": PARAMS,
-        "deadline": LATER,
-        **kw,
-    }
-    return fake.lookup(kind=REFUND, idempotency_key=key, **args)
+def submit(fake: Gateway, key: str = "k1", deadline: Any = LATER, **kw: Any) -> Any:
+    return fake.submit(request(key, **kw), deadline=deadline)
+
+
+def lookup(fake: Gateway, key: str = "k1", deadline: Any = LATER, **kw: Any) -> Any:
+    return fake.lookup(request(key, **kw), deadline=deadline)
 
 
 def test_a_submit_is_accepted_with_a_receipt_of_the_params_sent() -> None:
@@ -68,6 +63,33 @@ def test_the_same_key_again_answers_the_first_answer_and_does_nothing_again() ->
     assert fake.effects("acme", "k1") == 1
     assert isinstance(submit(fake, "k2"), Accepted)  # another key is another request
     assert submit(fake, "k2") != first
+
+
+def test_the_same_key_with_other_params_is_an_idempotency_error_and_does_nothing() -> None:
+    fake = FakeGateway()
+    first = submit(fake)
+    other = submit(fake, params={**PARAMS, "amount_minor": 1})
+    assert isinstance(other, Misuse) and other.code == "idempotency_error"
+    assert submit(fake) == first  # the params it was first sent with: a replay
+    assert fake.effects("acme", "k1") == 1
+
+
+def test_a_scripted_receipt_with_a_reference_settled_cannot_store_is_no_proof() -> None:
+    fake = FakeGateway()
+    fake.script_submit(Accepted(Receipt("r" * (MAX_REFERENCE + 1), "succeeded", PARAMS)))
+    outcome = submit(fake)
+    assert isinstance(outcome, Misuse) and outcome.code == "receipt_unreadable"
+    assert fake.effects("acme", "k1") == 1  # the downstream did it all the same
+
+
+def test_an_unreachable_fake_sends_nothing_and_answers_no_lookup() -> None:
+    fake = FakeGateway()
+    fake.unreachable = True
+    outcome = submit(fake)
+    assert isinstance(outcome, NotSent) and outcome.phase is SendPhase.CONNECT
+    assert isinstance(lookup(fake), Unavailable)
+    fake.unreachable = False
+    assert isinstance(submit(fake), Accepted) and fake.effects("acme", "k1") == 1
 
 
 def test_keys_are_per_tenant() -> None:

@@ -16,6 +16,7 @@ from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Found,
     LookupMisuse,
     Misuse,
@@ -91,11 +92,7 @@ def gateway(respond: Handler, *, timeout: float = 10.0, now: datetime = NOW) -> 
 def submit(respond: Handler, kind: Kind = REFUND, **kw: Any) -> Any:
     with gateway(respond) as gw:
         return gw.submit(
-            tenant=kw.get("tenant", "acme"),
-            op_id=OP_ID,
-            kind=kind,
-            idempotency_key=KEY,
-            params=kw.get("params", PARAMS),
+            DownstreamRequest(kw.get("tenant", "acme"), OP_ID, kind, KEY, kw.get("params", PARAMS)),
             deadline=kw.get("deadline", DEADLINE),
         )
 
@@ -103,11 +100,7 @@ def submit(respond: Handler, kind: Kind = REFUND, **kw: Any) -> Any:
 def lookup(respond: Handler, **kw: Any) -> Any:
     with gateway(respond) as gw:
         return gw.lookup(
-            tenant=kw.get("tenant", "acme"),
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=kw.get("key", KEY),
-            params=PARAMS,
+            DownstreamRequest(kw.get("tenant", "acme"), OP_ID, REFUND, kw.get("key", KEY), PARAMS),
             deadline=kw.get("deadline", DEADLINE),
         )
 
@@ -359,11 +352,7 @@ def test_attempt_timeout_is_bounded_by_what_is_left_of_the_deadline(
     recorder = Recorder(lambda r: httpx.Response(200, json=receipt()))
     with gateway(recorder, timeout=configured) as gw:
         gw.submit(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=KEY,
-            params=PARAMS,
+            DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS),
             deadline=NOW + timedelta(seconds=left),
         )
     timeouts = recorder.requests[0].extensions["timeout"]
@@ -399,14 +388,7 @@ def test_requests_carry_exactly_what_the_gateway_sets_and_no_cookies() -> None:
     )
     with gateway(recorder) as gw:
         for _ in range(2):
-            gw.submit(
-                tenant="acme",
-                op_id=OP_ID,
-                kind=REFUND,
-                idempotency_key=KEY,
-                params=PARAMS,
-                deadline=DEADLINE,
-            )
+            gw.submit(DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=DEADLINE)
     first, second = recorder.requests
     assert "Cookie" not in second.headers  # nothing learnt from one answer rides on the next
     assert set(first.headers) == {
@@ -429,22 +411,8 @@ def test_base_url_path_is_kept_in_front_of_every_endpoint() -> None:
         transport=httpx.MockTransport(recorder),
         clock=lambda: NOW,
     ) as gw:
-        gw.submit(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=KEY,
-            params=PARAMS,
-            deadline=DEADLINE,
-        )
-        gw.lookup(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key="a/b",
-            params=PARAMS,
-            deadline=DEADLINE,
-        )
+        gw.submit(DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=DEADLINE)
+        gw.lookup(DownstreamRequest("acme", OP_ID, REFUND, "a/b", PARAMS), deadline=DEADLINE)
     assert [r.url.raw_path for r in recorder.requests] == [
         b"/api/v1/refunds",
         b"/api/v1/lookup/a%2Fb",
@@ -626,12 +594,7 @@ def test_each_phase_gets_only_what_is_left_of_the_whole_attempt() -> None:
     deadline = Deadline(NOW + timedelta(seconds=8), mono.t + 8.0, mono)
     with gateway(respond) as gw:
         outcome = gw.submit(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=KEY,
-            params=PARAMS,
-            deadline=deadline,
+            DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=deadline
         )
     assert isinstance(outcome, Accepted)
     assert seen == {"connect": 8.0, "write": 5.0, "read": 1.0}
@@ -650,12 +613,7 @@ def test_a_body_still_arriving_at_the_deadline_is_an_unknown_outcome() -> None:
     deadline = Deadline(NOW + timedelta(seconds=5), mono.t + 5.0, mono)
     with gateway(lambda r: httpx.Response(200, stream=Drip())) as gw:
         outcome = gw.submit(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=KEY,
-            params=PARAMS,
-            deadline=deadline,
+            DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=deadline
         )
     assert outcome == Unknown("ReadTimeout")
 
@@ -668,21 +626,9 @@ def test_a_database_time_deadline_ignores_the_process_wall_clock() -> None:
     deadline = Deadline(NOW + timedelta(seconds=5), mono.t + 5.0, mono)
     with gateway(recorder, now=NOW + timedelta(seconds=15)) as gw:
         outcome = gw.submit(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=KEY,
-            params=PARAMS,
-            deadline=deadline,
+            DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=deadline
         )
-        found = gw.lookup(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=KEY,
-            params=PARAMS,
-            deadline=deadline,
-        )
+        found = gw.lookup(DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=deadline)
     assert isinstance(outcome, Accepted)
     assert isinstance(found, Found)
     assert [r.headers["Settled-Deadline"] for r in recorder.requests] == [
@@ -696,12 +642,7 @@ def test_a_deadline_passed_on_the_monotonic_clock_sends_nothing() -> None:
     deadline = Deadline(NOW + timedelta(seconds=5), mono.t - 0.001, mono)
     with gateway(recorder) as gw:
         outcome = gw.submit(
-            tenant="acme",
-            op_id=OP_ID,
-            kind=REFUND,
-            idempotency_key=KEY,
-            params=PARAMS,
-            deadline=deadline,
+            DownstreamRequest("acme", OP_ID, REFUND, KEY, PARAMS), deadline=deadline
         )
     assert isinstance(outcome, NotSent)
     assert recorder.requests == []

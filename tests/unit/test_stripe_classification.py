@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
+    DownstreamRequest,
     Found,
     LookupMisuse,
     Misuse,
@@ -86,26 +87,12 @@ def _gateway(handler: Callable[[httpx.Request], httpx.Response]) -> StripeGatewa
 
 def _submit(gateway: StripeGateway) -> Any:
     deadline = datetime.now(UTC) + timedelta(seconds=5)
-    return gateway.submit(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=KEY,
-        params=INTENT,
-        deadline=deadline,
-    )
+    return gateway.submit(DownstreamRequest("acme", OP_ID, REFUND, KEY, INTENT), deadline=deadline)
 
 
 def _lookup(gateway: StripeGateway) -> Any:
     deadline = datetime.now(UTC) + timedelta(seconds=5)
-    return gateway.lookup(
-        tenant="acme",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=KEY,
-        params=INTENT,
-        deadline=deadline,
-    )
+    return gateway.lookup(DownstreamRequest("acme", OP_ID, REFUND, KEY, INTENT), deadline=deadline)
 
 
 # (status, body, headers) -> the outcome's type, and its reason and code where it refuses
@@ -332,10 +319,8 @@ def test_a_deadline_passed_between_pages_is_unavailable_not_not_found() -> None:
     paged = Paged(_others(LIST_LIMIT + 1), after_each=lambda: clock.advance(10.0))
     gateway = _gateway(paged)
     deadline = Deadline(datetime.now(UTC) + timedelta(seconds=5), clock.t + 5.0, clock)
-    got = gateway.lookup(
-        tenant="acme", op_id=OP_ID, kind=REFUND, idempotency_key=KEY, params=INTENT,
-        deadline=deadline,
-    )  # fmt: skip
+    request = DownstreamRequest("acme", OP_ID, REFUND, KEY, INTENT)
+    got = gateway.lookup(request, deadline=deadline)
     gateway.close()
     assert isinstance(got, Unavailable) and "deadline" in got.detail
     assert len(paged.requests) == 1  # nothing more was asked once the deadline had passed
@@ -394,14 +379,7 @@ def test_a_tenant_without_a_key_is_refused_locally_and_nothing_is_sent() -> None
     served = Served(200, _refund())
     gateway = _gateway(served)
     deadline = datetime.now(UTC) + timedelta(seconds=5)
-    got = gateway.submit(
-        tenant="other",
-        op_id=OP_ID,
-        kind=REFUND,
-        idempotency_key=KEY,
-        params=INTENT,
-        deadline=deadline,
-    )
+    got = gateway.submit(DownstreamRequest("other", OP_ID, REFUND, KEY, INTENT), deadline=deadline)
     gateway.close()
     assert isinstance(got, Refused) and got.reason is RejectReason.PERMISSION_DENIED
     assert served.requests == []
