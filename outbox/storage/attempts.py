@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import Table, bindparam, select
 from sqlalchemy.orm import Session
 
-from outbox.errors import StaleLease
 from outbox.models import Attempt, Operation
 from outbox.states import Event, State
 from outbox.storage.claims import Claimed
@@ -67,14 +66,6 @@ def start_attempts(
         for c in claims
         if c.id in written
     ]
-
-
-def start_attempt(storage: Storage, bind: Bind, claimed: Claimed, *, worker: str) -> Claimed:
-    """``start_attempts`` for one operation; StaleLease when its fence no longer holds."""
-    started = start_attempts(storage, bind, [claimed], worker=worker)
-    if not started:
-        raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
-    return started[0]
 
 
 def attempts_of(session: Session, operation_id: int) -> list[Attempt]:
