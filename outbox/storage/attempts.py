@@ -68,13 +68,9 @@ def start_attempts(
     ]
 
 
-def attempts_of(session: Session, operation_id: int) -> list[Attempt]:
-    """Every attempt of an operation, oldest first."""
-    return list(session.scalars(ATTEMPTS_OF, {"operation_id": operation_id}))
-
-
 def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]:
-    """Every attempt of an operation, oldest first, as evidence."""
+    """Every attempt of an operation, oldest first, JSON-safe: the one list of them, in the
+    reconciler's evidence and in the operation staff read (``support.operation_view``)."""
     return [
         {
             "number": a.number,
@@ -84,7 +80,7 @@ def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]
             "status_code": a.status_code,
             "detail": a.detail,
         }
-        for a in attempts_of(session, operation_id)
+        for a in session.scalars(ATTEMPTS_OF, {"operation_id": operation_id})
     ]
 
 
