@@ -256,6 +256,23 @@ def valid_reference(reference: object) -> bool:
     return isinstance(reference, str) and _REFERENCE.fullmatch(reference) is not None
 
 
+def receipt_misfit(
+    receipt: Receipt, params: Mapping[str, Any], key: str | None, echoed: object
+) -> str | None:
+    """Why ``receipt`` cannot settle the operation sent with ``key`` and intent ``params``
+    (None: it can), the one check of every adapter: ``receipt_unreadable`` (its reference is
+    not one Settled can store), ``receipt_key_mismatch`` (the key it echoes, ``echoed``, is
+    another; None: it echoes none), ``receipt_mismatch`` (a field it echoes is not the
+    intent's)."""
+    if not valid_reference(receipt.reference):
+        return "receipt_unreadable"
+    if key is not None and echoed is not None and echoed != key:
+        return "receipt_key_mismatch"
+    if not receipt_matches(params, receipt):
+        return "receipt_mismatch"
+    return None
+
+
 def receipt_matches(params: Mapping[str, Any], receipt: Receipt) -> bool:
     """True when every intent field the downstream echoed back equals the intent's."""
     return all(receipt.params.get(name) == value for name, value in params.items())
