@@ -130,8 +130,13 @@ class Found:
 
 
 @dataclass(frozen=True)
-class NotFound:
+class LookupNotFound:
     """The downstream has no record of the key (as far as it can see now)."""
+
+
+#: ``LookupNotFound`` as 0.1 named it (``outbox.NotFound`` is the status API's error): an
+#: adapter written for 0.1 keeps working for one release.
+NotFound = LookupNotFound
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class LookupMisuse:
     record: Receipt | None = None
 
 
-LookupOutcome = Found | NotFound | Unavailable | LookupMisuse
+LookupOutcome = Found | LookupNotFound | Unavailable | LookupMisuse
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,7 @@ def lookup_name(lookup: LookupOutcome | None) -> str:
         return "pending"
     return {
         Found: "found",
-        NotFound: "not_found",
+        LookupNotFound: "not_found",
         Unavailable: "unavailable",
         LookupMisuse: "mismatch",
     }[type(lookup)]

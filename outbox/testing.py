@@ -6,7 +6,7 @@ behaves like a downstream with Stripe-like idempotency and a lookup API:
 
 - a submit executes the request and answers ``Accepted`` with a receipt of the params sent;
 - the same key submitted again is not executed again: it answers what the first one did;
-- a lookup finds what a key did (``Found``), or answers ``NotFound``;
+- a lookup finds what a key did (``Found``), or answers ``LookupNotFound``;
 - a call whose deadline has already passed is not made (``NotSent`` / ``Unavailable``).
 
 Script other answers, in order, for every key or for one key; what a scripted answer did
@@ -58,8 +58,8 @@ from outbox.downstream import (
     Accepted,
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
-    NotFound,
     NotSent,
     Receipt,
     Refused,
@@ -342,9 +342,9 @@ class FakeGateway:
             return result
         stored = self._records.get((tenant, key))
         if stored is None:
-            return NotFound()
+            return LookupNotFound()
         if self.clock() < self._recorded_at[(tenant, key)] + self.visibility_delay:
-            return NotFound()  # carried out, not visible yet
+            return LookupNotFound()  # carried out, not visible yet
         found = stored[0]
         if not receipt_matches(params, found.receipt):
             return LookupMisuse(

@@ -18,10 +18,10 @@ from outbox.downstream import (
     Accepted,
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
     Misuse,
     NotExecuted,
-    NotFound,
     Receipt,
     Refused,
     SubmitOutcome,
@@ -97,7 +97,7 @@ def classify_lookup(
     status = response.status_code
     body = _json_object(response)
     if status == 404 and _error(body)[1] == wire.KEY_NOT_FOUND:
-        return NotFound()
+        return LookupNotFound()
     if status != 200:
         # A bare 404 is a missing route (no lookup API), not proof that the key is unknown.
         return Unavailable(f"lookup answered HTTP {status}")
