@@ -1,7 +1,8 @@
 """SQL only in storage, read from the source (an AST check, no import; ARCHITECTURE.md, "SQL
 lives in storage").
 
-Outside the SQL homes, a module of ``outbox``, ``workers``, ``reconciler``, ``support`` or ``settled``
+Outside the SQL homes, a module of ``outbox``, ``workers``, ``reconciler``, ``support`` or
+``settled``
 
 1. imports from SQLAlchemy only handles, events and errors (``HANDLES``; anything under
    ``sqlalchemy.exc``): never a name that builds SQL (``select``, ``text``, ``func``,
