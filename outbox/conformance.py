@@ -46,9 +46,9 @@ from outbox.downstream import (
     Found,
     Gateway,
     LookupMisuse,
+    LookupNotFound,
     Misuse,
     NotExecuted,
-    NotFound,
     NotSent,
     Receipt,
     Refused,
@@ -286,7 +286,7 @@ class GatewayConformance:
         assert isinstance(outcome, NotSent) and outcome.phase is SendPhase.BEFORE, outcome
         assert isinstance(s.gateway.lookup(request, deadline=passed), Unavailable)
         assert s.downstream.effects(request) == 0
-        assert isinstance(s.gateway.lookup(request, deadline=_deadline()), NotFound)
+        assert isinstance(s.gateway.lookup(request, deadline=_deadline()), LookupNotFound)
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -303,7 +303,7 @@ class GatewayConformance:
     def test_a_lookup_of_a_key_never_sent_is_not_found(self, gateway_subject: Subject) -> None:
         s = gateway_subject
         found = s.gateway.lookup(s.request("cf-never-sent"), deadline=_deadline())
-        assert isinstance(found, NotFound), found
+        assert isinstance(found, LookupNotFound), found
 
     def test_a_lookup_the_downstream_cannot_answer_is_unavailable(
         self, gateway_subject: Subject
@@ -347,7 +347,7 @@ def _refusal_not_found(self: GatewayConformance, gateway_subject: Subject) -> No
     request = s.request("cf-found-refused")
     s.downstream.refuse_business(request)
     assert isinstance(s.gateway.submit(request, deadline=_deadline()), Refused)
-    assert isinstance(s.gateway.lookup(request, deadline=_deadline()), NotFound)
+    assert isinstance(s.gateway.lookup(request, deadline=_deadline()), LookupNotFound)
 
 
 def _paging(self: GatewayConformance, gateway_subject: Subject) -> None:

@@ -143,8 +143,13 @@ class Found:
 
 
 @dataclass(frozen=True)
-class NotFound:
+class LookupNotFound:
     """The downstream has no record of the key (as far as it can see now)."""
+
+
+#: ``LookupNotFound`` as 0.1 named it (``outbox.NotFound`` is the status API's error): an
+#: adapter written for 0.1 keeps working for one release.
+NotFound = LookupNotFound
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,7 @@ class LookupMisuse:
     record: Receipt | None = None
 
 
-LookupOutcome = Found | NotFound | Unavailable | LookupMisuse
+LookupOutcome = Found | LookupNotFound | Unavailable | LookupMisuse
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,7 @@ def lookup_name(lookup: LookupOutcome | None) -> str:
         return "pending"
     return {
         Found: "found",
-        NotFound: "not_found",
+        LookupNotFound: "not_found",
         Unavailable: "unavailable",
         LookupMisuse: "mismatch",
     }[type(lookup)]
@@ -405,6 +410,23 @@ def valid_reference(reference: object) -> bool:
     """A downstream reference Settled can store and show: ASCII letters, digits and ``_.:-``,
     at most MAX_REFERENCE characters. Anything else is not accepted as proof."""
     return isinstance(reference, str) and _REFERENCE.fullmatch(reference) is not None
+
+
+def receipt_misfit(
+    receipt: Receipt, params: Mapping[str, Any], key: str | None, echoed: object
+) -> str | None:
+    """Why ``receipt`` cannot settle the operation sent with ``key`` and intent ``params``
+    (None: it can), the one check of every adapter: ``receipt_unreadable`` (its reference is
+    not one Settled can store), ``receipt_key_mismatch`` (the key it echoes, ``echoed``, is
+    another; None: it echoes none), ``receipt_mismatch`` (a field it echoes is not the
+    intent's)."""
+    if not valid_reference(receipt.reference):
+        return "receipt_unreadable"
+    if key is not None and echoed is not None and echoed != key:
+        return "receipt_key_mismatch"
+    if not receipt_matches(params, receipt):
+        return "receipt_mismatch"
+    return None
 
 
 def receipt_matches(params: Mapping[str, Any], receipt: Receipt) -> bool:

@@ -80,8 +80,6 @@ ALLOWED = frozenset(
         "span_id",
     }
 )
-#: Identity fields ``remember`` adds to a line that names only the operation's database id.
-IDENTITY = ("tenant", "op_id", "kind")
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 _SCALAR = str | int | float | bool | None
 

@@ -119,8 +119,3 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - now).total_seconds())
-
-
-def remaining(deadline: datetime, now: datetime) -> float:
-    """Seconds left before ``deadline`` (0 when passed)."""
-    return max(0.0, (deadline - now).total_seconds())

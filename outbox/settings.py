@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections.abc import Mapping
@@ -13,7 +12,6 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -22,64 +20,27 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outbox.errors import InvalidInput, InvalidSetting
+from outbox import settings_variables
+from outbox.errors import InvalidSetting
 from outbox.kinds import KindRegistry
 from outbox.retry import DEFAULT_CAP_SECONDS, DEFAULT_MAX_TRIES
+from outbox.settings_contracts import ContractSettings, apply_contracts
+from outbox.settings_variables import OTHER_VARIABLES, TEST_VARIABLES
 
-
-class ContractSettings(BaseModel):
-    """What one kind's downstream promises, as configured (unset fields keep the kind's own).
-
-    ``idempotent``: replays with the same key return the first result; ``queryable``: a lookup
-    by idempotency key exists; ``key_retention_seconds``: how long it remembers a key;
-    ``processing_seconds``: longest from a request leaving Settled to its result being visible
-    to lookups; ``not_executed_statuses``: HTTP statuses it documents as "refused before
-    processing"; ``enforces_deadline``: it refuses a request that arrives after its
-    ``Settled-Deadline``, before any effect (``408 deadline_exceeded``);
-    ``max_request_delay_seconds``: without that, the longest a request may take to land after
-    its attempt ended; ``retry_cap_seconds``: the longest wait between two tries of a send that
-    did not execute (default ``SETTLED_RETRY_CAP_SECONDS``).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    idempotent: bool | None = None
-    queryable: bool | None = None
-    key_retention_seconds: float | None = Field(default=None, gt=0)
-    processing_seconds: float | None = Field(default=None, ge=0)
-    not_executed_statuses: frozenset[int] | None = None
-    enforces_deadline: bool | None = None
-    max_request_delay_seconds: float | None = Field(default=None, ge=0, le=86400)
-    retry_cap_seconds: float | None = Field(default=None, gt=0, le=86400)
-
-    @field_validator("not_executed_statuses")
-    @classmethod
-    def _error_statuses(cls, value: frozenset[int] | None) -> frozenset[int] | None:
-        bad = sorted(s for s in value or () if not 400 <= s <= 599)
-        if bad:
-            raise ValueError(f"must be HTTP error statuses (400-599), not {bad}")
-        return value
-
-    def changes(self) -> dict[str, Any]:
-        """The ``DownstreamContract`` fields these settings change."""
-        changes: dict[str, Any] = {}
-        if self.idempotent is not None:
-            changes["idempotent"] = self.idempotent
-        if self.queryable is not None:
-            changes["queryable"] = self.queryable
-        if self.key_retention_seconds is not None:
-            changes["key_retention"] = timedelta(seconds=self.key_retention_seconds)
-        if self.processing_seconds is not None:
-            changes["processing_time"] = timedelta(seconds=self.processing_seconds)
-        if self.not_executed_statuses is not None:
-            changes["not_executed_statuses"] = self.not_executed_statuses
-        if self.enforces_deadline is not None:
-            changes["enforces_deadline"] = self.enforces_deadline
-        if self.max_request_delay_seconds is not None:
-            changes["max_request_delay"] = timedelta(seconds=self.max_request_delay_seconds)
-        if self.retry_cap_seconds is not None:
-            changes["retry_cap"] = timedelta(seconds=self.retry_cap_seconds)
-        return changes
+__all__ = [
+    "DEV_FINGERPRINT_KEY",
+    "DEV_IDEMPOTENCY_SECRET",
+    "OTHER_VARIABLES",
+    "TEST_VARIABLES",
+    "ContractSettings",
+    "LogFormat",
+    "LogLevel",
+    "Settings",
+    "masked",
+    "refuse_unknown_variables",
+    "settings_error",
+    "unknown_variables",
+]
 
 
 #: Development values: the demo and tests run on them; production must set its own.
@@ -87,51 +48,16 @@ DEV_FINGERPRINT_KEY = "settled-dev-fingerprint-key-change-me"
 DEV_IDEMPOTENCY_SECRET = "settled-dev-idempotency-secret"  # noqa: S105 (a known, public value)
 
 
-#: ``SETTLED_*`` variables that are not settings, and what reads them. ``SETTLED_TEST_*`` belong
-#: to the test suite (``tests/support``). Any other ``SETTLED_*`` variable is refused.
-OTHER_VARIABLES = {
-    "SETTLED_STAFF_ID": "settled review, settled proposals: the member of staff (--staff)",
-    "SETTLED_STAFF_ROLE": "settled review: the staff's role (--role)",
-    "SETTLED_SIMULATOR_TENANTS": "settled simulator: its tenants (--tenant)",
-    "SETTLED_TRACING": "settled.tracing: 1 turns traces on",
-    "SETTLED_FAILPOINT": "workers.failpoints: the step a crash test stops a worker at",
-    "SETTLED_FAILPOINT_MARKER": "workers.failpoints: the file a failpoint leaves",
-    "SETTLED_RUN_READY_FD": "settled run: the pipe its child says it is ready on",
-}
-TEST_VARIABLES = "SETTLED_TEST_"
-
-
 def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     """The ``SETTLED_*`` names in ``environ`` that no setting and nothing else reads (in any
     case, as the settings are read), each with the nearest valid name (None: none is near)."""
-    known = {f"SETTLED_{name.upper()}" for name in Settings.model_fields} | set(OTHER_VARIABLES)
-    found: dict[str, str | None] = {}
-    for name in sorted(environ):
-        upper = name.upper()
-        if not upper.startswith("SETTLED_") or upper in known:
-            continue
-        if upper.startswith(TEST_VARIABLES):
-            continue
-        near = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
-        found[name] = near[0] if near else None
-    return found
+    return settings_variables.unknown_variables(environ, Settings.model_fields)
 
 
 def refuse_unknown_variables(environ: Mapping[str, str]) -> None:
     """Raise InvalidSetting (``unknown_setting``) naming every ``SETTLED_*`` variable of
     ``environ`` that nothing reads, with the nearest valid name: a typo is never ignored."""
-    found = unknown_variables(environ)
-    if not found:
-        return
-    parts = [
-        f"unknown setting {name}" + (f"; did you mean {near}?" if near else "")
-        for name, near in found.items()
-    ]
-    raise InvalidSetting(
-        " / ".join(parts) + ("" if all(found.values()) else " (docs/configuration.md lists them)"),
-        code="unknown_setting",
-        setting=next(iter(found)),
-    )
+    settings_variables.refuse_unknown_variables(environ, Settings.model_fields)
 
 
 #: A log level, in any case (``info`` is ``INFO``).
@@ -365,38 +291,17 @@ class Settings(BaseSettings):
         """``registry`` with the configured contracts and the key retention margin applied.
 
         Raises InvalidInput (code ``invalid_setting``) naming the setting for a kind that is
-        not registered (the contracts' own fields are checked when the settings are read).
+        not registered, or a deadline fence promised for a kind Stripe serves
+        (``outbox.settings_contracts.apply_contracts``; the contracts' own fields are checked
+        when the settings are read).
         """
-        unknown = sorted(set(self.downstream_contracts) - set(registry.names()))
-        if unknown:
-            raise InvalidInput(
-                f"SETTLED_DOWNSTREAM_CONTRACTS names unknown kinds {unknown}; "
-                f"known: {registry.names()}",
-                code="invalid_setting",
-                setting="SETTLED_DOWNSTREAM_CONTRACTS",
-            )
-        # Stripe ignores the Settled-Deadline header: a contract saying otherwise would let a
-        # "not found" be trusted before a late request could still land.
-        fenced_stripe = sorted(
-            name
-            for name, contract in self.downstream_contracts.items()
-            if contract.enforces_deadline and self.downstream_providers.get(name) == "stripe"
+        return apply_contracts(
+            registry,
+            self.downstream_contracts,
+            providers=self.downstream_providers,
+            retention_margin=timedelta(seconds=self.key_retention_margin_seconds),
+            retry_cap=timedelta(seconds=self.retry_cap_seconds),
         )
-        if fenced_stripe:
-            raise InvalidInput(
-                f"SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline for {fenced_stripe}, "
-                "served by Stripe (SETTLED_DOWNSTREAM_PROVIDERS), which ignores the deadline",
-                code="invalid_setting",
-                setting="SETTLED_DOWNSTREAM_CONTRACTS",
-            )
-        defaults = {
-            "retention_margin": timedelta(seconds=self.key_retention_margin_seconds),
-            "retry_cap": timedelta(seconds=self.retry_cap_seconds),
-        }
-        for name in registry.names():
-            changes = self.downstream_contracts.get(name, ContractSettings()).changes()
-            registry = registry.with_contract(name, **{**defaults, **changes})
-        return registry
 
     def as_environment(self) -> dict[str, str]:
         """These settings as ``SETTLED_*`` variables, to configure a child process."""

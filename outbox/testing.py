@@ -6,7 +6,7 @@ behaves like a downstream with Stripe-like idempotency and a lookup API:
 
 - a submit executes the request and answers ``Accepted`` with a receipt of the params sent;
 - the same key submitted again is not executed again: it answers what the first one did;
-- a lookup finds what a key did (``Found``), or answers ``NotFound``;
+- a lookup finds what a key did (``Found``), or answers ``LookupNotFound``;
 - the same key with other params is an idempotency error (``Misuse``), and nothing is done;
 - a receipt whose reference Settled cannot store (``valid_reference``), scripted, is no proof
   (``Misuse("receipt_unreadable")``; the downstream did carry it out);
@@ -64,9 +64,9 @@ from outbox.downstream import (
     DownstreamRequest,
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
     Misuse,
-    NotFound,
     NotSent,
     Receipt,
     Refused,
@@ -359,9 +359,9 @@ class FakeGateway:
             return result
         stored = self._records.get((tenant, key))
         if stored is None:
-            return NotFound()
+            return LookupNotFound()
         if self.clock() < self._recorded_at[(tenant, key)] + self.visibility_delay:
-            return NotFound()  # carried out, not visible yet
+            return LookupNotFound()  # carried out, not visible yet
         found = stored[0]
         if not receipt_matches(params, found.receipt):
             return LookupMisuse(

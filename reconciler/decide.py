@@ -19,8 +19,8 @@ from outbox.change import Change
 from outbox.downstream import (
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
-    NotFound,
     Unavailable,
     lookup_name,
     settlement,
@@ -178,7 +178,7 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
         return _review(s, why, {"lookup": "none"})
     if not s.contract.idempotent:
         return _review(s, "ambiguous_without_idempotency", {"lookup": lookup_name(lookup)})
-    if isinstance(lookup, NotFound):
+    if isinstance(lookup, LookupNotFound):
         doubt = not_found_doubt(s)
         if doubt == "not_quiet":
             return Change.look(

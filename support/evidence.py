@@ -29,8 +29,8 @@ from typing import Any
 from outbox.downstream import (
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
-    NotFound,
     Receipt,
     Settlement,
     Unavailable,
@@ -113,17 +113,17 @@ def weigh(
             {**record, "differs_from_intent": True, "mismatch": lookup.code},
             settles=settlement(Found(lookup.record)),  # what the downstream did, as found
         )
-    if isinstance(lookup, NotFound) and doubt is None:
+    if isinstance(lookup, LookupNotFound) and doubt is None:
         if to is State.REJECTED:
             return Weighed(None)  # proven: nothing was executed
         raise _contradiction(lookup, to)
     unproven = "lookup_unavailable"
     if isinstance(lookup, LookupMisuse):
         unproven = "unusable_record"
-    elif isinstance(lookup, NotFound) and doubt is not None:
+    elif isinstance(lookup, LookupNotFound) and doubt is not None:
         unproven = doubt
     if not override:
-        code = "not_found_unproven" if isinstance(lookup, NotFound) else unproven
+        code = "not_found_unproven" if isinstance(lookup, LookupNotFound) else unproven
         raise ReviewConflict(UNPROVEN[unproven], code=code, why=unproven)
     return Weighed(None, unproven)
 

@@ -16,7 +16,7 @@ from outbox.report import render_line
 from outbox.report_lines import Compensation, CompensationNote, Group, Line
 from outbox.report_text import LANGS, check_lang
 from outbox.states import State
-from outbox.storage.attempts import attempts_of
+from outbox.storage.attempts import attempt_history
 from outbox.storage.events import events_of
 from outbox.storage.reviews import open_review_id
 from outbox.storage.runs import run
@@ -29,17 +29,7 @@ def operation_view(session: Session, op: Operation) -> dict[str, Any]:
     owner = run(session, op.run_id) if op.run_id is not None else None
     return {
         "operation": _operation(op),
-        "attempts": [
-            {
-                "number": a.number,
-                "started_at": a.started_at.isoformat(),
-                "finished_at": a.finished_at.isoformat() if a.finished_at else None,
-                "proof": a.proof,
-                "status_code": a.status_code,
-                "detail": a.detail,
-            }
-            for a in attempts_of(session, op.id)
-        ],
+        "attempts": attempt_history(session, op.id),
         "lookups": lookups,
         "last_lookup": lookups[-1]["answer"] if lookups else None,
         "events": [

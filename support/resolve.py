@@ -18,8 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from outbox.clock import DbClock
-from outbox.downstream import LookupOutcome, lookup_name, valid_reference
-from outbox.downstream import NotFound as LookupNotFound
+from outbox.downstream import LookupNotFound, LookupOutcome, lookup_name, valid_reference
 from outbox.errors import Forbidden, InvalidInput, ReviewConflict
 from outbox.kinds import DownstreamContract
 from outbox.models import ReviewItem

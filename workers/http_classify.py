@@ -18,17 +18,16 @@ from outbox.downstream import (
     Accepted,
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
     Misuse,
     NotExecuted,
-    NotFound,
     Receipt,
     Refused,
     SubmitOutcome,
     Unavailable,
     Unknown,
-    receipt_matches,
-    valid_reference,
+    receipt_misfit,
 )
 from outbox.kinds import Kind
 from outbox.retry import parse_retry_after
@@ -64,7 +63,9 @@ def classify_submit(
         receipt = _receipt(body)
         if receipt is None or receipt.status != "succeeded":
             return Unknown("2xx without a readable receipt", status)
-        misfit = _misfit(receipt, params, idempotency_key)
+        misfit = receipt_misfit(
+            receipt, params, idempotency_key, receipt.raw.get("idempotency_key")
+        )
         if misfit is not None:
             return Misuse(misfit, _MISFITS[misfit], status)
         return Accepted(receipt)
@@ -96,14 +97,14 @@ def classify_lookup(
     status = response.status_code
     body = _json_object(response)
     if status == 404 and _error(body)[1] == wire.KEY_NOT_FOUND:
-        return NotFound()
+        return LookupNotFound()
     if status != 200:
         # A bare 404 is a missing route (no lookup API), not proof that the key is unknown.
         return Unavailable(f"lookup answered HTTP {status}")
     receipt = _receipt(body)
     if receipt is None or receipt.status not in ("succeeded", "rejected"):
         return Unavailable("lookup answered without a readable record")
-    misfit = _misfit(receipt, params, idempotency_key)
+    misfit = receipt_misfit(receipt, params, idempotency_key, receipt.raw.get("idempotency_key"))
     if misfit is not None:
         ours = misfit == "receipt_mismatch"  # our key, a storable id, other params
         return LookupMisuse(misfit, _MISFITS[misfit], receipt if ours else None)
@@ -119,18 +120,6 @@ _MISFITS = {
     "receipt_key_mismatch": "the receipt names another idempotency key",
     "receipt_unreadable": "the receipt's reference is not a valid reference",
 }
-
-
-def _misfit(receipt: Receipt, params: Mapping[str, Any], idempotency_key: str | None) -> str | None:
-    """Why ``receipt`` cannot settle the operation, or None when it can."""
-    if not valid_reference(receipt.reference):
-        return "receipt_unreadable"
-    echoed = receipt.raw.get("idempotency_key")
-    if idempotency_key is not None and echoed is not None and echoed != idempotency_key:
-        return "receipt_key_mismatch"
-    if not receipt_matches(params, receipt):
-        return "receipt_mismatch"
-    return None
 
 
 def _deadline_exceeded(status: int, body: Mapping[str, Any]) -> bool:

@@ -23,8 +23,7 @@ from outbox.downstream import (
     Refused,
     SubmitOutcome,
     Unknown,
-    receipt_matches,
-    valid_reference,
+    receipt_misfit,
 )
 from outbox.retry import parse_retry_after
 from outbox.states import RejectReason
@@ -135,16 +134,11 @@ def receipt_of(refund: Mapping[str, Any]) -> Receipt | None:
 
 
 def misfit(receipt: Receipt, params: Mapping[str, Any], key: str) -> str | None:
-    """Why ``receipt`` cannot settle the operation with ``key`` and intent ``params``."""
-    if not valid_reference(receipt.reference):
-        return "receipt_unreadable"
+    """Why ``receipt`` cannot settle the operation with ``key`` and intent ``params``
+    (``outbox.downstream.receipt_misfit``; a refund echoes the key in its metadata)."""
     metadata = receipt.raw.get("metadata")
     echoed = metadata.get(KEY_FIELD) if isinstance(metadata, Mapping) else None
-    if echoed is not None and echoed != key:
-        return "receipt_key_mismatch"
-    if not receipt_matches(params, receipt):
-        return "receipt_mismatch"
-    return None
+    return receipt_misfit(receipt, params, key, echoed)
 
 
 def classify_refund(

@@ -35,8 +35,8 @@ from outbox.downstream import (
     DownstreamRequest,
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
-    NotFound,
     NotSent,
     Refused,
     SendPhase,
@@ -231,7 +231,7 @@ class StripeGateway:
             if found is not None:
                 return found
             if not listed.get("has_more"):
-                return NotFound()
+                return LookupNotFound()
             # Not on this page is not "not found": read the next, while the deadline lasts.
             last = _last_id(listed)
             if last is None or last == query.get("starting_after"):

@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import Table, bindparam, select
 from sqlalchemy.orm import Session
 
-from outbox.errors import StaleLease
 from outbox.models import Attempt, Operation
 from outbox.states import Event, State
 from outbox.storage.claims import Claimed
@@ -69,21 +68,9 @@ def start_attempts(
     ]
 
 
-def start_attempt(storage: Storage, bind: Bind, claimed: Claimed, *, worker: str) -> Claimed:
-    """``start_attempts`` for one operation; StaleLease when its fence no longer holds."""
-    started = start_attempts(storage, bind, [claimed], worker=worker)
-    if not started:
-        raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
-    return started[0]
-
-
-def attempts_of(session: Session, operation_id: int) -> list[Attempt]:
-    """Every attempt of an operation, oldest first."""
-    return list(session.scalars(ATTEMPTS_OF, {"operation_id": operation_id}))
-
-
 def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]:
-    """Every attempt of an operation, oldest first, as evidence."""
+    """Every attempt of an operation, oldest first, JSON-safe: the one list of them, in the
+    reconciler's evidence and in the operation staff read (``support.operation_view``)."""
     return [
         {
             "number": a.number,
@@ -93,7 +80,7 @@ def attempt_history(session: Session, operation_id: int) -> list[dict[str, Any]]
             "status_code": a.status_code,
             "detail": a.detail,
         }
-        for a in attempts_of(session, operation_id)
+        for a in session.scalars(ATTEMPTS_OF, {"operation_id": operation_id})
     ]
 
 

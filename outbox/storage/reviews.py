@@ -7,14 +7,13 @@ Review items are opened and settled with the transitions that call for them
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from outbox.db import db_now
-from outbox.models import Operation, ReviewItem
+from outbox.models import ReviewItem
 from outbox.states import Event, RejectReason, State
 from outbox.storage.connection import Bind, connection_of
 from outbox.storage.database import Storage
@@ -62,40 +61,6 @@ IN_REVIEW_AMONG = select(reviews.c.operation_id).where(
     reviews.c.operation_id.in_(bindparam("ids", expanding=True)), reviews.c.resolved_at.is_(None)
 )
 REVIEW_REASON = select(reviews.c.reason).where(reviews.c.operation_id == bindparam("operation_id"))
-#: Review items with their operation's op_id, kind and state, oldest first.
-REVIEW_LIST = (
-    select(ReviewItem, Operation.op_id, Operation.kind, Operation.state)
-    .join(Operation, Operation.id == ReviewItem.operation_id)
-    .order_by(ReviewItem.created_at, ReviewItem.id)
-    .limit(bindparam("limit"))
-)
-
-
-def list_review_items(
-    session: Session,
-    *,
-    tenant: str | None = None,
-    reason: str | None = None,
-    created_before: datetime | None = None,
-    include_resolved: bool = False,
-    limit: int = 100,
-) -> list[tuple[ReviewItem, str, str, str]]:
-    """Review items (open ones unless ``include_resolved``), with their operation's op_id,
-    kind and state, oldest first; each filter given narrows the list."""
-    stmt = REVIEW_LIST
-    params: dict[str, Any] = {"limit": limit}
-    if not include_resolved:
-        stmt = stmt.where(ReviewItem.resolved_at.is_(None))
-    if tenant is not None:
-        stmt = stmt.where(ReviewItem.tenant == bindparam("tenant"))
-        params["tenant"] = tenant
-    if reason is not None:
-        stmt = stmt.where(ReviewItem.reason == bindparam("reason"))
-        params["reason"] = reason
-    if created_before is not None:
-        stmt = stmt.where(ReviewItem.created_at <= bindparam("created_before"))
-        params["created_before"] = created_before
-    return list(session.execute(stmt, params))
 
 
 def review_item(session: Session, item_id: int, *, fresh: bool = False) -> ReviewItem | None:

@@ -19,10 +19,10 @@ from outbox.downstream import (
     DownstreamRequest,
     Found,
     LookupMisuse,
+    LookupNotFound,
     LookupOutcome,
     Misuse,
     NotExecuted,
-    NotFound,
     NotSent,
     Refused,
     SendPhase,
@@ -106,7 +106,7 @@ def test_reset_before_is_unknown_with_zero_effects_and_lookup_not_found(
     assert isinstance(outcome, Unknown)
     assert sim_control.effects("acme", KEY) == 0
     assert sim_control.requests("acme", KEY) == 1
-    assert lookup(sim_gateway) == NotFound()
+    assert lookup(sim_gateway) == LookupNotFound()
     assert isinstance(submit(sim_gateway), Accepted)
     assert sim_control.effects("acme", KEY) == 1
 
@@ -162,7 +162,7 @@ def test_429_is_not_executed_with_retry_after_and_zero_effects(
     else:
         assert 100 < outcome.retry_after <= 120
     assert sim_control.effects("acme", KEY) == 0
-    assert lookup(sim_gateway) == NotFound()
+    assert lookup(sim_gateway) == LookupNotFound()
 
 
 def test_business_reject_is_refused_and_lookup_finds_the_refusal(
@@ -282,7 +282,7 @@ def test_keys_past_retention_execute_again_which_is_why_nothing_resends_then(
     sim_control.set_switches(key_retention_seconds=3600, deadline_fence=False)
     assert isinstance(submit(sim_gateway), Accepted)
     sim_control.advance_clock(3601)
-    assert lookup(sim_gateway) == NotFound()
+    assert lookup(sim_gateway) == LookupNotFound()
     assert isinstance(submit(sim_gateway), Accepted)
     assert sim_control.effects("acme", KEY) == 2
 

@@ -69,7 +69,7 @@ def test_rejected_on_a_not_found_waits_out_a_step_of_the_database_clock(rig: Rig
 
 
 def test_list_and_show_give_the_evidence(rig: Rig) -> None:
-    _op, item = in_review(rig)
+    op, item = in_review(rig)
     q = queue(rig)
     (row,) = q.list(VIEWER)
     assert (row["id"], row["reason"], row["op_id"], row["state"]) == (
@@ -83,6 +83,8 @@ def test_list_and_show_give_the_evidence(rig: Rig) -> None:
     assert q.list(VIEWER, older_than=timedelta(hours=1)) == []
     shown = q.show(VIEWER, item)
     assert [a["proof"] for a in shown["attempts"]] == ["unknown"]
+    (review,) = rig.reviews(op)  # staff read the attempts as the reconciler recorded them
+    assert shown["attempts"] == review.evidence["attempts"]
     assert shown["operation"]["lookups"] == 1
     assert [e["to"] for e in shown["events"]] == ["planned", "submitted", "unknown", "unknown"]
 

@@ -14,9 +14,8 @@ from outbox.errors import InvalidInput, NotFound, StaleLease
 from outbox.models import Operation, OperationEvent, Run
 from outbox.report_lines import Group
 from outbox.states import State
-from outbox.storage.attempts import start_attempt
 from tests.support.contend import contender, pausing
-from tests.support.rig import GOOD, Rig
+from tests.support.rig import GOOD, Rig, start_attempt
 
 
 def refund(amount: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from outbox import runs, wire
-from outbox.downstream import Accepted, DownstreamRequest, Gateway, NotFound, Receipt
+from outbox.downstream import Accepted, DownstreamRequest, Gateway, LookupNotFound, Receipt
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.report import render_line
 from outbox.report_lines import Group, Line
@@ -222,7 +222,7 @@ def test_a_not_found_is_dated_when_it_was_asked_not_when_the_answer_came(rig: Ri
     assert rig.effects(op) == 1
 
     def answered_late(found: Any) -> None:
-        assert isinstance(found, NotFound)
+        assert isinstance(found, LookupNotFound)
         # While the answer travelled back: the effect became visible, and the database's
         # clock passed the attempt's quiet point.
         rig.control.set_switches(lookup_visibility_delay=0)

@@ -43,9 +43,9 @@ from outbox.clock import DbClock, Deadline
 from outbox.downstream import (
     Accepted,
     Found,
+    LookupNotFound,
     LookupOutcome,
     NotExecuted,
-    NotFound,
     NotSent,
     Receipt,
     Refused,
@@ -439,7 +439,7 @@ class ProtocolModel:
         if code is None:
             return None
         if code == "not_found":
-            return NotFound()
+            return LookupNotFound()
         status = code.split(":")[1]
         receipt = Receipt(_reference(i), status, {})
         if status == "succeeded":

@@ -14,12 +14,14 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.downstream import DownstreamRequest, Gateway, Receipt
+from outbox.errors import StaleLease
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Attempt, Operation, ReviewItem
 from outbox.storage import Storage, storage_for
-from outbox.storage.attempts import start_attempt
+from outbox.storage.attempts import start_attempts
 from outbox.storage.claims import Claimed, claim_for_send
+from outbox.storage.connection import Bind
 from reconciler.reconcile import Reconciler
 from settled.simulator import SimulatorControl, SimulatorHandle
 from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
@@ -35,6 +37,14 @@ RIG_CLIENT_TIMEOUT = 2.0
 HOLD = 8.0
 
 GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+
+
+def start_attempt(storage: Storage, bind: Bind, claimed: Claimed, *, worker: str) -> Claimed:
+    """``start_attempts`` for one operation; StaleLease when its fence no longer holds."""
+    started = start_attempts(storage, bind, [claimed], worker=worker)
+    if not started:
+        raise StaleLease(operation_id=claimed.id, lease_version=claimed.lease_version)
+    return started[0]
 
 
 @dataclass

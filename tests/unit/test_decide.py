@@ -7,7 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outbox.downstream import Found, LookupMisuse, LookupOutcome, NotFound, Receipt, Unavailable
+from outbox.downstream import (
+    Found,
+    LookupMisuse,
+    LookupNotFound,
+    LookupOutcome,
+    Receipt,
+    Unavailable,
+)
 from outbox.errors import ReviewConflict
 from outbox.kinds import DownstreamContract
 from outbox.states import Event, RejectReason, State
@@ -20,7 +27,7 @@ REFUSED = Found(Receipt("re_2", "rejected", {}), RejectReason.BUSINESS_REJECTED,
 LOOKUPS: dict[str, LookupOutcome | None] = {
     "found_ok": OK,
     "found_refused": REFUSED,
-    "not_found": NotFound(),
+    "not_found": LookupNotFound(),
     "unavailable": Unavailable("503"),
     "mismatch": LookupMisuse("receipt_mismatch", "amount differs"),
     "no_lookup_api": None,
@@ -134,7 +141,7 @@ def test_nothing_but_a_receipt_ever_settles_as_rejected_or_succeeded() -> None:
 
 def test_review_is_opened_once() -> None:
     s = situation(State.UNKNOWN, "not_idempotent", "quiet", in_review=True)
-    d = decide(s, NotFound())
+    d = decide(s, LookupNotFound())
     assert (d.code, d.review, d.event) == ("in_review", None, None)
 
 
@@ -164,11 +171,11 @@ def test_an_abandoned_attempt_is_quiet_only_after_its_lease_ends() -> None:
     just before the lease ended: "not found" proves nothing until the processing time passed."""
     s = quiet_case(sends=((NOW - timedelta(seconds=60), NOW - timedelta(seconds=1)),))
     assert s.quiet_at == NOW + timedelta(seconds=1)
-    assert decide(s, NotFound()).code == "wait_quiescence"
+    assert decide(s, LookupNotFound()).code == "wait_quiescence"
     later = quiet_case(
         sends=((NOW - timedelta(seconds=60), NOW - timedelta(seconds=3)),),
     )
-    assert decide(later, NotFound()).code == "requeued"
+    assert decide(later, LookupNotFound()).code == "requeued"
 
 
 def test_every_attempt_counts_not_only_the_newest() -> None:
@@ -179,7 +186,7 @@ def test_every_attempt_counts_not_only_the_newest() -> None:
         ),
     )
     assert s.quiet_at == NOW + timedelta(seconds=7)
-    assert decide(s, NotFound()).code == "wait_quiescence"
+    assert decide(s, LookupNotFound()).code == "wait_quiescence"
 
 
 def test_an_attempt_without_bounds_counts_from_its_start_plus_the_client_timeout() -> None:
@@ -190,9 +197,9 @@ def test_an_attempt_without_bounds_counts_from_its_start_plus_the_client_timeout
 def test_a_not_found_asked_before_quiescence_proves_nothing_even_if_answered_after() -> None:
     sends = ((NOW - timedelta(seconds=5), NOW - timedelta(seconds=3)),)  # quiet at NOW - 1 s
     asked_early = quiet_case(sends=sends, asked_at=NOW - timedelta(seconds=1.5))
-    assert decide(asked_early, NotFound()).code == "wait_quiescence"
+    assert decide(asked_early, LookupNotFound()).code == "wait_quiescence"
     asked_late = quiet_case(sends=sends, asked_at=NOW - timedelta(seconds=0.5))
-    assert decide(asked_late, NotFound()).code == "requeued"
+    assert decide(asked_late, LookupNotFound()).code == "requeued"
 
 
 def test_not_found_inside_the_retention_margin_goes_to_review() -> None:
@@ -206,7 +213,7 @@ def test_not_found_inside_the_retention_margin_goes_to_review() -> None:
         first_sent_at=NOW - timedelta(seconds=4.2),
         sends=((NOW - timedelta(seconds=4.2), NOW - timedelta(seconds=3)),),
     )
-    d = decide(s, NotFound())
+    d = decide(s, LookupNotFound())
     assert (d.code, d.review) == ("to_review", "past_key_retention")
 
 
@@ -242,7 +249,7 @@ def test_a_not_found_is_not_trusted_until_sends_in_flight_at_a_clock_step_are_ov
             "asked_at": None if asked is None else NOW + timedelta(seconds=asked),
         }
     )
-    d = decide(s, NotFound())
+    d = decide(s, LookupNotFound())
     assert d.code == code
     if code == "wait_clock_step":
         assert not_found_doubt(s) == "clock_step"
@@ -257,9 +264,9 @@ def test_a_receipt_found_settles_despite_a_clock_step() -> None:
 
 def test_staff_cannot_resolve_rejected_on_a_not_found_inside_a_clock_step() -> None:
     with pytest.raises(ReviewConflict) as refused:
-        weigh(NotFound(), State.REJECTED, None, doubt="clock_step")
+        weigh(LookupNotFound(), State.REJECTED, None, doubt="clock_step")
     assert (refused.value.code, refused.value.data["why"]) == ("not_found_unproven", "clock_step")
-    overridden = weigh(NotFound(), State.REJECTED, None, doubt="clock_step", override=True)
+    overridden = weigh(LookupNotFound(), State.REJECTED, None, doubt="clock_step", override=True)
     assert overridden.unproven == "clock_step"
 
 
@@ -304,9 +311,9 @@ def test_a_not_found_is_trusted_exactly_from_the_contracts_quiet_time(
     quiet = START + timedelta(seconds=quiet_after)
     assert fence_case(contract, quiet).quiet_at == quiet
     just_before = fence_case(contract, quiet - timedelta(microseconds=1))
-    assert decide(just_before, NotFound()).code == "wait_quiescence"
-    assert decide(just_before, NotFound()).next_attempt_at == quiet
-    at = decide(fence_case(contract, quiet), NotFound())
+    assert decide(just_before, LookupNotFound()).code == "wait_quiescence"
+    assert decide(just_before, LookupNotFound()).next_attempt_at == quiet
+    at = decide(fence_case(contract, quiet), LookupNotFound())
     assert (at.code, at.event, at.to) == ("requeued", Event.REQUEUE, State.PLANNED)
 
 
@@ -314,12 +321,12 @@ def test_a_fenced_attempt_counts_from_its_lease_end_not_from_an_earlier_outcome(
     """The client got an answer (a reset) after 1 s, but a proxy may still hold its request:
     the fence stops it only at the deadline, i.e. the lease end."""
     early = fence_case(FENCED, START + timedelta(seconds=1 + 2))
-    assert decide(early, NotFound()).code == "wait_quiescence"
+    assert decide(early, LookupNotFound()).code == "wait_quiescence"
 
 
 def test_an_unfenced_attempt_waits_the_delay_bound_even_after_its_lease_ended() -> None:
     s = fence_case(UNFENCED, START + timedelta(seconds=15 + 2))  # fenced, it would be quiet
-    assert decide(s, NotFound()).code == "wait_quiescence"
+    assert decide(s, LookupNotFound()).code == "wait_quiescence"
 
 
 def test_a_fenced_attempt_without_a_recorded_lease_counts_from_its_outcome() -> None:
@@ -338,7 +345,7 @@ def test_a_fenced_attempt_without_a_recorded_lease_counts_from_its_outcome() -> 
 def test_a_requeue_records_which_assumption_its_not_found_rests_on(
     contract: DownstreamContract, assumption: dict[str, object]
 ) -> None:
-    d = decide(fence_case(contract, NOW), NotFound())
+    d = decide(fence_case(contract, NOW), LookupNotFound())
     assert d.code == "requeued"
     assert {k: d.evidence[k] for k in assumption} == assumption
     assert ("max_request_delay_seconds" in d.evidence) is (not contract.enforces_deadline)

@@ -101,3 +101,11 @@ def test_importing_the_package_loads_no_sqlalchemy_until_a_name_needs_it() -> No
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == ["False", "False", "True"]
+
+
+def test_the_lookup_answer_keeps_its_0_1_name_for_adapters_written_for_it() -> None:
+    from outbox.downstream import LookupNotFound, NotFound, lookup_name
+
+    assert NotFound is LookupNotFound and lookup_name(NotFound()) == "not_found"
+    assert outbox.NotFound is not LookupNotFound  # the status API's error, unchanged
+    assert issubclass(outbox.NotFound, outbox.SettledError)

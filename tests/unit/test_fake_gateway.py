@@ -16,9 +16,9 @@ from outbox.downstream import (
     Found,
     Gateway,
     LookupMisuse,
+    LookupNotFound,
     Misuse,
     NotExecuted,
-    NotFound,
     NotSent,
     Receipt,
     Refused,
@@ -95,13 +95,13 @@ def test_an_unreachable_fake_sends_nothing_and_answers_no_lookup() -> None:
 def test_keys_are_per_tenant() -> None:
     fake = FakeGateway()
     submit(fake)
-    assert lookup(fake, tenant="other") == NotFound()
+    assert lookup(fake, tenant="other") == LookupNotFound()
     assert fake.effects("other", "k1") == 0
 
 
 def test_a_lookup_finds_what_a_key_did_and_nothing_else() -> None:
     fake = FakeGateway()
-    assert lookup(fake) == NotFound()
+    assert lookup(fake) == LookupNotFound()
     accepted = submit(fake)
     assert lookup(fake) == Found(accepted.receipt)
     assert fake.record("acme", "k1") == Found(accepted.receipt)
@@ -146,7 +146,7 @@ def test_a_refusal_not_executed_leaves_nothing_on_record() -> None:
     fake = FakeGateway()
     fake.script_submit(Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0), executed=False)
     submit(fake)
-    assert lookup(fake) == NotFound()
+    assert lookup(fake) == LookupNotFound()
 
 
 def test_an_unknown_answer_does_nothing_unless_executed() -> None:
@@ -155,7 +155,7 @@ def test_an_unknown_answer_does_nothing_unless_executed() -> None:
     fake.script_submit(Unknown("read timeout"), key="k2", executed=True)
     assert submit(fake, "k1") == Unknown("reset before processing")
     assert submit(fake, "k2") == Unknown("read timeout")
-    assert lookup(fake, "k1") == NotFound()
+    assert lookup(fake, "k1") == LookupNotFound()
     found = lookup(fake, "k2")
     assert isinstance(found, Found) and found.receipt.status == "succeeded"
     assert submit(fake, "k2") == Accepted(found.receipt)  # replayed as the stored success
@@ -185,7 +185,11 @@ def test_every_call_is_recorded_with_what_it_answered() -> None:
         "k1",
     )
     assert (dict(first.params), first.deadline, first.outcome) == (PARAMS, deadline, accepted)
-    assert (second.method, second.idempotency_key, second.outcome) == ("lookup", "k9", NotFound())
+    assert (second.method, second.idempotency_key, second.outcome) == (
+        "lookup",
+        "k9",
+        LookupNotFound(),
+    )
     assert fake.submits == [first] and fake.lookups == [second]
 
 
@@ -223,7 +227,7 @@ def test_a_call_past_its_deadline_leaves_the_scripts_for_the_next_call() -> None
     assert isinstance(lookup(fake, deadline=passed), Unavailable)
     assert submit(fake) == Unknown("cut")  # the call that was made gets the scripted answer
     assert lookup(fake) == Unavailable("down")
-    assert lookup(fake) == NotFound()
+    assert lookup(fake) == LookupNotFound()
 
 
 def test_a_scripted_answer_wins_over_a_replay_and_undoes_nothing() -> None:
@@ -259,7 +263,7 @@ def test_a_held_request_answers_unknown_and_does_nothing_until_it_lands() -> Non
     fake.hold_submits()
     assert isinstance(submit(fake, deadline=within(clock, 10)), Unknown)
     assert fake.effects_of("acme", "op-1") == 0
-    assert isinstance(lookup(fake), NotFound)
+    assert isinstance(lookup(fake), LookupNotFound)
     (request,) = fake.in_flight
     assert (request.op_id, request.idempotency_key, request.time_left) == ("op-1", "k1", 10)
     clock.t += 9
@@ -316,10 +320,10 @@ def test_a_lookup_sees_what_was_done_only_after_the_visibility_delay() -> None:
     clock = Clock()
     fake = FakeGateway(clock=clock, visibility_delay=2.0)
     first = submit(fake)
-    assert isinstance(lookup(fake), NotFound)
+    assert isinstance(lookup(fake), LookupNotFound)
     assert submit(fake) == first  # a replay of the key sees it at once
     clock.t += 1.9
-    assert isinstance(lookup(fake), NotFound)
+    assert isinstance(lookup(fake), LookupNotFound)
     clock.t += 0.1
     assert isinstance(lookup(fake), Found)
 

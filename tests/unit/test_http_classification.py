@@ -19,9 +19,9 @@ from outbox.downstream import (
     DownstreamRequest,
     Found,
     LookupMisuse,
+    LookupNotFound,
     Misuse,
     NotExecuted,
-    NotFound,
     NotSent,
     Proof,
     Refused,
@@ -483,7 +483,7 @@ def test_lookup_record_with_other_params_is_lookup_misuse() -> None:
 
 
 def test_lookup_404_key_not_found_is_not_found() -> None:
-    assert lookup(lambda r: error(404, "not_found", wire.KEY_NOT_FOUND)) == NotFound()
+    assert lookup(lambda r: error(404, "not_found", wire.KEY_NOT_FOUND)) == LookupNotFound()
 
 
 @pytest.mark.parametrize(

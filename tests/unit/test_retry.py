@@ -17,7 +17,6 @@ from outbox.retry import (
     Stop,
     next_retry,
     parse_retry_after,
-    remaining,
 )
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -228,8 +227,3 @@ def test_refused_connections_are_tried_by_time_until_the_outage_ends_or_the_dead
 )
 def test_retry_after_parsing(value: str | None, expected: float | None) -> None:
     assert parse_retry_after(value, NOW) == expected
-
-
-def test_remaining_is_never_negative() -> None:
-    assert remaining(NOW - timedelta(seconds=5), NOW) == 0.0
-    assert remaining(NOW + timedelta(seconds=5), NOW) == 5.0

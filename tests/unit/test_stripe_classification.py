@@ -19,9 +19,9 @@ from outbox.downstream import (
     DownstreamRequest,
     Found,
     LookupMisuse,
+    LookupNotFound,
     Misuse,
     NotExecuted,
-    NotFound,
     NotSent,
     Refused,
     Unavailable,
@@ -251,7 +251,7 @@ def test_a_refund_of_the_operation_with_another_key_is_not_taken_as_ours() -> No
 @pytest.mark.parametrize(
     ("listed", "outcome"),
     [
-        ({"object": "list", "has_more": False, "data": []}, NotFound),
+        ({"object": "list", "has_more": False, "data": []}, LookupNotFound),
         ({"object": "list", "has_more": True, "data": []}, Unavailable),
         ({"object": "list", "has_more": False, "data": [_refund(status="failed")]}, Found),
     ],
@@ -310,7 +310,7 @@ def test_an_operation_on_no_page_is_not_found_after_the_last_page() -> None:
     gateway = _gateway(paged)
     got = _lookup(gateway)
     gateway.close()
-    assert isinstance(got, NotFound)
+    assert isinstance(got, LookupNotFound)
     assert len(paged.requests) == 3
 
 

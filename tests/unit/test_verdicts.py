@@ -10,9 +10,9 @@ import pytest
 from outbox.downstream import (
     Accepted,
     Found,
+    LookupNotFound,
     Misuse,
     NotExecuted,
-    NotFound,
     NotSent,
     Receipt,
     Refused,
@@ -117,7 +117,7 @@ def test_recovery_settles_only_from_a_found_receipt() -> None:
         Found(Receipt("re_2", "rejected", {}), RejectReason.BUSINESS_REJECTED, "closed")
     )
     assert (refused.to, refused.reason) == (State.REJECTED, RejectReason.BUSINESS_REJECTED)
-    for lookup in (NotFound(), Unavailable("down"), None):
+    for lookup in (LookupNotFound(), Unavailable("down"), None):
         v = judge_recovery(lookup)
         assert (v.event, v.to) == (Event.ABANDON, State.UNKNOWN)
 
