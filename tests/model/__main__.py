@@ -27,6 +27,16 @@ CI: tuple[Config, ...] = (
     Config(name="no-lookup", queryable=False, lease=1, deadline=2),
     Config(name="short-retention", retention=4, lease=1, deadline=2),
     Config(name="refusals", refusals=True, lease=1, deadline=2),
+    # the database's clock set forward or back by a point (10 s), once, at any moment
+    Config(name="fenced-clock-step", clock_steps=(1, -1), lease=1, deadline=1, throttle=False),
+    Config(
+        name="delay-bound-clock-step",
+        enforces_deadline=False,
+        clock_steps=(1,),
+        lease=1,
+        deadline=1,
+        throttle=False,
+    ),
 )
 
 #: ``--long``: two operations (a cancel of their run, workers shared between them); longer
@@ -54,6 +64,8 @@ LONG: tuple[Config, ...] = (
     Config(name="long-delay-bound", enforces_deadline=False, delay=2, lease=3, deadline=4),
     Config(name="long-two-operations", ops=2, refusals=True),
     Config(name="long-two-operations-delay", ops=2, enforces_deadline=False),
+    Config(name="long-fenced-clock-step", clock_steps=(1, -1, 2), refusals=True),
+    Config(name="long-delay-bound-clock-step", enforces_deadline=False, clock_steps=(1, -1, 2)),
 )
 
 

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from outbox.change import Change
-from outbox.clock import DbClock, Deadline
+from outbox.clock import DbClock, Deadline, Reading, StepDetector
 from outbox.downstream import (
     Accepted,
     Found,
@@ -111,13 +111,32 @@ class Config:
     #: declared ``delay``)
     world_slew: float = MARGIN.total_seconds()
     world_delay: int | None = None
+    #: bounded steps of the database's clock: the sizes, in points (> 0 forward), it may be
+    #: set by, at most once in a run (empty: it only slews)
+    clock_steps: tuple[int, ...] = ()
+    #: ``SETTLED_CLOCK_STEP_DISTRUST_SECONDS`` in points (None: the lease, its default)
+    distrust: int | None = None
+    #: the clock watch sees a step at the first reading after it (False: no process does,
+    #: as when every process restarted after it, ``ASSUMPTIONS``)
+    step_seen: bool = True
+    #: the downstream's clock is set back with the database's (False: it follows a forward
+    #: step, as far behind as the margin allows, and is never set back; ``ASSUMPTIONS``)
+    downstream_steps_back: bool = False
+
+    @property
+    def step_bound(self) -> int:
+        """The largest step of the database's clock, in points."""
+        return max((abs(step) for step in self.clock_steps), default=0)
 
     @property
     def horizon(self) -> int:
         """The index of ``TOP``: after every request could have landed."""
         late = 0 if self.enforces_deadline else max(self.delay, self.world_delay or 0)
         slow = 1 if self.world_slew > MARGIN.total_seconds() else 0
-        return self.deadline + self.lease + late + self.visibility + slow + 1
+        # a sender measures its lease from a reading before a step: it may send up to a step
+        # later than its lease says (and a downstream set back may take a request that late)
+        stepped = self.step_bound * (2 if self.downstream_steps_back else 1)
+        return self.deadline + self.lease + late + self.visibility + slow + stepped + 1
 
     @property
     def contract(self) -> DownstreamContract:
@@ -171,6 +190,9 @@ class Worker:
     current: bool = False  # its claim still fences the row (no newer claim)
     attempt: int = -1
     outcome: str = ""  # accepted, refused, not_executed, unknown, not_sent
+    #: the database clock's offset (points) at its claim: its deadlines are measured on its
+    #: monotonic clock from that reading
+    off: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,6 +209,9 @@ class Request:
     op: int
     attempt: int
     fence: int  # its Settled-Deadline, in seconds from BASE
+    #: the latest its sender may be at it (its lease on its monotonic clock, or its outcome
+    #: written), in true points; for the delay bound (-1 where the fence bounds it)
+    until: int = -1
 
 
 @dataclass(frozen=True)
@@ -199,6 +224,12 @@ class World:
     #: per operation: its landings at the downstream, (point, "succeeded" | "rejected")
     ledger: tuple[tuple[tuple[int, str], ...], ...] = ()
     cancelled: bool = False
+    #: the database clock's offset from the processes' monotonic clocks, in points (set once
+    #: at most: a step); ``t`` is true time, the database's is ``t + off``
+    off: int = 0
+    #: until when a "not found" is not trusted after the step, as the clock watch recorded it
+    #: (``clock_steps``, ``outbox.clock.StepDetector``); None: no step seen
+    doubt_until: datetime | None = None
 
 
 # ---------------------------------------------------------------- the rules
@@ -232,10 +263,12 @@ class Rules:
         contract: DownstreamContract,
         facts: OperationFacts,
         clock: DbClock,
+        clock_doubt_until: datetime | None,
     ) -> str | None:
         """``resolve.doubt_of``, as ``ReviewQueue.resolve`` calls it."""
         return doubt_of(lookup, snapshot, contract, facts, clock,
-                        lookup_timeout=CLIENT_TIMEOUT.total_seconds())  # fmt: skip
+                        lookup_timeout=CLIENT_TIMEOUT.total_seconds(),
+                        clock_doubt_until=clock_doubt_until)  # fmt: skip
 
 
 class SendPastLease(Rules):
@@ -282,6 +315,28 @@ class StaffWithoutProof(Rules):
         return None
 
 
+class ClockStepIgnored(Rules):
+    """The reconciler trusts a "not found" as if no step of the database's clock was recorded."""
+
+    def situation(self, s: Situation) -> Situation:
+        return replace(s, clock_doubt_until=None)
+
+
+class StaffIgnoringClockStep(Rules):
+    """Staff are not refused after a step of the database's clock (``doubt_of`` told of none)."""
+
+    def staff_doubt(
+        self,
+        lookup: LookupOutcome | None,
+        snapshot: dict[str, Any],
+        contract: DownstreamContract,
+        facts: OperationFacts,
+        clock: DbClock,
+        clock_doubt_until: datetime | None,
+    ) -> str | None:
+        return super().staff_doubt(lookup, snapshot, contract, facts, clock, None)
+
+
 #: Each broken rule, and the configuration it must be caught in.
 VARIANTS: dict[str, tuple[Rules, Config]] = {
     "send_not_bounded_by_lease": (
@@ -310,6 +365,31 @@ VARIANTS: dict[str, tuple[Rules, Config]] = {
             enforces_deadline=False, delay=2, lease=1, staff=False, cancel=False, throttle=False
         ),
     ),
+    "not_found_trusted_after_a_clock_step": (
+        ClockStepIgnored(),
+        Config(
+            enforces_deadline=False,
+            clock_steps=(1,),
+            lease=1,
+            deadline=1,
+            staff=False,
+            cancel=False,
+            throttle=False,
+        ),
+    ),
+    "staff_not_refused_after_a_clock_step": (
+        StaffIgnoringClockStep(),
+        Config(
+            enforces_deadline=False,
+            idempotent=False,
+            clock_steps=(1,),
+            workers=1,
+            lease=1,
+            deadline=1,
+            cancel=False,
+            throttle=False,
+        ),
+    ),
 }
 
 
@@ -321,6 +401,12 @@ ASSUMPTIONS: dict[str, Config] = {
         enforces_deadline=False, world_delay=2, staff=False, cancel=False
     ),
     "visible_later_than_the_processing_time": Config(visibility=2, staff=False, cancel=False),
+    "clock_step_unseen": Config(
+        enforces_deadline=False, clock_steps=(1,), step_seen=False, staff=False, throttle=False
+    ),
+    "downstream_clock_set_back": Config(
+        clock_steps=(-1,), downstream_steps_back=True, staff=False, throttle=False
+    ),
 }
 
 
@@ -328,7 +414,7 @@ ASSUMPTIONS: dict[str, Config] = {
 
 
 def at(t: int, horizon: int) -> datetime:
-    """The database time of point ``t`` (``TOP`` and beyond: long after everything)."""
+    """The time of point ``t`` (``horizon`` and beyond: ``TOP``, long after everything)."""
     if t < horizon:
         return BASE + t * TICK
     return BASE + FAR + (t - horizon) * TICK
@@ -361,14 +447,32 @@ class ProtocolModel:
         self.name = c.name if c.variant is None else f"{c.name}[{c.variant}]"
         self.contract = c.contract
         self.H = c.horizon
-        self.deadline = at(c.deadline, self.H)
+        # The database's points run up to a step beyond the true ones before ``TOP``.
+        self.top = self.H + c.step_bound
+        self.deadline = at(c.deadline, self.top)
+        #: ``Settings.clock_step_window``: the distrust after a step, the lease by default
+        self.window = (c.lease if c.distrust is None else c.distrust) * TICK
 
     # -- helpers ----------------------------------------------------------------------
 
-    def at(self, t: int | None) -> datetime | None:
-        return None if t is None else at(t, self.H)
+    def at(self, p: int | None) -> datetime | None:
+        return None if p is None else at(p, self.top)
 
-    def when(self, t: int) -> datetime:
+    def when(self, p: int) -> datetime:
+        """The database time of database point ``p`` (every stored time is one)."""
+        return at(p, self.top)
+
+    def db(self, t: int, off: int) -> int:
+        """The database's point at true point ``t`` with the clock ``off`` (``TOP``: after
+        everything, whatever the offset)."""
+        return t + off if t < self.H else self.top + t - self.H
+
+    def now(self, w: World) -> int:
+        """The database's point now: what a reading of its clock returns."""
+        return self.db(w.t, w.off)
+
+    def true_at(self, t: int) -> datetime:
+        """True point ``t`` as a time: the downstream's keys and visibility run on it."""
         return at(t, self.H)
 
     def lbl(self, when: datetime | None) -> str:
@@ -407,25 +511,33 @@ class ProtocolModel:
         workers.append(new)
         return tuple(workers)
 
-    def _last_landing(self, a: Attempt, r: Request) -> datetime:
-        """The latest a request may land: its fence by the downstream's clock, or the end its
-        sender knew plus the delay bound."""
+    def _reaches(self, r: Request, t: int, off: int) -> bool:
+        """Whether request ``r`` may land at true point ``t`` (past ``TOP`` too: the row of
+        points continued) with the database's clock ``off``: not after its fence by the
+        downstream's clock (the database's less the slew the world allows; stepped with it
+        forward, and back only where ``downstream_steps_back``), or not after the end its
+        sender knew plus the delay bound (true time: the bound is a duration)."""
         c = self.config
         if self.contract.enforces_deadline:
-            fence = datetime.fromtimestamp(0, UTC) + timedelta(seconds=r.fence)
-            return fence + timedelta(seconds=c.world_slew)
-        end = a.lease_end if a.finished is None else min(a.lease_end, a.finished)
+            follows = off if off > 0 or c.downstream_steps_back else 0
+            downstream = BASE + (t + follows) * TICK - timedelta(seconds=c.world_slew)
+            return downstream <= datetime.fromtimestamp(0, UTC) + timedelta(seconds=r.fence)
         delay = c.delay if c.world_delay is None else c.world_delay
-        return self.when(end) + delay * TICK
+        return t <= r.until + delay
 
     def _can_land(self, w: World, r: Request, t: int) -> bool:
-        a = w.ops[r.op].attempts[r.attempt]
-        return t < self.H and self.when(t) <= self._last_landing(a, r)
+        return t < self.H and self._reaches(r, t, w.off)
+
+    def _may_land(self, w: World, r: Request, t: int) -> bool:
+        """Whether ``r`` may land at ``t`` or later: now, or after a step still to come."""
+        offsets = (w.off,) if w.off else (0, *self.config.clock_steps)
+        return t < self.H and any(self._reaches(r, t, off) for off in offsets)
 
     def _known(self, w: World, i: int, t: int) -> tuple[int, str] | None:
-        """The downstream's record of operation ``i``'s key, if it still remembers it."""
+        """The downstream's record of operation ``i``'s key, if it still remembers it (its
+        retention is elapsed time: true points)."""
         for landed, status in w.ledger[i]:
-            if self.when(t) < self.when(landed) + self.contract.key_retention:
+            if self.true_at(t) < self.true_at(landed) + self.contract.key_retention:
                 return landed, status
         return None
 
@@ -479,7 +591,8 @@ class ProtocolModel:
         return out
 
     def situation(self, w: World, i: int, state: State, asked: int, t: int) -> Situation:
-        """What the reconciler passes (``Reconciler._reconcile``)."""
+        """What the reconciler passes (``Reconciler._reconcile``): ``asked`` and ``t`` are
+        database points, and the clock watch's doubt is the recorded step's."""
         op = w.ops[i]
         attempts = op.attempts
         sends = tuple(
@@ -504,6 +617,7 @@ class ProtocolModel:
             asked_at=self.when(asked),
             sends=sends,
             lease_ends=tuple(self.when(a.lease_end) for a in attempts),
+            clock_doubt_until=w.doubt_until,
         )
 
     # -- the steps ----------------------------------------------------------------------
@@ -524,6 +638,7 @@ class ProtocolModel:
 
     def _steps(self, w: World) -> Iterator[tuple[Step, World]]:
         yield from self._clock(w)
+        yield from self._db_clock(w)
         for k in sorted(set(w.workers)):
             yield from self._worker(w, k)
         yield from self._network(w)
@@ -537,20 +652,20 @@ class ProtocolModel:
     def _clock(self, w: World) -> Iterator[tuple[Step, World]]:
         if w.t < self.H:
             t = w.t + 1
-            network = tuple(r for r in w.network if self._can_land(w, r, t))
+            network = tuple(r for r in w.network if self._may_land(w, r, t))
             if t == self.H:
-                assert not any(
-                    self._last_landing(w.ops[r.op].attempts[r.attempt], r) >= self.when(t)
-                    for r in w.network
-                ), "the horizon is too short: a request could still land at TOP"
+                offsets = (w.off,) if w.off else (0, *self.config.clock_steps)
+                assert not any(self._reaches(r, t, off) for r in w.network for off in offsets), (
+                    "the horizon is too short: a request could still land at TOP"
+                )
             lost = len(w.network) - len(network)
             detail = (("requests that can no longer land", lost),) if lost else ()
             name = "TOP" if t == self.H else f"t{t}"
             yield Step("clock", f"to {name}", detail), replace(w, t=t, network=network)
-        elif any(op.lease_end is not None and op.lease_end >= w.t for op in w.ops):
+        elif any(op.lease_end is not None and op.lease_end >= self.now(w) for op in w.ops):
             ops = tuple(
-                replace(op, lease_end=w.t - 1)
-                if op.lease_end is not None and op.lease_end >= w.t
+                replace(op, lease_end=self.now(w) - 1)
+                if op.lease_end is not None and op.lease_end >= self.now(w)
                 else op
                 for op in w.ops
             )
@@ -559,11 +674,43 @@ class ProtocolModel:
                 replace(w, ops=ops),
             )
 
-    def _lease_free(self, op: Op, t: int) -> bool:
-        return op.lease_end is None or op.lease_end < t
+    def _db_clock(self, w: World) -> Iterator[tuple[Step, World]]:
+        """The database's clock is set (stepped) by one of ``clock_steps``, once at most. The
+        processes read it all the time (a claim, a pass, a staff lookup): the first reading
+        after the step goes to the real ``StepDetector`` against the one before it, and the
+        step it shows is recorded (``ClockWatch.record``). Seen at once is the worst case: a
+        later sighting only ends the distrust later."""
+        c = self.config
+        if w.off or w.t >= self.H:
+            return
+        mono = (w.t * TICK).total_seconds()
+        for step in c.clock_steps:
+            detector = StepDetector(
+                margin=MARGIN.total_seconds(), window=self.window.total_seconds()
+            )
+            detector.observe(Reading(self.when(self.now(w)), mono))
+            seen = detector.observe(Reading(self.when(self.db(w.t, step)), mono))
+            doubt = seen.distrust_until if seen is not None and c.step_seen else None
+            how = "forward" if step > 0 else "back"
+            watch = "unseen" if doubt is None else f"seen, distrust until {self.lbl(doubt)}"
+            detail = (("database", f"t{self.db(w.t, step)}"), ("clock watch", watch))
+            yield (
+                Step("db clock", f"set {how} {abs(step) * TICK.total_seconds():g} s", detail),
+                self._stepped(w, step, doubt),
+            )
+
+    def _stepped(self, w: World, step: int, doubt: datetime | None) -> World:
+        """``w`` after the step: a request the downstream's clock now puts past its fence can
+        no longer land."""
+        out = replace(w, off=step, doubt_until=doubt)
+        return replace(out, network=tuple(r for r in w.network if self._may_land(out, r, w.t)))
+
+    def _lease_free(self, op: Op, p: int) -> bool:
+        """Whether ``op``'s lease is over at database point ``p``."""
+        return op.lease_end is None or op.lease_end < p
 
     def _worker(self, w: World, k: Worker) -> Iterator[tuple[Step, World]]:
-        c, t = self.config, w.t
+        c = self.config
         if k.phase != "idle" and c.crashes:
             yield (
                 Step("worker", f"crashes ({k.phase}, op{k.op})"),
@@ -571,13 +718,13 @@ class ProtocolModel:
             )
         if k.phase == "idle":
             for i, op in enumerate(w.ops):
-                if not self._lease_free(op, t):
+                if not self._lease_free(op, self.now(w)):
                     continue
                 if op.state is State.PLANNED:
                     yield self._claim(w, k, i)
                 elif op.state is State.SUBMITTED:
                     fenced = self._fence(w, i)
-                    ops = self._op(fenced, i, replace(op, lease_end=t + c.lease))
+                    ops = self._op(fenced, i, replace(op, lease_end=self.now(w) + c.lease))
                     new = Worker("recover", i, True)
                     workers = self._replace_worker(fenced, k, new)
                     yield (
@@ -598,7 +745,7 @@ class ProtocolModel:
             yield self._recover(w, k)
 
     def _claim(self, w: World, k: Worker, i: int) -> tuple[Step, World]:
-        c, t, op = self.config, w.t, w.ops[i]
+        c, t, op = self.config, self.now(w), w.ops[i]  # the claim reads the database's clock
         stop = check_before_send(
             now=self.when(t),
             deadline=self.deadline,
@@ -629,7 +776,7 @@ class ProtocolModel:
             first_sent=op.first_sent if op.first_sent is not None else t,
             attempts=(*op.attempts, attempt),
         )
-        new = Worker("claimed", i, True, len(op.attempts))
+        new = Worker("claimed", i, True, len(op.attempts), off=w.off)
         step = Step(
             "worker",
             f"claims op{i}, checks pass, attempt {len(op.attempts) + 1} started",
@@ -642,8 +789,13 @@ class ProtocolModel:
     def _send(self, w: World, k: Worker) -> tuple[Step, World]:
         op = w.ops[k.op]
         a = op.attempts[k.attempt]
+        # measured on its monotonic clock from its claim's reading (whatever the database's
+        # clock did since)
         bound = self.rules.send_deadline(
-            self.when(a.start), self.when(a.lease_end), self.deadline, self.when(w.t)
+            self.when(a.start),
+            self.when(a.lease_end),
+            self.deadline,
+            self.when(self.db(w.t, k.off)),
         )
         deadline = bound.at
         detail = (("send deadline", self.lbl(deadline)),)
@@ -652,7 +804,8 @@ class ProtocolModel:
             step = Step("worker", f"op{k.op}: not sent, the lease ended first", detail)
             return step, self._with(w, workers=self._replace_worker(w, k, new))
         fence = int((deadline - datetime.fromtimestamp(0, UTC)).total_seconds())
-        request = Request(k.op, k.attempt, fence)
+        until = -1 if self.contract.enforces_deadline else a.lease_end - k.off
+        request = Request(k.op, k.attempt, fence, until)
         new = replace(k, phase="sent")
         step = Step("worker", f"op{k.op}: the request leaves", detail)
         return step, self._with(
@@ -660,7 +813,7 @@ class ProtocolModel:
         )
 
     def _record(self, w: World, k: Worker) -> tuple[Step, World]:
-        c, t = self.config, w.t
+        c, t = self.config, self.now(w)  # ``finished_at``: the database's time
         op = w.ops[k.op]
         idle = self._replace_worker(w, k, Worker())
         if not k.current or op.state is not State.SUBMITTED:
@@ -671,7 +824,7 @@ class ProtocolModel:
             outcome,
             budget=Budget(op.tries, op.reached, c.max_attempts, self.deadline),
             contract=self.contract,
-            now=self.when(t),
+            now=self.when(self.db(w.t, k.off)),  # ``Sent.at``: the worker's clock
             rand=lambda: 0.5,
         )
         attempts = list(op.attempts)
@@ -683,7 +836,14 @@ class ProtocolModel:
             (("tries", op.tries), ("reached", op.reached), ("event", change.event),
              ("to", change.to), ("stop", change.stop), ("review", change.review)),
         )  # fmt: skip
-        fenced = self._fence(replace(w, workers=idle), k.op)
+        # its sender is done: a request of this attempt lands by the delay bound from now
+        network = tuple(
+            replace(r, until=min(r.until, w.t))
+            if (r.op, r.attempt) == (k.op, k.attempt) and r.until >= 0
+            else r
+            for r in w.network
+        )
+        fenced = self._fence(replace(w, workers=idle, network=network), k.op)
         return step, self._with(fenced, ops=self._op(fenced, k.op, done))
 
     def _recover(self, w: World, k: Worker) -> tuple[Step, World]:
@@ -745,14 +905,18 @@ class ProtocolModel:
         if rec.phase != "idle" and c.crashes:
             yield Step("reconciler", f"crashes ({rec.phase}, op{rec.op})"), replace(w, rec=Rec())
         if rec.phase == "idle":
+            now = self.now(w)  # the claim's reading: the lookup is dated by it
             for i, op in enumerate(w.ops):
-                if not self._lease_free(op, t) or op.state not in (State.UNKNOWN, State.SUBMITTED):
+                if not self._lease_free(op, now) or op.state not in (
+                    State.UNKNOWN,
+                    State.SUBMITTED,
+                ):
                     continue
                 fenced = self._fence(w, i)
-                ops = self._op(fenced, i, replace(op, lease_end=t + c.lease))
+                ops = self._op(fenced, i, replace(op, lease_end=now + c.lease))
                 queryable = self.contract.queryable
-                new = Rec("claimed" if queryable else "looked", i, True, t)
-                step = Step("reconciler", f"claims op{i} ({op.state}), asks at t{t}")
+                new = Rec("claimed" if queryable else "looked", i, True, now)
+                step = Step("reconciler", f"claims op{i} ({op.state}), asks at t{now}")
                 yield step, replace(fenced, ops=ops, rec=new)
         elif rec.phase == "claimed":
             code = self.lookup(w, rec.op, t)
@@ -762,7 +926,7 @@ class ProtocolModel:
             yield self._decide(w, rec)
 
     def _decide(self, w: World, rec: Rec) -> tuple[Step, World]:
-        t, i = w.t, rec.op
+        t, i = self.now(w), rec.op
         op = w.ops[i]
         idle = replace(w, rec=Rec())
         if not rec.current:
@@ -773,6 +937,7 @@ class ProtocolModel:
             "reconciler",
             f"op{i}: decide(lookup={lookup_name(self._found(i, rec.lookup))})",
             (("asked", f"t{rec.asked}"), ("now", f"t{t}"), ("quiet_at", self.lbl(s.quiet_at)),
+             *((("clock_trusted_at", self.lbl(s.clock_trusted_at)),) if w.doubt_until else ()),
              ("code", change.code), ("to", change.to), ("review", change.review)),
         )  # fmt: skip
         fenced = self._fence(idle, i)
@@ -787,9 +952,12 @@ class ProtocolModel:
                 continue
             code = self.lookup(w, i, t) if self.contract.queryable else None
             lookup = self._found(i, code)
-            clock = DbClock(self.when(t), 0.0, lambda: 0.0)  # asked and answered at ``t``
+            # asked and answered at ``t``, the database's clock read just before
+            clock = DbClock(self.when(self.now(w)), 0.0, lambda: 0.0)
             snapshot, facts = self._snapshot(w, i), self._facts(w, i)
-            doubt = self.rules.staff_doubt(lookup, snapshot, self.contract, facts, clock)
+            doubt = self.rules.staff_doubt(
+                lookup, snapshot, self.contract, facts, clock, w.doubt_until
+            )
             for to in (State.SUCCEEDED, State.REJECTED):
                 for override in (False, True):
                     reference = _reference(i) if to is State.SUCCEEDED else None
@@ -819,8 +987,8 @@ class ProtocolModel:
                     step = Step(
                         "staff",
                         f"resolves op{i} as {to}{how}",
-                        (("lookup", lookup_name(lookup)), ("doubt", doubt),
-                         ("unproven", record.evidence.get("unproven"))),
+                        (("lookup", lookup_name(lookup)), ("now", f"t{self.now(w)}"),
+                         ("doubt", doubt), ("unproven", record.evidence.get("unproven"))),
                     )  # fmt: skip
                     fenced = self._fence(w, i)
                     yield step, replace(fenced, ops=self._op(fenced, i, resolved))
@@ -830,7 +998,7 @@ class ProtocolModel:
 
     def _facts(self, w: World, i: int) -> OperationFacts:
         """``storage.attempts.operation_facts`` of operation ``i``."""
-        s = self.situation(w, i, State.UNKNOWN, w.t, w.t)
+        s = self.situation(w, i, State.UNKNOWN, self.now(w), self.now(w))
         return OperationFacts(None, 0, s.last_sent_at, True, s.sends, s.lease_ends)
 
     def _cancel(self, w: World) -> Iterator[tuple[Step, World]]:
@@ -915,6 +1083,10 @@ class ProtocolModel:
 
     def describe(self, w: World) -> str:
         point = "TOP" if w.t >= self.H else f"t{w.t}"
+        if w.off and w.t < self.H:  # stored times are the database's
+            point += f", the database's clock t{self.now(w)}"
+        if w.doubt_until is not None:
+            point += f", clock step recorded: distrust until {self.lbl(w.doubt_until)}"
         lines = [f"time {point}" + ("; run cancelled" if w.cancelled else "")]
         for i, op in enumerate(w.ops):
             attempts = ", ".join(

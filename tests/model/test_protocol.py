@@ -12,6 +12,7 @@ from tests.model.__main__ import CI, run_assumptions, run_variants
 from tests.model.engine import explore
 from tests.model.protocol import (
     ASSUMPTIONS,
+    TICK,
     VARIANTS,
     Attempt,
     Config,
@@ -19,6 +20,7 @@ from tests.model.protocol import (
     ProtocolModel,
     Rec,
     Request,
+    Worker,
     World,
 )
 
@@ -30,6 +32,9 @@ SMALL = {
     "no-lookup": Config(name="no-lookup", queryable=False, lease=1, deadline=2),
     "short-retention": Config(name="short-retention", retention=4, lease=1, deadline=2),
     "refusals": Config(name="refusals", refusals=True, lease=1, deadline=2, cancel=False),
+    "fenced-clock-step": Config(
+        name="fenced-clock-step", clock_steps=(1, -1), lease=1, deadline=1, throttle=False
+    ),
 }
 
 
@@ -118,3 +123,33 @@ def test_the_command_fails_on_a_variant_it_does_not_catch(
     assert runner.main([]) == 1
     out = capsys.readouterr().out
     assert "variant not_broken NOT CAUGHT" in out and "model: FAILED" in out
+
+
+def test_a_step_of_the_database_clock_is_seen_by_the_real_detector_and_recorded() -> None:
+    m = ProtocolModel(Config(clock_steps=(1, -1)))
+    w = next(iter(m.initial()))
+    stepped = {nxt.off: nxt for step, nxt in m._db_clock(w)}
+    assert sorted(stepped) == [-1, 1]
+    # seen at the reading after the step: distrust for the window (the lease, two points)
+    assert stepped[1].doubt_until == m.when(1) + 2 * TICK
+    assert stepped[-1].doubt_until == m.when(-1) + 2 * TICK
+    assert not list(m._db_clock(stepped[1]))  # once at most
+    unseen = ProtocolModel(Config(clock_steps=(1,), step_seen=False))
+    assert [nxt.doubt_until for _, nxt in unseen._db_clock(w)] == [None]
+
+
+def test_after_a_forward_step_a_sender_measures_its_lease_from_its_claim() -> None:
+    m = ProtocolModel(Config(clock_steps=(1,), enforces_deadline=False))
+    op = Op(State.SUBMITTED, lease_end=2, tries=1, first_sent=0, attempts=(Attempt(0, 2),))
+    claimed = Worker("claimed", 0, True, 0, off=0)
+    # true t1, the database's clock set forward to t2: the lease looks over in database time
+    w = World(t=1, ops=(op,), workers=(claimed,), rec=Rec(), ledger=((),), off=1)
+    assert m._lease_free(op, m.now(w)) is False and m._lease_free(op, m.now(w) + 1)
+    step, sent = m._send(w, claimed)
+    assert "the request leaves" in step.action  # its monotonic clock says t1: time left
+    (request,) = sent.network
+    assert request.until == 2  # its lease, in true time: it may land by t3 (delay bound)
+    assert m._can_land(sent, request, 3) and not m._can_land(sent, request, 4)
+    # the reconciler reads t4 at true t3: quiet by the attempt's times, not by the clock watch
+    s = m.situation(replace(sent, doubt_until=m.when(2) + 2 * TICK), 0, State.UNKNOWN, 4, 4)
+    assert s.quiet_at == m.when(4) and s.clock_trusted_at == m.when(6)
