@@ -112,7 +112,7 @@ class DownstreamContract:
     #: downstream's clock and for a lookup outage that ends near the edge
     retention_margin: timedelta = timedelta(hours=1)
     #: the downstream refuses, before any effect, a request that arrives after its
-    #: ``Settled-Deadline`` (``408 deadline_exceeded``, README "Wire protocol"): a fence at the
+    #: ``Settled-Deadline`` (``408 deadline_exceeded``, docs/wire-protocol.md): a fence at the
     #: resource, so no request can land after its attempt's lease
     enforces_deadline: bool = False
     #: without that fence, the longest a request may take to land after its attempt ended:

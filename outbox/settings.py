@@ -135,7 +135,7 @@ class Settings(BaseSettings):
     #: Due operations a worker claims beside the hinted ones, sent concurrently (only when
     #: its hint found work: a hint whose operations were taken claims nothing more). With one
     #: operation per hint, a backlog is then worked in batches, and most hints cost a single
-    #: statement (README, "Performance").
+    #: statement (docs/performance.md).
     claim_batch: int = Field(default=8, ge=0)
     #: Operation ids per hint message (the sweeper's; the app passes its own to the relay).
     hint_batch: int = Field(default=20, ge=1, le=500)

@@ -1,4 +1,4 @@
-"""The wire protocol shared by the HTTP gateway and the simulator (README, "Wire protocol")."""
+"""The wire protocol shared by the HTTP gateway and the simulator (docs/wire-protocol.md)."""
 
 from __future__ import annotations
 

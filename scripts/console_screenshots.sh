@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's console screenshots: run the console's browser test (which photographs each main
+# The console screenshots of docs/support.md: run the console's browser test (which photographs each main
 # page into test-artifacts/console/), then copy them into docs/console/. Needs /usr/bin/chromium
 # and the test database (as the test suite); installs into ./.venv first, as scripts/test.sh.
 set -euo pipefail

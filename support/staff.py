@@ -19,8 +19,8 @@ from outbox.errors import Forbidden, InvalidInput
 STAFF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
 
-#: Every reason an operation is put in review, and how staff resolve it (README, "The review
-#: queue"). What a resolution may store is weighed by ``support.evidence``.
+#: Every reason an operation is put in review, and how staff resolve it (docs/support.md, "The
+#: review queue"). What a resolution may store is weighed by ``support.evidence``.
 REASONS: dict[str, str] = {
     "lookup_unavailable": "requery once the lookup is back; resolve as its record says",
     "ambiguous_without_idempotency": "resolve as the lookup shows once it is quiet",

@@ -1,5 +1,5 @@
-"""What a downstream's HTTP response proves: the classification of README.md, "How the client
-classifies responses", as pure functions (DESIGN.md, "What an outcome proves").
+"""What a downstream's HTTP response proves: the classification of docs/wire-protocol.md, "How
+the client classifies responses", as pure functions (DESIGN.md, "What an outcome proves").
 
 ``classify_submit`` and ``classify_lookup`` read a response that came back (its status, its
 headers, its JSON body) and return the gateway's outcome value; a response that never came back

@@ -4,7 +4,7 @@ Never retries (the executor owns retries), never spends past the operation's dea
 splits transport errors by phase: nothing sent (pool, resolve, connect, TLS, the first byte
 refused once the bound passed: ``workers.transport``) vs maybe sent (read, write, protocol).
 No byte of a request leaves after its attempt's bound (``workers.transport``). The protocol
-is documented in README.md, "Wire protocol"; what a response that came back proves is
+is documented in docs/wire-protocol.md; what a response that came back proves is
 ``workers.http_classify``.
 
 Connections are kept alive in a pool shared by the threads that send a batch, and what does not
@@ -105,7 +105,7 @@ class _Left(dict[str, float]):
 
 
 class HttpGateway:
-    """The ``Gateway`` port over the Stripe-like HTTP protocol of README.md, "Wire protocol"."""
+    """The ``Gateway`` port over the Stripe-like HTTP protocol of docs/wire-protocol.md."""
 
     def __init__(
         self,

@@ -1,5 +1,5 @@
 """What a Stripe answer proves: Stripe's errors and refund objects as the gateway's outcome
-values (DESIGN.md, "What an outcome proves"; README.md, "Pointing Settled at Stripe").
+values (DESIGN.md, "What an outcome proves"; docs/providers.md, "Pointing Settled at Stripe").
 
 Pure: no I/O, no clock (``now`` is passed in). An error is read by its HTTP status and its
 documented error object (``{"error": {"type", "code", "message", "param"}}``), as the SDK

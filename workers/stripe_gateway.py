@@ -1,5 +1,5 @@
 """Refunds through Stripe's official SDK: the ``Gateway`` port under the same guarantees as the
-HTTP gateway (README.md, "Pointing Settled at Stripe").
+HTTP gateway (docs/providers.md, "Pointing Settled at Stripe").
 
 One ``StripeClient`` per tenant key, the API version pinned, the SDK's own retries off
 (``max_network_retries=0``: the executor is the one retry owner; the SDK's defaults would

@@ -61,7 +61,7 @@ def judge_submit(
         case Refused(reason=reason, code=code, status=status):
             evidence: dict[str, object] = {"code": code, "status": status}
             # A 401/403 (or no API key here) refuses our credentials, not the customer: the
-            # fault is ours, and it is said so (README, "Alerts").
+            # fault is ours, and it is said so (docs/observability.md, "Alerts").
             ours = reason is RejectReason.PERMISSION_DENIED
             if ours:
                 evidence["fault"] = "credentials"

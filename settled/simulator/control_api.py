@@ -2,8 +2,8 @@
 
 Each handler takes the simulator and the JSON body and returns the JSON answer; a body it cannot
 use (a ValueError, TypeError, KeyError or OverflowError) answers 400 ``bad_control_request``.
-The typed client is ``settled.simulator.control.SimulatorControl``; README.md, "Control API"
-lists the routes.
+The typed client is ``settled.simulator.control.SimulatorControl``; docs/wire-protocol.md,
+"Control API" lists the routes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the fault drawn for a request does to it, phase by phase (README.md, "Faults").
+"""What the fault drawn for a request does to it, phase by phase (docs/wire-protocol.md, "Faults").
 
 - before the idempotency layer, saving nothing: ``429``, ``403``, ``503_before``,
   ``reset_before``;

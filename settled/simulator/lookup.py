@@ -1,4 +1,4 @@
-"""The lookup by idempotency key (README.md, "Lookup by idempotency key")."""
+"""The lookup by idempotency key (docs/wire-protocol.md, "Lookup by idempotency key")."""
 
 from __future__ import annotations
 

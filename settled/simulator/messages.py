@@ -60,7 +60,7 @@ class Connection(Protocol):
 def error(
     status: int, type_: str, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    """An error answer in the wire protocol's shape (README.md, "Errors")."""
+    """An error answer in the wire protocol's shape (docs/wire-protocol.md, "Errors")."""
     body = {"error": {"type": type_, "code": code, "message": message}}
     return Response(status, body, headers or {})
 

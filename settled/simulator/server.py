@@ -4,7 +4,7 @@ The parts, one at a time:
 
 - ``httpserver``: HTTP/1.1 keep-alive connections, request heads and bodies, answers;
 - ``app``: routes a request to a submit, a lookup or the control API;
-- ``submit`` / ``lookup``: the downstream API (README.md, "Wire protocol");
+- ``submit`` / ``lookup``: the downstream API (docs/wire-protocol.md);
 - ``injection``: what each fault does, phase by phase; ``faults``: which fault a request draws;
 - ``control_api``: the control API's route table (test mode);
 - ``state``: switches, clock, counters and holds; ``ledger``: the durable ledger.

@@ -1,5 +1,5 @@
-"""The submit path, one step at a time, numbered as in README.md, "Order of processing a submit"
-(step 1's route and body are the HTTP layer's and ``app``'s):
+"""The submit path, one step at a time, numbered as in docs/wire-protocol.md, "Order of
+processing a submit" (step 1's route and body are the HTTP layer's and ``app``'s):
 
 1. authenticate (401);
 2. require an ``Idempotency-Key`` (400);

@@ -4,8 +4,8 @@ against a real ``settled web`` process, the test's PostgreSQL database and the s
 Review items are made the way ``tests/integration/test_review.py`` makes them (a send that
 commits and then times out, the lookup down), in this process, before the browser opens the
 queue. Every wait is Playwright's auto-waiting ``expect``. Each main page is photographed into
-``test-artifacts/console/`` (``scripts/console_screenshots.sh`` copies them into the README's
-``docs/console/``).
+``test-artifacts/console/`` (``scripts/console_screenshots.sh`` copies them into
+``docs/console/``, which docs/support.md shows).
 
 Without ``/usr/bin/chromium`` the module is skipped, unless ``SETTLED_TEST_REQUIRE_BROWSER`` is set
 (as in ``.ci/run``): then a missing browser is a failure.

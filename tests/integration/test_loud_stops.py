@@ -225,7 +225,8 @@ def test_refused_credentials_are_labelled_ours_logged_counted_and_reported(
     assert status(rig)["evidence"]["reason"] == "credentials_refused"  # type: ignore[index]
     assert "refused our credentials" in report(rig, handle, "en")
     assert "拒绝了我方凭据" in report(rig, handle, "zh")
-    # Rejected, never retried (README, "Alerts"): no review item, nothing claims it again.
+    # Rejected, never retried (docs/observability.md, "Alerts"): no review item, nothing claims
+    # it again.
     assert rig.reviews(op) == []
     rig.make_due(op)
     assert executor.execute([op]) == {}

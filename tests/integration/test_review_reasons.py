@@ -1,6 +1,6 @@
-"""Every review reason has a way out: each is produced end to end, then resolved as the
-README documents, and the operation leaves ``unknown`` with its item closed. A refused staff
-action leaves a trace in the database."""
+"""Every review reason has a way out: each is produced end to end, then resolved as
+docs/support.md documents, and the operation leaves ``unknown`` with its item closed. A refused
+staff action leaves a trace in the database."""
 
 from __future__ import annotations
 

@@ -200,7 +200,7 @@ def test_only_a_refusal_of_our_credentials_is_named_a_fault_of_ours(name: str) -
             RejectReason.PERMISSION_DENIED,
             "credentials",
         )
-        assert change.review is None  # rejected and loud, not held: README, "Alerts"
+        assert change.review is None  # rejected and loud, not held: docs/observability.md, "Alerts"
     else:
         assert change.note is None and "fault" not in change.evidence
 
