@@ -74,10 +74,10 @@ from outbox.downstream import (
     SubmitOutcome,
     Unavailable,
     Unknown,
-    old_keywords,
     receipt_matches,
     valid_reference,
 )
+from outbox.port_shim import old_keywords
 
 __all__ = ["Call", "Effect", "FakeGateway", "InFlight"]
 

@@ -32,11 +32,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.change import Change
 from outbox.clock import DbClock, Monotonic
 from outbox.clock_steps import ClockWatch
-from outbox.downstream import Gateway, LookupOutcome, as_gateway, look_up, lookup_deadline
+from outbox.downstream import (
+    Gateway,
+    LookupOutcome,
+    look_up,
+    lookup_deadline,
+)
 from outbox.errors import StaleLease
 from outbox.kinds import KindRegistry
 from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
 from outbox.observer import NO_OBSERVER, Observer, guarded
+from outbox.port_shim import as_gateway
 from outbox.states import State
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import attempt_history, operation_facts

@@ -19,10 +19,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock_steps import ClockWatch
 from outbox.db import make_engine
-from outbox.downstream import Gateway, as_gateway
+from outbox.downstream import Gateway
 from outbox.errors import InvalidSetting
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
+from outbox.port_shim import as_gateway
 from outbox.proposals import Proposals
 from outbox.settings import Settings
 from reconciler.reconcile import Reconciler

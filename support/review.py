@@ -24,13 +24,13 @@ from outbox.downstream import (
     Found,
     Gateway,
     LookupOutcome,
-    as_gateway,
     lookup_name,
     settlement,
 )
 from outbox.errors import InvalidInput, NotFound, ReviewConflict, SettledError
 from outbox.kinds import KindRegistry
 from outbox.models import Operation, ReviewItem
+from outbox.port_shim import as_gateway
 from outbox.states import Event, State
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import operation_facts

@@ -46,12 +46,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.change import Change
 from outbox.clock import DbClock, Monotonic
 from outbox.clock_steps import ClockWatch
-from outbox.downstream import Gateway, as_gateway
+from outbox.downstream import Gateway
 from outbox.errors import SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import KindRegistry
 from outbox.leases import LeaseKeeper
 from outbox.observer import NO_OBSERVER, ClaimedBatch, Observer, guarded
+from outbox.port_shim import as_gateway
 from outbox.retry import DEFAULT_MAX_TRIES
 from outbox.states import State
 from outbox.storage import Storage, storage_for

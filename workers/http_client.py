@@ -38,8 +38,8 @@ from outbox.downstream import (
     SubmitOutcome,
     Unavailable,
     Unknown,
-    old_keywords,
 )
+from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
 from workers.http_classify import classify_lookup, classify_submit
 from workers.transport import (

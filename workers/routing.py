@@ -12,10 +12,9 @@ from outbox.downstream import (
     Gateway,
     LookupOutcome,
     SubmitOutcome,
-    as_gateway,
-    old_keywords,
 )
 from outbox.kinds import Kind
+from outbox.port_shim import as_gateway, old_keywords
 
 
 class GatewayByKind:

@@ -42,8 +42,8 @@ from outbox.downstream import (
     SendPhase,
     SubmitOutcome,
     Unavailable,
-    old_keywords,
 )
+from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
 from workers.stripe_classify import (
     KEY_FIELD,

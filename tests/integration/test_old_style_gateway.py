@@ -1,6 +1,6 @@
 """An adapter still written with the six keywords of earlier releases keeps working for one
 release: the services tell it by its signature when they are built, warn once, and call it the
-old way (``outbox.downstream.as_gateway``)."""
+old way (``outbox.port_shim.as_gateway``)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from outbox.clock import Deadline
 from outbox.downstream import (
     DownstreamRequest,
     LookupOutcome,
-    OldStyleGateway,
     SubmitOutcome,
     Unknown,
 )
 from outbox.kinds import Kind
+from outbox.port_shim import OldStyleGateway
 from reconciler.reconcile import Reconciler
 from settled.runtime import Runtime, build_runtime
 from workers.executor import Executor

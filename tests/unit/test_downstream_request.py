@@ -14,11 +14,9 @@ from outbox import FakeGateway
 from outbox.downstream import (
     Accepted,
     DownstreamRequest,
-    OldStyleGateway,
-    as_gateway,
-    takes_request,
 )
 from outbox.kinds import default_registry
+from outbox.port_shim import OldStyleGateway, as_gateway, takes_request
 
 REFUND = default_registry().get("refund")
 PARAMS = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}

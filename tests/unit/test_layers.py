@@ -55,6 +55,7 @@ PURE = (
     "outbox.change",
     "outbox.wire",
     "outbox.downstream",
+    "outbox.port_shim",
     "outbox.report",
     "outbox.report_lines",
     "outbox.report_text",
