@@ -299,7 +299,9 @@ def build_runtime(
     if gateway is None:
         check_providers(settings, registry)
     if sessions is not None:
-        engine = sessions.kw["bind"]
+        engine = sessions.kw.get("bind")
+        if not isinstance(engine, Engine):
+            raise TypeError("build_runtime(sessions=...) takes a sessionmaker bound to an Engine")
         return Runtime(settings, engine, sessions, registry, gateway=gateway, owns_engine=False)
     # No pre-ping: it costs a round trip and a commit per checkout (two per operation). The
     # executor runs a step again when its pooled connection turns out to be dead
