@@ -175,11 +175,18 @@ CREATE TRIGGER bench_stamp_receipt BEFORE UPDATE OF state ON operations FOR EACH
 """
 
 
-def prepare(db_url: str) -> None:
-    """The peers' tables and the receipt stamp (idempotent)."""
-    with psycopg.connect(libpq(db_url), autocommit=True) as conn:
+def prepare(svc: Services, system: System) -> None:
+    """The peers' tables and the receipt stamp, and a peer's own schema (idempotent)."""
+    with psycopg.connect(libpq(svc.db_url), autocommit=True) as conn:
         conn.execute(TABLES)
         conn.execute(RECEIPT_STAMP)
+    if system.name in ("procrastinate", "dbos"):
+        done = subprocess.run(
+            [system.python, "-m", f"bench.peers.{system.name}_peer", "schema"],
+            env=_env(svc, system), cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"{system.label}: its schema failed:\n{done.stderr[-3000:]}")
 
 
 def receipt_times(db_url: str, system: System, ids: list[int]) -> dict[int, float]:
@@ -380,7 +387,7 @@ def measure_live(
     """P producers committing one refund per transaction, as fast as they can, for ``seconds``
     while the worker runs."""
     if system.has_receipts:
-        prepare(svc.db_url)
+        prepare(svc, system)
     done = Done(svc, system)
     feeds = Feeds(svc, system, producers, seconds=seconds, warm=warm)
     proc = start_worker(svc, system, "live")
@@ -449,7 +456,7 @@ def measure_open(
     svc: Services, system: System, *, rate: float, count: int, producers: int, warm: int
 ) -> OpenResult:
     """Refund k committed at ``t0 + k / rate`` by producer k mod P, while the worker runs."""
-    prepare(svc.db_url)
+    prepare(svc, system)
     baseline = settled_commits(svc.admin_url, svc.db_name)
     done = Done(svc, system)
     feeds = Feeds(svc, system, producers, rate=rate, count=count, warm=warm)
