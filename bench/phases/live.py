@@ -127,6 +127,12 @@ def wait_ready(svc: Services, system: System, proc: subprocess.Popen[bytes]) -> 
     # The other peers' workers need nothing to be ready: a job waits for them in the database.
 
 
+def warmed(proc: subprocess.Popen[bytes], done: Done, warm: int) -> bool:
+    if proc.poll() is not None:
+        raise RuntimeError(f"the worker exited (rc {proc.returncode}); see its log")
+    return done.count(warm) >= warm
+
+
 class Done:
     """How many refunds of a system have their receipt: one autocommit statement per call."""
 
@@ -394,7 +400,7 @@ def measure_live(
     try:
         warm_ids = feeds.ready()
         wait_ready(svc, system, proc)
-        poll(lambda: done.count(len(warm_ids)) >= len(warm_ids), 120, "the warm-up refunds", 0.02)
+        poll(lambda: warmed(proc, done, len(warm_ids)), 120, "the warm-up refunds", 0.02)
         t0 = time.time() + 0.3
         feeds.go(t0)
         time.sleep(max(0.0, t0 - time.time()))
@@ -464,7 +470,7 @@ def measure_open(
     try:
         warm_ids = feeds.ready()
         wait_ready(svc, system, proc)
-        poll(lambda: done.count() >= len(warm_ids), 120, "the warm-up refunds", 0.02)
+        poll(lambda: warmed(proc, done, len(warm_ids)), 120, "the warm-up refunds", 0.02)
         t0 = time.time() + 0.3
         feeds.go(t0)
         time.sleep(max(0.0, t0 - time.time()))
