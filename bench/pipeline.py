@@ -1,8 +1,15 @@
 """The whole pipeline on this machine: intake → Celery workers → simulator → receipt.
 
-Run from the repository root (PostgreSQL and Redis must answer; nothing else is needed)::
+How to run, from the repository root (PostgreSQL and Redis must answer; nothing else is
+needed)::
 
-    python bench/pipeline.py --ops 3000 --concurrency 4
+    python bench/pipeline.py                        # the full run (the large scan included)
+    python bench/pipeline.py --quick                # development: 2-3 minutes
+    python bench/pipeline.py --peers procrastinate,dbos   # with the external peers too
+
+``--peers`` installs Procrastinate and DBOS (pinned) into a virtual environment of their own
+under ``.bench-peers/`` (git-ignored) with ``python -m venv`` and pip, once; the product never
+imports them. The figures are the machine's: run on a quiet one, twice.
 
 One run creates a throwaway PostgreSQL database (dropped at the end), flushes a dedicated Redis
 db index, starts the simulator (``settled simulator``, in-memory ledger) and measures, on the same
@@ -10,6 +17,22 @@ services (each phase in ``bench/phases/``):
 
 * the simulator alone (C processes submitting refunds over HTTP), so that it is seen not to be
   the bottleneck;
+* live traffic, the headline (``phases/live.py``): P producer processes (``--producers``) each
+  committing one refund per transaction, as fast as they can for ``--live-seconds``, while the
+  worker runs: Settled (``Outbox.enqueue``, hints published after commit by the relay), stock
+  Celery no-op tasks published one per "commit" (``bench/noop_app.py``), plain Celery "safe"
+  (``bench/peers/celery_safe.py``: the refund row committed, then an acks_late task that POSTs
+  it with its stable key and writes a receipt row), and the ``--peers``; the rate is the
+  refunds that reached their receipt in the window the producers were live, over its length;
+  commit-to-receipt p50/p99 of the refunds committed in it;
+* open loop at each of ``--open-rates`` (refund k committed at k / rate, ``rate ×
+  --open-seconds`` refunds) for Settled and the peers: commit-to-receipt p50/p99, CPU per
+  refund of the worker's process tree and, apart, of the producers, and the worker's write
+  transactions per refund (``xact_commit``, as for the drains below; it counts read-only
+  commits too, such as a poll or a LISTEN backend taking in a notification). Receipt times are
+  stamped in the statement that writes the receipt, not seen through NOTIFY. Every system of
+  these two phases is judged after each: one effect in the simulator's ledger per idempotency
+  key and one receipt per refund; a figure of a system not judged correct counts for no target;
 * two no-op drains, the references: ``bench.noop`` tasks through stock Celery (kombu's own
   Redis transport, none of the product's broker tweaks) and through the product's Celery
   configuration, both with acks_late, prefetch 1, JSON and the same worker flags, pool and
@@ -17,15 +40,15 @@ services (each phase in ``bench/phases/``):
   paused, then the clock runs from resuming it until none is queued or unacknowledged. On
   each no-op worker, idle, Celery's own publish-to-start latency: one ``bench.started`` task
   at a time, from just before the publish to the start of its body;
-* end-to-end operations per second, the same way (``phases/drain.py``): operations are queued
-  while a fresh worker's consumers are paused, then the clock runs from resuming them to the
-  last ``succeeded`` commit and the last hint consumed, so the rate compares with the no-op
-  drains. The worker runs with beat, as in production, so the sweeper re-hints any operation
-  retried after a not-sent outcome. Twice: the single-commit path, one operation per intake
-  transaction committed by P producer processes at once (``--producers``; each with its own
-  engine and Celery app, one hint message per operation), the path of a web app; and the
-  batched path, 100 operations per intake transaction from one process (one hint message
-  per 20 operations, the relay's default);
+* the drained backlog: end-to-end operations per second, the same way (``phases/drain.py``):
+  operations are queued while a fresh worker's consumers are paused, then the clock runs from
+  resuming them to the last ``succeeded`` commit and the last hint consumed, so the rate
+  compares with the no-op drains. The worker runs with beat, as in production, so the sweeper
+  re-hints any operation retried after a not-sent outcome. Twice: the single-commit path, one
+  operation per intake transaction committed by P producer processes at once (``--producers``;
+  each with its own engine and Celery app, one hint message per operation), the path of a web
+  app; and the batched path, 100 operations per intake transaction from one process (one hint
+  message per 20 operations, the relay's default);
 * worker-side commits per operation over each drain: ``xact_commit`` of the database in
   ``pg_stat_database``, read before the worker starts and after every backend of the
   database has exited (exiting backends flush their counters), minus the commits the
@@ -42,9 +65,10 @@ services (each phase in ``bench/phases/``):
   10^4 and of 10^6 operations (filled on the server, mostly terminal, the same live operations
   in both), in a throwaway database of its own.
 
-It prints a table with the targets of issue 17 beside the figures (and whether each is met),
-and asserts nothing. A quick run: ``--ops 200 --single-ops 200 --latency-ops 100 --idle-ops 20
---scan-large 20000``; ``--scan-large 0`` leaves the scan phase out.
+It prints a table with the targets of issues 17 and 31 beside the figures (and whether each is
+met; the ratios are to the peers measured in the same run), and asserts nothing. ``--quick``
+sets small counts and short windows (``QUICK``; an option given too wins); ``--scan-large 0``
+leaves the scan phase out.
 """
 
 from __future__ import annotations
@@ -168,12 +192,12 @@ def run_pipeline(args: argparse.Namespace, svc: Services) -> Results:
     noop_product = measure_noop(svc, noop_tasks, stock=False, idle=args.idle_ops)
     print(f"{step} the no-op drain, stock Celery ...", flush=True)
     noop_stock = measure_noop(svc, noop_tasks, stock=True, idle=args.idle_ops)
-    print(f"{step} the pipeline, 100 operations per intake commit ...", flush=True)
+    print(f"{step} the drained backlog, 100 operations per intake commit ...", flush=True)
     vacuums = autovacuum_runs(svc.db_url)
     batched = measure_drain(svc, "settled-worker-batched", args.ops, args.warmup, per_txn=100)
     vacuums = autovacuum_runs(svc.db_url) - vacuums
-    print(f"{step} the pipeline, one operation per intake commit, {args.producers} producer "
-          "processes ...", flush=True)  # fmt: skip
+    print(f"{step} the drained backlog, one operation per intake commit, {args.producers} "
+          "producer processes ...", flush=True)  # fmt: skip
     single = measure_drain(
         svc, "settled-worker-single", args.single_ops, args.warmup,
         per_txn=1, producers=args.producers,
