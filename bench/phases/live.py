@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import redis
 
 from bench.noop_app import stock_app
 from bench.peers.schema import NAMES, TABLES
@@ -125,6 +126,16 @@ def wait_ready(svc: Services, system: System, proc: subprocess.Popen[bytes]) -> 
         finally:
             app.close()
     # The other peers' workers need nothing to be ready: a job waits for them in the database.
+
+
+def clear_broker(svc: Services) -> None:
+    """The bench's Redis db emptied: what an earlier phase's worker left queued (its beat's
+    sweeps, say) is never handed to the next system's worker."""
+    client = redis.Redis.from_url(svc.broker_url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
 
 
 def warmed(proc: subprocess.Popen[bytes], done: Done, warm: int) -> bool:
@@ -392,6 +403,7 @@ def measure_live(
 ) -> LiveResult:
     """P producers committing one refund per transaction, as fast as they can, for ``seconds``
     while the worker runs."""
+    clear_broker(svc)
     if system.has_receipts:
         prepare(svc, system)
     done = Done(svc, system)
@@ -462,6 +474,7 @@ def measure_open(
     svc: Services, system: System, *, rate: float, count: int, producers: int, warm: int
 ) -> OpenResult:
     """Refund k committed at ``t0 + k / rate`` by producer k mod P, while the worker runs."""
+    clear_broker(svc)
     prepare(svc, system)
     baseline = settled_commits(svc.admin_url, svc.db_name)
     done = Done(svc, system)
