@@ -1,8 +1,15 @@
 """The whole pipeline on this machine: intake → Celery workers → simulator → receipt.
 
-Run from the repository root (PostgreSQL and Redis must answer; nothing else is needed)::
+How to run, from the repository root (PostgreSQL and Redis must answer; nothing else is
+needed)::
 
-    python bench/pipeline.py --ops 3000 --concurrency 4
+    python bench/pipeline.py                        # the full run (the large scan included)
+    python bench/pipeline.py --quick                # development: 2-3 minutes
+    python bench/pipeline.py --peers procrastinate,dbos   # with the external peers too
+
+``--peers`` installs Procrastinate and DBOS (pinned) into a virtual environment of their own
+under ``.bench-peers/`` (git-ignored) with ``python -m venv`` and pip, once; the product never
+imports them. The figures are the machine's: run on a quiet one, twice.
 
 One run creates a throwaway PostgreSQL database (dropped at the end), flushes a dedicated Redis
 db index, starts the simulator (``settled simulator``, in-memory ledger) and measures, on the same
@@ -10,6 +17,22 @@ services (each phase in ``bench/phases/``):
 
 * the simulator alone (C processes submitting refunds over HTTP), so that it is seen not to be
   the bottleneck;
+* live traffic, the headline (``phases/live.py``): P producer processes (``--producers``) each
+  committing one refund per transaction, as fast as they can for ``--live-seconds``, while the
+  worker runs: Settled (``Outbox.enqueue``, hints published after commit by the relay), stock
+  Celery no-op tasks published one per "commit" (``bench/noop_app.py``), plain Celery "safe"
+  (``bench/peers/celery_safe.py``: the refund row committed, then an acks_late task that POSTs
+  it with its stable key and writes a receipt row), and the ``--peers``; the rate is the
+  refunds that reached their receipt in the window the producers were live, over its length;
+  commit-to-receipt p50/p99 of the refunds committed in it;
+* open loop at each of ``--open-rates`` (refund k committed at k / rate, ``rate ×
+  --open-seconds`` refunds) for Settled and the peers: commit-to-receipt p50/p99, CPU per
+  refund of the worker's process tree and, apart, of the producers, and the worker's write
+  transactions per refund (``xact_commit``, as for the drains below; it counts read-only
+  commits too, such as a poll or a LISTEN backend taking in a notification). Receipt times are
+  stamped in the statement that writes the receipt, not seen through NOTIFY. Every system of
+  these two phases is judged after each: one effect in the simulator's ledger per idempotency
+  key and one receipt per refund; a figure of a system not judged correct counts for no target;
 * two no-op drains, the references: ``bench.noop`` tasks through stock Celery (kombu's own
   Redis transport, none of the product's broker tweaks) and through the product's Celery
   configuration, both with acks_late, prefetch 1, JSON and the same worker flags, pool and
@@ -17,15 +40,15 @@ services (each phase in ``bench/phases/``):
   paused, then the clock runs from resuming it until none is queued or unacknowledged. On
   each no-op worker, idle, Celery's own publish-to-start latency: one ``bench.started`` task
   at a time, from just before the publish to the start of its body;
-* end-to-end operations per second, the same way (``phases/drain.py``): operations are queued
-  while a fresh worker's consumers are paused, then the clock runs from resuming them to the
-  last ``succeeded`` commit and the last hint consumed, so the rate compares with the no-op
-  drains. The worker runs with beat, as in production, so the sweeper re-hints any operation
-  retried after a not-sent outcome. Twice: the single-commit path, one operation per intake
-  transaction committed by P producer processes at once (``--producers``; each with its own
-  engine and Celery app, one hint message per operation), the path of a web app; and the
-  batched path, 100 operations per intake transaction from one process (one hint message
-  per 20 operations, the relay's default);
+* the drained backlog: end-to-end operations per second, the same way (``phases/drain.py``):
+  operations are queued while a fresh worker's consumers are paused, then the clock runs from
+  resuming them to the last ``succeeded`` commit and the last hint consumed, so the rate
+  compares with the no-op drains. The worker runs with beat, as in production, so the sweeper
+  re-hints any operation retried after a not-sent outcome. Twice: the single-commit path, one
+  operation per intake transaction committed by P producer processes at once (``--producers``;
+  each with its own engine and Celery app, one hint message per operation), the path of a web
+  app; and the batched path, 100 operations per intake transaction from one process (one hint
+  message per 20 operations, the relay's default);
 * worker-side commits per operation over each drain: ``xact_commit`` of the database in
   ``pg_stat_database``, read before the worker starts and after every backend of the
   database has exited (exiting backends flush their counters), minus the commits the
@@ -42,9 +65,10 @@ services (each phase in ``bench/phases/``):
   10^4 and of 10^6 operations (filled on the server, mostly terminal, the same live operations
   in both), in a throwaway database of its own.
 
-It prints a table with the targets of issue 17 beside the figures (and whether each is met),
-and asserts nothing. A quick run: ``--ops 200 --single-ops 200 --latency-ops 100 --idle-ops 20
---scan-large 20000``; ``--scan-large 0`` leaves the scan phase out.
+It prints a table with the targets of issues 17 and 31 beside the figures (and whether each is
+met; the ratios are to the peers measured in the same run), and asserts nothing. ``--quick``
+sets small counts and short windows (``QUICK``; an option given too wins); ``--scan-large 0``
+leaves the scan phase out.
 """
 
 from __future__ import annotations
@@ -56,7 +80,7 @@ import statistics
 import sys
 import tempfile
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -68,6 +92,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``python bench/pipeline.py`` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from bench.peers.external import EXTERNAL_PEERS, prepare_peers  # noqa: E402
 from bench.phases.common import (  # noqa: E402
     API_KEY,
     ORDER,
@@ -83,6 +108,17 @@ from bench.phases.common import (  # noqa: E402
 )
 from bench.phases.drain import DrainResult, measure_drain  # noqa: E402
 from bench.phases.latency import LatencyResult, measure_latency  # noqa: E402
+from bench.phases.live import (  # noqa: E402
+    CELERY_SAFE,
+    NOOP,
+    SETTLED,
+    LiveResult,
+    OpenResult,
+    System,
+    drop_stamp,
+    measure_live,
+    measure_open,
+)
 from bench.phases.noop import NoopResult, measure_noop  # noqa: E402
 from bench.phases.reference import measure_raw_sql, measure_simulator  # noqa: E402
 from bench.phases.scan import ScanResult, measure_scans  # noqa: E402
@@ -104,6 +140,8 @@ class Results:
     raw_rate: float
     vacuums: int  # autovacuum/autoanalyze runs during the batched drain
     scan: ScanResult | None
+    live: dict[str, LiveResult] = field(default_factory=dict)  # by system name
+    opened: dict[float, dict[str, OpenResult]] = field(default_factory=dict)  # rate → system
 
 
 def verify(db_url: str) -> tuple[int, int]:
@@ -154,16 +192,17 @@ def run_pipeline(args: argparse.Namespace, svc: Services) -> Results:
     noop_product = measure_noop(svc, noop_tasks, stock=False, idle=args.idle_ops)
     print(f"{step} the no-op drain, stock Celery ...", flush=True)
     noop_stock = measure_noop(svc, noop_tasks, stock=True, idle=args.idle_ops)
-    print(f"{step} the pipeline, 100 operations per intake commit ...", flush=True)
+    print(f"{step} the drained backlog, 100 operations per intake commit ...", flush=True)
     vacuums = autovacuum_runs(svc.db_url)
     batched = measure_drain(svc, "settled-worker-batched", args.ops, args.warmup, per_txn=100)
     vacuums = autovacuum_runs(svc.db_url) - vacuums
-    print(f"{step} the pipeline, one operation per intake commit, {args.producers} producer "
-          "processes ...", flush=True)  # fmt: skip
+    print(f"{step} the drained backlog, one operation per intake commit, {args.producers} "
+          "producer processes ...", flush=True)  # fmt: skip
     single = measure_drain(
         svc, "settled-worker-single", args.single_ops, args.warmup,
         per_txn=1, producers=args.producers,
     )  # fmt: skip
+    live, opened = measure_live_and_open(args, svc)
     rate = args.latency_rate or single.ops_per_second / 2
     print(f"{step} commit-to-receipt latency: idle, then at {rate:.0f} ops/s ...", flush=True)
     latency = measure_latency(
@@ -175,8 +214,36 @@ def run_pipeline(args: argparse.Namespace, svc: Services) -> Results:
     raw_rate = measure_raw_sql(svc.db_url, args.concurrency, args.raw_ops)
     return Results(
         sim_rate, noop_product, noop_stock, batched, single, latency, done, total, raw_rate,
-        vacuums, scan=None,
+        vacuums, scan=None, live=live, opened=opened,
     )  # fmt: skip
+
+
+def measure_live_and_open(
+    args: argparse.Namespace, svc: Services
+) -> tuple[dict[str, LiveResult], dict[float, dict[str, OpenResult]]]:
+    """The live-traffic phase for Settled, the stock Celery no-op and every peer; then the
+    open-loop phase at each offered rate for Settled and every peer (``phases/live.py``)."""
+    step = "  measuring"
+    peers: list[System] = [CELERY_SAFE, *args.external]
+    live: dict[str, LiveResult] = {}
+    for system in (SETTLED, NOOP, *peers):
+        print(f"{step} live traffic, {system.label}: {args.producers} producer processes, one "
+              f"refund per commit, {args.live_seconds:g} s ...", flush=True)  # fmt: skip
+        live[system.name] = measure_live(
+            svc, system, producers=args.producers, seconds=args.live_seconds,
+            warm=args.warmup,
+        )  # fmt: skip
+    opened: dict[float, dict[str, OpenResult]] = {}
+    for rate in args.open_rates:
+        count = max(1, round(rate * args.open_seconds))
+        for system in (SETTLED, *peers):
+            print(f"{step} open loop at {rate:g}/s, {system.label}: {count} refunds ...",
+                  flush=True)  # fmt: skip
+            opened.setdefault(rate, {})[system.name] = measure_open(
+                svc, system, rate=rate, count=count, producers=args.producers, warm=args.warmup
+            )
+    drop_stamp(svc.db_url)
+    return live, opened
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -198,9 +265,10 @@ def table(r: Results, producers: int) -> list[tuple[str, str, str, str]]:
     idle50 = statistics.median(lat.idle_ms)
     celery50 = statistics.median(r.noop_stock.start_ms)
     at = f"{lat.loaded_rate:.0f} ops/s"
-    rows = [
-        ("throughput (drains: a backlog queued, then timed)", "", "", ""),
-        (f"one op per intake commit, {producers} producer processes, ops/s",
+    rows = live_rows(r, producers) + open_rows(r)
+    rows += [
+        ("drained backlog (queued while the consumers were paused, then timed)", "", "", ""),
+        (f"drained backlog, one op per intake commit, {producers} producer processes, ops/s",
          f"{single.ops_per_second:.0f}",
          f">= {0.6 * stock:.0f} (0.6 × stock no-op; stretch {0.8 * stock:.0f})",
          _met(s_ratio >= 0.6)),
@@ -208,7 +276,8 @@ def table(r: Results, producers: int) -> list[tuple[str, str, str, str]]:
          _met(s_ratio >= 0.6)),
         ("  ÷ product-config no-op drain", f"{single.ops_per_second / product:.2f}",
          "reference", ""),
-        ("100 ops per intake commit (batched), ops/s", f"{batched.ops_per_second:.0f}",
+        ("drained backlog, 100 ops per intake commit (batched), ops/s",
+         f"{batched.ops_per_second:.0f}",
          f">= {0.8 * stock:.0f} (0.8 × stock no-op)", _met(b_ratio >= 0.8)),
         ("  ÷ stock Celery no-op drain", f"{b_ratio:.2f}", ">= 0.80", _met(b_ratio >= 0.8)),
         ("  ÷ product-config no-op drain", f"{batched.ops_per_second / product:.2f}",
@@ -242,7 +311,7 @@ def table(r: Results, producers: int) -> list[tuple[str, str, str, str]]:
              "reference", ""),
         ]  # fmt: skip
     rows += [
-        ("worker-side PostgreSQL commits per operation", "", "", ""),
+        ("worker-side PostgreSQL commits per operation (drained backlog)", "", "", ""),
         ("one op per intake commit", f"{single.commits_per_op:.2f}", "<= 2.2",
          _met(single.commits_per_op <= 2.2)),
         ("100 ops per intake commit", f"{batched.commits_per_op:.2f}", "reference", ""),
@@ -272,6 +341,109 @@ def table(r: Results, producers: int) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _judged(result: LiveResult | OpenResult) -> bool:
+    return result.judgement is not None and result.judgement.correct
+
+
+def live_rows(r: Results, producers: int) -> list[tuple[str, str, str, str]]:
+    """The headline: one refund per commit from P producer processes while the workers run."""
+    if not r.live:
+        return []
+    settled, noop = r.live["settled"], r.live["noop"]
+    peers = [v for k, v in r.live.items() if k not in ("settled", "noop")]
+    ok = _judged(settled)
+    ratio = settled.rate / noop.rate if noop.rate else float("nan")
+    rows = [
+        (f"live traffic: one refund per commit, {producers} producer processes, workers "
+         "running", "", "", ""),
+        ("Settled, refunds/s reaching succeeded", f"{settled.rate:.0f}",
+         f">= {0.6 * noop.rate:.0f} (0.6 × stock Celery no-op, live)" if ok
+         else "(no figure: Settled not judged correct)", _met(ratio >= 0.6) if ok else ""),
+        ("  ÷ stock Celery no-op, live", f"{ratio:.2f}", ">= 0.60", _met(ratio >= 0.6) if ok
+         else ""),
+    ]  # fmt: skip
+    for peer in peers:
+        ratio = settled.rate / peer.rate if peer.rate else float("nan")
+        want = 1.2 if peer.system is CELERY_SAFE else None
+        if not (ok and _judged(peer)):
+            rows.append((f"  ÷ {peer.system.label}, live", f"{ratio:.2f}",
+                         "(no figure: not judged correct)", ""))  # fmt: skip
+        elif want is None:
+            rows.append((f"  ÷ {peer.system.label}, live", f"{ratio:.2f}", "reference", ""))
+        else:
+            rows.append((f"  ÷ {peer.system.label}, live", f"{ratio:.2f}", f">= {want:.2f}",
+                         _met(ratio >= want)))  # fmt: skip
+    rows.append(("stock Celery no-op, live, tasks/s", f"{noop.rate:.0f}", "reference", ""))
+    for peer in peers:
+        rows.append((f"{peer.system.label}, live, refunds/s", f"{peer.rate:.0f}",
+                     "reference" if _judged(peer) else "(not judged correct)", ""))  # fmt: skip
+    for result in (settled, *peers):
+        rows += [
+            (f"{result.system.label}, live, commit → receipt p50", f"{result.p50:.1f} ms",
+             "reference", ""),
+            ("  p99", f"{result.p99:.1f} ms", "reference", ""),
+        ]  # fmt: skip
+    return rows
+
+
+def target_rate(rates: list[float]) -> float:
+    """The offered rate the issue's targets are for: 100/s, or the nearest measured."""
+    return min(rates, key=lambda rate: abs(rate - 100))
+
+
+def open_rows(r: Results) -> list[tuple[str, str, str, str]]:
+    """Open loop at fixed offered rates: latency, CPU and write transactions per refund."""
+    if not r.opened:
+        return []
+    rows: list[tuple[str, str, str, str]] = []
+    at_target = target_rate(list(r.opened))
+    for rate, results in r.opened.items():
+        settled, safe = results["settled"], results["celery_safe"]
+        targets = rate == at_target and _judged(settled) and _judged(safe)
+        rows.append((f"open loop at {rate:g}/s offered (refund k committed at k / rate)",
+                     "", "", ""))  # fmt: skip
+        if targets:
+            rows += [
+                ("Settled commit → receipt p50", f"{settled.p50:.1f} ms",
+                 f"<= {1.5 * safe.p50:.1f} ms (1.5 × plain Celery safe)",
+                 _met(settled.p50 <= 1.5 * safe.p50)),
+                ("Settled commit → receipt p99", f"{settled.p99:.1f} ms", "<= 50 ms",
+                 _met(settled.p99 <= 50)),
+                ("Settled worker CPU per refund", f"{settled.worker_cpu_ms:.2f} ms",
+                 f"<= {1.2 * safe.worker_cpu_ms:.2f} ms (1.2 × plain Celery safe)",
+                 _met(settled.worker_cpu_ms <= 1.2 * safe.worker_cpu_ms)),
+                ("Settled worker write transactions per refund",
+                 f"{settled.writes_per_refund:.2f}", "<= 2.0",
+                 _met(settled.writes_per_refund <= 2.0)),
+            ]  # fmt: skip
+        else:
+            note = "reference" if _judged(settled) else "(not judged correct)"
+            rows += [
+                ("Settled commit → receipt p50", f"{settled.p50:.1f} ms", note, ""),
+                ("Settled commit → receipt p99", f"{settled.p99:.1f} ms", note, ""),
+                ("Settled worker CPU per refund", f"{settled.worker_cpu_ms:.2f} ms", note, ""),
+                ("Settled worker write transactions per refund",
+                 f"{settled.writes_per_refund:.2f}", note, ""),
+            ]  # fmt: skip
+        rows.append(("  Settled producers' CPU per refund (app side)",
+                     f"{settled.producer_cpu_ms:.2f} ms", "reference", ""))  # fmt: skip
+        for name, peer in results.items():
+            if name == "settled":
+                continue
+            note = "reference" if _judged(peer) else "(not judged correct)"
+            label = peer.system.label
+            rows += [
+                (f"{label} commit → receipt p50", f"{peer.p50:.1f} ms", note, ""),
+                (f"{label} commit → receipt p99", f"{peer.p99:.1f} ms", note, ""),
+                (f"{label} worker CPU per refund", f"{peer.worker_cpu_ms:.2f} ms", note, ""),
+                (f"{label} worker write transactions per refund",
+                 f"{peer.writes_per_refund:.2f}", note, ""),
+                (f"  {label} producers' CPU per refund (app side)",
+                 f"{peer.producer_cpu_ms:.2f} ms", note, ""),
+            ]  # fmt: skip
+    return rows
+
+
 def print_table(rows: list[tuple[str, str, str, str]]) -> None:
     width = max(len(r[0]) for r in rows)
     value = max(10, *(len(r[1]) for r in rows))
@@ -293,6 +465,23 @@ def print_notes(r: Results, args: argparse.Namespace) -> None:
         "timed from resuming them to the last receipt and the last message acknowledged"
     )
     print(f"operations: {r.done} of {r.total} succeeded with a receipt.")
+    for live in r.live.values():
+        judged = f"; judged: {live.judgement}" if live.judgement is not None else ""
+        print(f"live, {live.system.label}: {live.rate * live.window:.0f} reached their receipt "
+              f"in the {live.window:.1f} s window, committed {live.committed_rate:.0f}/s; "
+              f"{len(live.latency_ms)} latency samples{judged}")  # fmt: skip
+    for rate, results in r.opened.items():
+        for o in results.values():
+            print(f"open loop {rate:g}/s, {o.system.label}: reached {o.reached:.0f}/s, "
+                  f"producers late p99 {pct(o.late_ms, 0.99):.1f} ms; xact_commit delta "
+                  f"{o.commit_delta}, of which the benchmark's own {o.bench_commits}, over "
+                  f"{o.handled} refunds; judged: {o.judgement}")  # fmt: skip
+    if r.live or r.opened:
+        print(
+            "judged: every refund's idempotency key has one effect in the simulator's "
+            "ledger, and one receipt (Settled: succeeded with a receipt); a figure of a "
+            "system not judged correct is shown but counts for no target"
+        )
     for name, d in (("batched", r.batched), ("single-commit", r.single)):
         print(
             f"commits over the {name} drain ({d.drained_ops} operations, warm-ups included): "
@@ -315,6 +504,33 @@ def print_notes(r: Results, args: argparse.Namespace) -> None:
 
 
 # -- main ------------------------------------------------------------------------------------
+
+
+#: ``--quick``: what it sets (an option given on the command line wins).
+QUICK: dict[str, object] = {
+    "ops": 200, "single_ops": 200, "latency_ops": 100, "idle_ops": 20, "scan_large": 20000,
+    "live_seconds": 4.0, "open_seconds": 3.0, "warmup": 20,
+}  # fmt: skip
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of rates: {text!r}") from None
+    if not rates or any(rate <= 0 for rate in rates):
+        raise argparse.ArgumentTypeError("rates must be positive numbers, comma-separated")
+    return rates
+
+
+def _peer_names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in EXTERNAL_PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown peer {', '.join(unknown)}; known: {', '.join(EXTERNAL_PEERS)}"
+        )
+    return names
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -359,6 +575,26 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scan-live", type=int, default=1000, help="live operations, not due")
     parser.add_argument("--scan-due", type=int, default=100, help="planned operations due")
     parser.add_argument("--scan-repeats", type=int, default=20, help="timed passes per size")
+    parser.add_argument(
+        "--live-seconds", type=float, default=20.0,
+        help="the live-traffic window: how long the producers commit, per system",
+    )  # fmt: skip
+    parser.add_argument(
+        "--open-rates", type=_rates, default=[50.0, 100.0],
+        help="offered rates of the open-loop phase, refunds/s, comma-separated",
+    )  # fmt: skip
+    parser.add_argument(
+        "--open-seconds", type=float, default=20.0, help="refunds offered: rate × this, per rate"
+    )
+    parser.add_argument(
+        "--peers", type=_peer_names, default=[],
+        help="more peers, installed by the bench into .bench-peers/ (comma-separated: "
+        "procrastinate,dbos)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="a development run of 2-3 minutes: small counts, short windows, no large scan",
+    )  # fmt: skip
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/14", help="flushed!")
     parser.add_argument("--keep-logs", action="store_true")
@@ -366,6 +602,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--log-statements", action="store_true", help="log every statement to the server log"
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        given = set(argv if argv is not None else sys.argv[1:])
+        for option, value in QUICK.items():
+            if f"--{option.replace('_', '-')}" not in given:
+                setattr(args, option, value)
+    if args.live_seconds <= 0 or args.open_seconds <= 0:
+        parser.error("--live-seconds and --open-seconds must be positive")
     for name in ("ops", "single_ops", "producers", "latency_ops", "idle_ops", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -385,6 +628,8 @@ def flush(url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # The peers' own environment, before any service starts (an install takes a while).
+    args.external = prepare_peers(args.peers, ROOT / ".bench-peers")
     claim_batch = Settings().claim_batch if args.claim_batch is None else args.claim_batch
     doorbell = Settings().hint_doorbell if args.doorbell is None else args.doorbell
     workdir = Path(tempfile.mkdtemp(prefix="settled-bench-"))

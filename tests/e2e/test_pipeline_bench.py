@@ -1,5 +1,7 @@
-"""The pipeline benchmark (``bench/pipeline.py``) in a tiny configuration: every phase runs and
-the table has every figure of issue 17 beside its target.
+"""The pipeline benchmark (``bench/pipeline.py``) in a tiny configuration: every phase runs, every
+system of the live-traffic and open-loop phases is judged correct (one effect at the simulator
+and one receipt per refund), and the table has every figure of issues 17 and 31 beside its
+target.
 
 The figures themselves are never asserted: a tiny run on a busy machine measures little, and
 the targets are for a full run on a quiet one.
@@ -24,13 +26,27 @@ TINY = [
     "--idle-ops", "5", "--warmup", "5", "--noop-tasks", "100", "--raw-ops", "100",
     "--sim-requests", "100", "--concurrency", "2", "--scan-small", "1200",
     "--scan-large", "5000", "--scan-live", "100", "--scan-due", "10", "--scan-repeats", "2",
+    "--live-seconds", "1.5", "--open-rates", "50", "--open-seconds", "1",
 ]  # fmt: skip
 
 #: The rows that carry a target, in order: (figure, target), as regular expressions.
 TARGETS = [
-    (r"one op per intake commit, 2 producer processes, ops/s", r">= \d+ \(0\.6 × stock no-op"),
+    (r"Settled, refunds/s reaching succeeded", r">= \d+ \(0\.6 × stock Celery no-op, live\)"),
+    (r"  ÷ stock Celery no-op, live", r">= 0\.60"),
+    (r"  ÷ plain Celery safe, live", r">= 1\.20"),
+    (r"Settled commit → receipt p50", r"<= [\d.]+ ms \(1\.5 × plain Celery safe\)"),
+    (r"Settled commit → receipt p99", r"<= 50 ms"),
+    (r"Settled worker CPU per refund", r"<= [\d.]+ ms \(1\.2 × plain Celery safe\)"),
+    (r"Settled worker write transactions per refund", r"<= 2\.0"),
+    (
+        r"drained backlog, one op per intake commit, 2 producer processes, ops/s",
+        r">= \d+ \(0\.6 × stock no-op",
+    ),
     (r"  ÷ stock Celery no-op drain", r">= 0\.60 \(stretch 0\.80\)"),
-    (r"100 ops per intake commit \(batched\), ops/s", r">= \d+ \(0\.8 × stock no-op\)"),
+    (
+        r"drained backlog, 100 ops per intake commit \(batched\), ops/s",
+        r">= \d+ \(0\.8 × stock no-op\)",
+    ),
     (r"  ÷ stock Celery no-op drain", r">= 0\.80"),
     (r"p50 at \d+ ops/s \(half the single-commit max, one per commit\)", r"<= 20 ms"),
     (r"p99 at \d+ ops/s", r"<= 100 ms"),
@@ -44,6 +60,12 @@ TARGETS = [
 
 #: Reference rows the issue names beside the targets.
 REFERENCES = [
+    r"stock Celery no-op, live, tasks/s",
+    r"plain Celery safe, live, refunds/s",
+    r"plain Celery safe commit → receipt p50",
+    r"plain Celery safe worker CPU per refund",
+    r"plain Celery safe worker write transactions per refund",
+    r"  Settled producers' CPU per refund \(app side\)",
     r"no-op drain, stock Celery \(kombu's Redis transport\), tasks/s",
     r"no-op drain, the product's Celery configuration, tasks/s",
     r"Celery publish-to-start, no-op, idle worker: stock, p50",
@@ -101,3 +123,13 @@ def test_the_pipeline_benchmark_prints_every_figure_beside_its_target(
     succeeded = re.search(r"^operations: (\d+) of (\d+) succeeded", done.stdout, re.MULTILINE)
     assert succeeded, said
     assert succeeded[1] == succeeded[2], said
+
+    # Every system of the live and open-loop phases was judged, and judged correct.
+    judged = re.findall(r"^(live|open loop 50/s), ([^:]+):.*judged: (.*)$", done.stdout, re.M)
+    systems = {(phase, system) for phase, system, _ in judged}
+    assert systems == {
+        ("live", "Settled"), ("live", "plain Celery safe"),
+        ("open loop 50/s", "Settled"), ("open loop 50/s", "plain Celery safe"),
+    }, said  # fmt: skip
+    assert all(verdict.endswith(": correct") for _, _, verdict in judged), said
+    assert re.search(r"^live, stock Celery no-op: \d+ reached", done.stdout, re.M), said
