@@ -11,9 +11,10 @@ is found, never contradicted. The judge is the simulator's ledger (and the rig's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 
@@ -43,6 +44,13 @@ def send_held(rig: Rig, proxy: FaultProxy, op: int, **executor: object) -> None:
     rig.executor(url=proxy.url, lease_seconds=LEASE, clock_margin=MARGIN, **executor).execute([op])
     assert rig.op(op).state == State.UNKNOWN  # the client heard nothing in time
     assert rig.sends(op) == 0  # still held
+    # The client gives up by its own reading of the database's clock, which may run up to a
+    # database round trip ahead of it (a loaded machine): release only once the attempt's lease
+    # is over by the clock the simulator reads, so the request surely lands past its deadline.
+    (attempt,) = rig.attempts(op)
+    assert attempt.not_after is not None
+    lease_end = attempt.not_after.replace(tzinfo=attempt.not_after.tzinfo or UTC).timestamp()
+    wait_until(lambda: time.time() > lease_end, 10, "the attempt's lease to end")
     proxy.release()
     wait_until(lambda: proxy.answered == 1, 10, "the late request answered")
 
