@@ -104,7 +104,12 @@ class SoakChaos(SoakBase):
     def _kill_worker_child(self, a: Action) -> None:
         def kill(svc: Service) -> None:
             assert svc.proc is not None
+            # Read again: the children seen a moment ago may have exited since (recycled or
+            # killed), and the list may be empty now.
             children = self._old_children(svc)
+            if not children:
+                self.timeline.record("skipped", svc.name, fault=a.kind, why="no child left")
+                return
             child = children[a.pick % len(children)]
             held, db_time = self.held([child])
             with suppress(ProcessLookupError):

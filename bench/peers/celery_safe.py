@@ -15,7 +15,6 @@ the flags ``settled worker`` uses. It reads the bench's environment (``SETTLED_D
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 import uuid
@@ -25,12 +24,11 @@ import httpx
 import psycopg
 from celery import Celery
 
-from bench.peers.schema import NAMES, insert_refund, record_receipt
+from bench.peers.schema import NAMES, PARAMS, insert_refund, record_receipt, refund_post
 from settled.celery_app import DELIVERY, QUEUE, worker_argv
 
 PEER = NAMES["celery_safe"]
 TASK = "bench.peer.refund"
-PARAMS = {"order_id": "B-1", "amount_minor": 1, "currency": "CNY", "payee": "P-1"}
 
 
 def libpq(url: str) -> str:
@@ -60,15 +58,7 @@ def make_app(broker_url: str) -> Celery:
             local["http"] = httpx.Client(base_url=os.environ["SETTLED_DOWNSTREAM_URL"],
                                          timeout=5.0, trust_env=False)  # fmt: skip
             local["db"] = psycopg.connect(libpq(os.environ["SETTLED_DATABASE_URL"]))
-        response = local["http"].post(
-            "/v1/refunds",
-            content=json.dumps(PARAMS, separators=(",", ":")).encode(),
-            headers={
-                "Authorization": f"Bearer {os.environ['BENCH_API_KEY']}",
-                "Idempotency-Key": key,
-                "Content-Type": "application/json",
-            },
-        )
+        response = local["http"].post(**refund_post(key, os.environ["BENCH_API_KEY"]))
         if response.status_code >= 500 or response.status_code == 409:
             raise self.retry(countdown=0.05)  # the key in flight, or the downstream failed
         response.raise_for_status()

@@ -15,7 +15,6 @@ bench's database; ``... worker --concurrency C``: the worker; the producer side 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import threading
@@ -28,12 +27,11 @@ import psycopg
 import sqlalchemy as sa
 from dbos import DBOS, DBOSClient, SQLAlchemyDatasource
 
-from bench.peers.schema import NAMES, insert_refund
+from bench.peers.schema import NAMES, PARAMS, insert_refund, refund_post
 
 PEER = NAMES["dbos"]
 QUEUE_NAME = "bench_refunds"
 WORKFLOW = "bench_refund"
-PARAMS = {"order_id": "B-1", "amount_minor": 1, "currency": "CNY", "payee": "P-1"}
 #: How often an idle worker looks for enqueued workflows, seconds.
 POLL = 0.01
 
@@ -54,15 +52,7 @@ def _launch(concurrency: int | None) -> None:
 
     @DBOS.step(retries_allowed=True, max_attempts=20, interval_seconds=0.05)
     def post(key: str) -> str:
-        response = http.post(
-            "/v1/refunds",
-            content=json.dumps(PARAMS, separators=(",", ":")).encode(),
-            headers={
-                "Authorization": f"Bearer {os.environ['BENCH_API_KEY']}",
-                "Idempotency-Key": key,
-                "Content-Type": "application/json",
-            },
-        )
+        response = http.post(**refund_post(key, os.environ["BENCH_API_KEY"]))
         response.raise_for_status()  # a 409 (the key in flight) or a 5xx: retried
         return str(response.json().get("id", ""))
 

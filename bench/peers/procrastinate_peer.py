@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 import uuid
@@ -25,10 +24,9 @@ import httpx
 import procrastinate
 import psycopg
 
-from bench.peers.schema import NAMES, insert_refund
+from bench.peers.schema import NAMES, PARAMS, insert_refund, refund_post
 
 PEER = NAMES["procrastinate"]
-PARAMS = {"order_id": "B-1", "amount_minor": 1, "currency": "CNY", "payee": "P-1"}
 RECEIPT = (
     "INSERT INTO peer_receipts (peer, refund_id, reference)"
     " SELECT %(peer)s, %(refund_id)s, %(reference)s WHERE NOT EXISTS"
@@ -53,15 +51,7 @@ async def refund(refund_id: int, key: str) -> None:
         client = _http["client"] = httpx.AsyncClient(
             base_url=os.environ["SETTLED_DOWNSTREAM_URL"], timeout=5.0, trust_env=False
         )
-    response = await client.post(
-        "/v1/refunds",
-        content=json.dumps(PARAMS, separators=(",", ":")).encode(),
-        headers={
-            "Authorization": f"Bearer {os.environ['BENCH_API_KEY']}",
-            "Idempotency-Key": key,
-            "Content-Type": "application/json",
-        },
-    )
+    response = await client.post(**refund_post(key, os.environ["BENCH_API_KEY"]))
     response.raise_for_status()  # a 409 (the key in flight) or a 5xx: retried
     await app.connector.execute_query_async(
         RECEIPT, peer=PEER, refund_id=refund_id, reference=str(response.json().get("id", ""))

@@ -8,6 +8,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+#: The refund every peer sends (the simulator's refund kind; one minor unit).
+PARAMS = {"order_id": "B-1", "amount_minor": 1, "currency": "CNY", "payee": "P-1"}
+
+
+def refund_post(key: str, api_key: str) -> dict[str, Any]:
+    """The keyword arguments of an httpx ``post`` of the refund with idempotency key ``key``
+    (a client whose base URL is the simulator's)."""
+    return {
+        "url": "/v1/refunds",
+        "content": json.dumps(PARAMS, separators=(",", ":")).encode(),
+        "headers": {
+            "Authorization": f"Bearer {api_key}",
+            "Idempotency-Key": key,
+            "Content-Type": "application/json",
+        },
+    }
+
+
 #: system name -> the ``peer`` column's value
 NAMES = {"celery_safe": "celery-safe", "procrastinate": "procrastinate", "dbos": "dbos"}
 
