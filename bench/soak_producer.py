@@ -34,7 +34,7 @@ from bench.soak_plan import BIG_ORDERS, Job, producer_jobs, refund_params  # noq
 from outbox import relay, runs  # noqa: E402
 from outbox.db import make_engine  # noqa: E402
 from outbox.errors import InvalidInput  # noqa: E402
-from outbox.intake import Outbox  # noqa: E402
+from outbox.intake import Enqueued, Outbox  # noqa: E402
 from outbox.models import Operation, Run  # noqa: E402
 from outbox.settings import Settings  # noqa: E402
 from settled.celery_app import create_app, hint_publisher  # noqa: E402
@@ -133,15 +133,13 @@ class Producer:
 
     def enqueue(
         self, s: Session, tenant: str, n: int, kind: str, params: dict[str, Any], **kw: Any
-    ) -> Operation:
+    ) -> Enqueued:
         op_id = self.op_id(n)
         s.execute(
             _BUSINESS_ROW,
             {"tenant": tenant, "op_id": op_id, "kind": kind, "producer": self.cfg.index},
         )
-        return self.outbox.enqueue(
-            s, tenant=tenant, op_id=op_id, kind=kind, params=params, **kw
-        ).operation
+        return self.outbox.enqueue(s, tenant=tenant, op_id=op_id, kind=kind, params=params, **kw)
 
     def done(self, tenant: str, ns: list[int], kinds: list[str]) -> None:
         self.committed += [(tenant, self.op_id(n), k) for n, k in zip(ns, kinds, strict=True)]

@@ -15,14 +15,20 @@ A rule that runs meanwhile waits for the app's transaction and reads what it com
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import has_identity
 
-from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, NotFound
+from outbox.errors import (
+    IdempotencyConflict,
+    InvalidIdentifier,
+    InvalidInput,
+    NotFound,
+)
 from outbox.fingerprint import Fingerprinter, canonical_params
 from outbox.ids import (
     derive_idempotency_key,
@@ -36,7 +42,7 @@ from outbox.observer import NO_OBSERVER, Observer, guarded
 from outbox.settings import Settings
 from outbox.states import State
 from outbox.storage import storage_for
-from outbox.storage.operations import compensations_of, find_operation
+from outbox.storage.operations import INTAKE_RETURNS, compensations_of, find_operation
 
 #: ``Session.info`` key listing the operations created in the session's transaction.
 CREATED_KEY = "settled.created"
@@ -59,10 +65,57 @@ def compensation_lock(tenant: str, operation_id: int) -> str:
 
 @dataclass(frozen=True)
 class Enqueued:
-    """What intake did: the operation (new or existing) and whether this call created it."""
+    """What intake did: the operation's identity and state at intake, and whether this call
+    created it.
 
-    operation: Operation
+    The values are the ones the intake statement returned: a new operation is not loaded into
+    the session. ``operation`` is the whole row as an ORM entity: a replay's is the one intake
+    read; a new one's is read once, on first use (``Enqueued.operation``).
+    """
+
+    id: int
+    tenant: str
+    op_id: str
+    kind: str
+    state: str
+    idempotency_key: str
+    deadline: datetime
+    run_id: int | None
+    compensates_id: int | None
+    correlation_id: str | None
     created: bool
+    session: Session = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, operation: Operation, *, created: bool, session: Session) -> Enqueued:
+        """The values of a loaded ``operation``, which ``operation`` then answers with."""
+        got = cls(
+            **{name: getattr(operation, name) for name in INTAKE_RETURNS},
+            created=created,
+            session=session,
+        )
+        got.__dict__["operation"] = operation  # cached_property's slot: no read on first use
+        return got
+
+    @cached_property
+    def operation(self) -> Operation:
+        """The operation's row: while the intake's transaction is open, the entity in its
+        session (the identity map's, or read once); after it ended, a copy read by a session
+        of its own, closed at once (the app's session is left as it is: no transaction begun
+        in it, no connection held)."""
+        if self.session.in_transaction():
+            loaded = self.session.get(Operation, self.id)
+        else:
+            with Session(self.session.get_bind(), expire_on_commit=False) as own:
+                loaded = own.get(Operation, self.id)
+                if loaded is not None:
+                    own.expunge(loaded)
+        if loaded is None:
+            raise NotFound(
+                "the operation is not stored: its transaction was rolled back",
+                code="operation_not_found",
+            )
+        return loaded
 
 
 @dataclass(frozen=True)
@@ -137,7 +190,7 @@ class Outbox:
                 max_attempts=max_attempts,
                 deadline=deadline,
             )
-            seen((got.operation, got.created))
+            seen(got)
             return got
 
     def _enqueue(
@@ -165,11 +218,13 @@ class Outbox:
             max_attempts=max_attempts,
             deadline=deadline,
         )
-        op = self._insert(session, request)
-        if op is None:
-            return Enqueued(self._replayed(session, request), created=False)
-        _hint_after_commit(session, op)
-        return Enqueued(op, created=True)
+        row = self._insert(session, request)
+        if row is None:
+            return Enqueued.of(self._replayed(session, request), created=False, session=session)
+        values = {name: row[name] for name in INTAKE_RETURNS}
+        got = Enqueued(**values, created=True, session=session)
+        _hint_after_commit(session, got.id)
+        return got
 
     def _validate(
         self,
@@ -209,9 +264,10 @@ class Outbox:
             compensates_id=compensates_id,
         )
 
-    def _insert(self, session: Session, request: _Request) -> Operation | None:
-        """Insert the operation with its ``created`` event row; None (nothing written) if
-        ``(tenant, op_id)`` is already taken.
+    def _insert(self, session: Session, request: _Request) -> Mapping[str, Any] | None:
+        """Insert the operation with its ``created`` event row, one statement; the new row's
+        values (``INTAKE_RETURNS``), or None (nothing written) if ``(tenant, op_id)`` is
+        already taken.
 
         Insert first, ON CONFLICT DO NOTHING: a concurrent intake of the same (tenant, op_id)
         waits for the other transaction and then inserts nothing instead of raising; on
@@ -231,12 +287,10 @@ class Outbox:
                 storage.lock_order(session, lock, shared=True)
             storage.serialize(session, compensation_lock(request.tenant, request.compensates_id))
             _refuse_second_compensation(session, request)
-        correlation_id = request.correlation_id
         return storage.create_operation(
             session,
             self._row_values(request),
             default_deadline_seconds=self.deadline.total_seconds(),
-            evidence={"correlation_id": correlation_id} if correlation_id else None,
             order_lock=lock,
         )
 
@@ -314,10 +368,10 @@ def _refuse_second_compensation(session: Session, request: _Request) -> None:
             )
 
 
-def _hint_after_commit(session: Session, op: Operation) -> None:
-    """List ``op`` in the session: its hint goes out after commit, if the app installed the
-    relay (``outbox.relay``)."""
-    session.info.setdefault(CREATED_KEY, []).append(op.id)
+def _hint_after_commit(session: Session, operation_id: int) -> None:
+    """List the new operation in the session: its hint goes out after commit, if the app
+    installed the relay (``outbox.relay``)."""
+    session.info.setdefault(CREATED_KEY, []).append(operation_id)
 
 
 def _checked_correlation_id(correlation_id: str | None, op_id: str) -> str | None:

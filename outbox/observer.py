@@ -9,7 +9,7 @@ service calls with what the step did, once, if the step got that far:
 ==============  ======================================  ==========================================
 hook            around                                  reported
 ==============  ======================================  ==========================================
-``enqueuing``   ``Outbox.enqueue``                      the operation, and whether it was created
+``enqueuing``   ``Outbox.enqueue``                      its ``Enqueued`` (id, op_id, created...)
 ``hinting``     publishing the hints of these ids       (nothing)
 ``claiming``    the executor's claim of a batch         the ``ClaimedBatch``
 ``sending``     one attempt: an operation's send        its ``SubmitOutcome``
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from outbox.downstream import SubmitOutcome
-    from outbox.models import Operation
     from outbox.states import State
     from outbox.storage.claims import Claimed
 
@@ -48,8 +47,22 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-#: What ``enqueuing`` is told: the operation, and whether this call created it.
-Intake = tuple["Operation", bool]
+
+class Intake(Protocol):
+    """What ``enqueuing`` is told: what intake did (``outbox.intake.Enqueued``)."""
+
+    @property
+    def id(self) -> int:
+        """The operation's primary key."""
+
+    @property
+    def op_id(self) -> str:
+        """The operation's op_id."""
+
+    @property
+    def created(self) -> bool:
+        """Whether this call created it (False: a replay)."""
+
 
 #: What a hook yields: called with what the step did.
 Report = Callable[[R], None]

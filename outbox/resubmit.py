@@ -148,7 +148,7 @@ def resubmit(
                 evidence={"resubmitted_as": new_op_id, "by": by, "why": why},
             ),
             Note(
-                got.operation.id,
+                got.id,
                 note=RESUBMISSION,
                 evidence={"resubmits": op_id, "by": by, "why": why},
             ),

@@ -133,7 +133,7 @@ def compensate(
         correlation_id=correlation_id,
         compensates=original,
     )
-    if not got.created and got.operation.compensates_id != original.id:
+    if not got.created and got.compensates_id != original.id:
         raise IdempotencyConflict(
             "op_id already names an operation that does not compensate this one",
             code="idempotency_conflict",

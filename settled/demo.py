@@ -219,7 +219,7 @@ class Demo:
             ticket = self.rt.outbox.enqueue(
                 s, tenant=TENANT, op_id=new_op_id(), kind="after_sales_ticket", run=run,
                 params={"ticket_id": "T-F6006", "order_id": "F6006", "reason": "damaged"},
-            ).operation.op_id  # fmt: skip
+            ).op_id  # fmt: skip
             self.handles.append(("After-sales for order F6006", run.handle))
             run_id = run.id
         self.show(self.wait_state(ticket, *TERMINAL), "ticket")
@@ -228,7 +228,7 @@ class Demo:
             pickup = self.rt.outbox.enqueue(
                 s, tenant=TENANT, op_id=new_op_id(), kind="pickup", run=run_obj,
                 params={"ticket_id": "T-F6006", "day": "2026-12-02", "slot": "morning"},
-            ).operation.op_id  # fmt: skip
+            ).op_id  # fmt: skip
         self.show(self.wait_state(pickup, *TERMINAL), "pickup")
         with self.rt.sessions.begin() as s:
             original = find_operation(s, TENANT, ticket)
@@ -236,7 +236,7 @@ class Demo:
             undo = compensate(
                 self.rt.outbox, s, original, op_id=new_op_id(), kind="ticket_cancel",
                 params={"ticket_id": "T-F6006", "reason": "pickup_failed"},
-            ).operation.op_id  # fmt: skip
+            ).op_id  # fmt: skip
         self.show(self.wait_state(undo, *TERMINAL), "compensation (cancel the ticket)")
 
     # -- the end ---------------------------------------------------------------------------

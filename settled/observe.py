@@ -143,12 +143,11 @@ class Observed(NoObserver):
         with tracer.start_as_current_span("settled.enqueue", attributes=named) as span:
 
             def enqueued(got: Intake) -> None:
-                operation, created = got
-                span.set_attribute("settled.created", created)
-                span.set_attribute("settled.operation_id", operation.id)
-                if created and span.get_span_context().is_valid:
-                    tracing.store_context(session, operation.id, span)
-                    tracing.intake_contexts.put(operation.id, tracing.current())
+                span.set_attribute("settled.created", got.created)
+                span.set_attribute("settled.operation_id", got.id)
+                if got.created and span.get_span_context().is_valid:
+                    tracing.store_context(session, got.id, span)
+                    tracing.intake_contexts.put(got.id, tracing.current())
 
             yield enqueued
 

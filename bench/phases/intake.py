@@ -58,7 +58,7 @@ class Producer:
                         session, tenant=TENANT, kind="refund", params=PARAMS,
                         op_id=f"op-{self.tag}{self.serial}-{uuid.uuid4().hex[:6]}",
                     )  # fmt: skip
-                    ids.append(got.operation.id)
+                    ids.append(got.id)
         return ids
 
     def close(self) -> None:

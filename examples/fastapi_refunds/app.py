@@ -146,8 +146,8 @@ def create_app(
         )
         return {
             "request_key": request_key,
-            "op_id": got.operation.op_id,
-            "state": got.operation.state,
+            "op_id": got.op_id,
+            "state": got.state,
             "created": created,
         }
 

@@ -6,7 +6,9 @@ What differs between the two databases is here and in the two implementations
 * writing transitions and their event rows (``write_transitions``, the one writer): on
   PostgreSQL a batch is one static statement (``queries.sql``), atomic by itself; on SQLite a
   few statements per operation, in the caller's transaction;
-* the intake INSERT ... ON CONFLICT DO NOTHING (each database's own INSERT construct);
+* the intake INSERT ... ON CONFLICT DO NOTHING (each database's own INSERT construct), one
+  statement with its event row: on PostgreSQL a data-modifying CTE writes it, on SQLite a
+  trigger (migration 0009);
 * the locks a rule that reads before it writes is held under (``serialize``, ``lock_order``):
   on PostgreSQL transaction-level advisory locks, and intake takes an order's lock (shared)
   inside its INSERT, so a rule reading an order waits for an app's transaction still open
@@ -42,7 +44,6 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from outbox.errors import StaleLease
-from outbox.models import Operation
 from outbox.storage.connection import Bind, connection_of
 from outbox.storage.transitions import Finish, Note, Transition, write_notes
 
@@ -118,28 +119,28 @@ class Storage(ABC):
         values: Mapping[str, Any],
         *,
         default_deadline_seconds: float,
-        evidence: dict[str, Any] | None,
         order_lock: str | None = None,
-    ) -> Operation | None:
-        """Insert a planned operation, with its event row; None (nothing written) when
-        ``(tenant, op_id)`` already exists. ``values["deadline"]`` None: the default one.
-        ``order_lock``: the order's lock (``lock_order``), taken shared by the same statement
-        before the row is written and held until the transaction ends."""
+    ) -> Mapping[str, Any] | None:
+        """Insert a planned operation, with its ``created`` event row, in one statement; the
+        new row's ``INTAKE_RETURNS`` (``outbox.storage.operations``), or None (nothing
+        written) when ``(tenant, op_id)`` already exists. Nothing is loaded into the session.
+
+        ``values["deadline"]`` None: the default one. ``order_lock``: the order's lock
+        (``lock_order``), taken shared by the same statement before the row is written and
+        held until the transaction ends. The event's evidence names the correlation id."""
         params = {
             **values,
             "default_deadline_seconds": default_deadline_seconds,
             "order_lock": order_lock,
         }
-        op = self._insert_operation(session, params)
-        if op is not None:
-            self.write_transitions(
-                session, [Note(op.id, created=True, evidence=evidence)], actor="intake"
-            )
-        return op
+        return self._insert_operation(session, params)
 
     @abstractmethod
-    def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
-        """INSERT ... ON CONFLICT (tenant, op_id) DO NOTHING RETURNING the new operation."""
+    def _insert_operation(
+        self, session: Session, params: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None:
+        """INSERT ... ON CONFLICT (tenant, op_id) DO NOTHING RETURNING the new row, its event
+        row written by the same statement."""
 
     @abstractmethod
     def serialize(self, session: Session, key: str) -> None:

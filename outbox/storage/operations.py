@@ -22,14 +22,26 @@ INTAKE_PARAMS = (
 )  # fmt: skip
 
 
+#: What the intake statement returns of the new row (``outbox.intake.Enqueued``'s values).
+INTAKE_RETURNS = (
+    "id", "tenant", "op_id", "kind", "state", "idempotency_key", "deadline", "run_id",
+    "compensates_id", "correlation_id",
+)  # fmt: skip
+
+
 def intake_insert(insert: Callable[[Any], Any], lock: ColumnElement[Any] | None = None) -> Any:
-    """The intake INSERT built with a database's own ``insert`` construct (for ON CONFLICT):
-    returns the new Operation, or nothing on a conflict. Parameters: ``INTAKE_PARAMS``,
-    ``deadline`` (None: ``default_deadline_seconds`` from now, in database time).
+    """The intake INSERT built with a database's own ``insert`` construct (for ON CONFLICT),
+    a Core statement: returns the new row's ``INTAKE_RETURNS`` plus its ``created_at``, or
+    nothing on a conflict. Parameters: ``INTAKE_PARAMS``, ``deadline`` (None:
+    ``default_deadline_seconds`` from now, in database time).
 
     ``lock``: an expression the row is selected through, evaluated before the row is written,
     in the same statement (PostgreSQL: the order's lock, ``PostgresStorage``), so taking it
-    costs no round trip."""
+    costs no round trip.
+
+    The ``created`` event row is written by the same statement: on PostgreSQL a
+    data-modifying CTE around this one (``created_event``), on SQLite the
+    ``operations_created_event`` trigger (migration 0009)."""
     deadline = bindparam("deadline", type_=UTCDateTime())
     default = db_now(bindparam("default_deadline_seconds", type_=Float()))
     values: dict[str, Any] = {
@@ -42,16 +54,13 @@ def intake_insert(insert: Callable[[Any], Any], lock: ColumnElement[Any] | None 
         "updated_at": db_now(),
     }
     if lock is None:
-        statement = insert(Operation).values(**values)
+        statement = insert(ops).values(**values)
     else:
         locked = select(lock.label("locked")).subquery("order_lock")
         row = select(*(value.label(name) for name, value in values.items())).select_from(locked)
-        statement = insert(Operation).from_select(list(values), row)
-    returning = statement.on_conflict_do_nothing(index_elements=["tenant", "op_id"]).returning(
-        Operation
-    )
-    # As a SELECT from the statement: one row into the session, no ORM bulk-insert machinery.
-    return select(Operation).from_statement(returning)
+        statement = insert(ops).from_select(list(values), row)
+    returned = [ops.c[name] for name in (*INTAKE_RETURNS, "created_at")]
+    return statement.on_conflict_do_nothing(index_elements=["tenant", "op_id"]).returning(*returned)
 
 
 FIND_OPERATION = select(Operation).where(

@@ -19,17 +19,34 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Integer, String, TextClause, bindparam, cast, func, literal, text
+from sqlalchemy import (
+    Connection,
+    Integer,
+    String,
+    Table,
+    TextClause,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal,
+    literal_column,
+    null,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from outbox.models import Operation
+from outbox.models import OperationEvent
 from outbox.storage.connection import run_twice
 from outbox.storage.database import Storage
-from outbox.storage.operations import intake_insert
+from outbox.storage.operations import INTAKE_RETURNS, intake_insert
 from outbox.storage.transitions import Finish, Transition
 
 T = TypeVar("T")
+
+events: Table = OperationEvent.__table__  # type: ignore[assignment]
 
 QUERIES_FILE = Path(__file__).with_name("queries.sql")
 
@@ -79,7 +96,7 @@ WRITE_TRANSITIONS = {
 }
 #: The intake INSERT selects its row through the order's shared lock (``order_lock``; a NULL
 #: key, for a kind with no order, takes none: the lock functions are strict).
-_INSERT_OPERATION = intake_insert(
+_INSERT_NEW = intake_insert(
     pg_insert,
     lock=func.pg_advisory_xact_lock_shared(
         literal(ORDER_LOCK_SPACE),
@@ -91,6 +108,28 @@ _INSERT_OPERATION = intake_insert(
         ),
     ),
 )
+
+
+def created_event(inserted: Any) -> Any:
+    """Intake in one statement: ``inserted`` (the INSERT ... RETURNING) as a data-modifying
+    CTE, its ``created`` event row written by a second one from the row it returned (nothing
+    on a conflict), and the new row's ``INTAKE_RETURNS`` selected from the first."""
+    new = inserted.cte("new")
+    evidence = case(
+        (new.c.correlation_id.is_(None), literal_column("'null'::json")),
+        else_=func.json_build_object(literal_column("'correlation_id'"), new.c.correlation_id),
+    )
+    columns = ["operation_id", "from_state", "to_state", "actor", "lease_version", "reason",
+               "evidence", "at"]  # fmt: skip
+    row = select(
+        new.c.id, null(), new.c.state, literal("intake"), null(), null(), evidence,
+        new.c.created_at,
+    )  # fmt: skip
+    event = pg_insert(events).from_select(columns, row).cte("created")
+    return select(*(new.c[name] for name in INTAKE_RETURNS)).add_cte(event)
+
+
+_INSERT_OPERATION = created_event(_INSERT_NEW)
 
 
 def _parts(rows: Sequence[Mapping[str, Any]]) -> frozenset[str]:
@@ -168,8 +207,11 @@ class PostgresStorage(Storage):
         result = conn.execute(statement, {"rows": json.dumps(rows), "actor": actor})
         return set(result.scalars())
 
-    def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
-        return session.scalars(_INSERT_OPERATION, params).one_or_none()
+    def _insert_operation(
+        self, session: Session, params: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None:
+        row = session.execute(_INSERT_OPERATION, params).one_or_none()
+        return None if row is None else dict(row._mapping)
 
     def serialize(self, session: Session, key: str) -> None:
         session.execute(_SERIALIZE, {"key": key})

@@ -227,8 +227,11 @@ class SqliteStorage(Storage):
                 )
         return written
 
-    def _insert_operation(self, session: Session, params: Mapping[str, Any]) -> Operation | None:
-        return session.scalars(_INSERT_OPERATION, params).one_or_none()
+    def _insert_operation(
+        self, session: Session, params: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None:
+        row = session.execute(_INSERT_OPERATION, params).one_or_none()
+        return None if row is None else dict(row._mapping)
 
     def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
         """In one transaction, always."""

@@ -24,7 +24,7 @@ from outbox.errors import (
     UnknownKind,
 )
 from outbox.fingerprint import canonical_params
-from outbox.ids import CORRELATION_ID_RE, OP_ID_RE, new_op_id
+from outbox.ids import CORRELATION_ID_RE, OP_ID_RE, derive_idempotency_key, new_op_id
 from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent, Run
 
@@ -129,19 +129,85 @@ def statements(engine: Engine) -> Iterator[list[str]]:
         event.remove(engine, "before_cursor_execute", keep)
 
 
-def test_an_intake_costs_two_statements_new_or_replayed(engine: Engine, outbox: Outbox) -> None:
-    # The hot path: the INSERT ... ON CONFLICT DO NOTHING RETURNING, then the created event
-    # row; a replay or a conflict reads the stored operation instead. Nothing else.
+def _created_events(engine: Engine, operation_id: int) -> list[tuple[Any, ...]]:
+    with Session(engine) as s:
+        rows = s.execute(
+            select(
+                OperationEvent.from_state,
+                OperationEvent.to_state,
+                OperationEvent.actor,
+                OperationEvent.lease_version,
+                OperationEvent.reason,
+                OperationEvent.evidence,
+                OperationEvent.at == Operation.created_at,
+            )
+            .join(Operation, Operation.id == OperationEvent.operation_id)
+            .where(OperationEvent.operation_id == operation_id)
+        )
+        return [tuple(r) for r in rows]
+
+
+def test_an_intake_is_one_statement_and_loads_nothing(engine: Engine, outbox: Outbox) -> None:
+    # The hot path: one statement writes the operation and its created event row
+    # (PostgreSQL: a data-modifying CTE; SQLite: the trigger of migration 0009) and returns
+    # the new row's values, loading no entity into the session; a replay or a conflict
+    # reads the stored operation instead. Nothing else.
+    first = "WITH" if engine.dialect.name == "postgresql" else "INSERT"
     with Session(engine) as s, s.begin(), statements(engine) as new:
-        assert enqueue(outbox, s, correlation_id="call-1").created
+        got = enqueue(outbox, s, correlation_id="call-1")
+        assert got.created
+        assert len(s.identity_map) == 0
     with Session(engine) as s, s.begin(), statements(engine) as replay:
         assert not enqueue(outbox, s, correlation_id="call-1").created
     with Session(engine) as s, statements(engine) as conflict:
         with pytest.raises(IdempotencyConflict):
             enqueue(outbox, s, params={**GOOD, "amount_minor": 1})
         s.rollback()
-    assert new == ["INSERT", "INSERT"]
-    assert replay == conflict == ["INSERT", "SELECT"]
+    assert new == [first]
+    assert replay == conflict == [first, "SELECT"]
+    # The one event row, written by that statement, at the row's own creation time.
+    evidence = {"correlation_id": "call-1"}
+    assert _created_events(engine, got.id) == [
+        (None, "planned", "intake", None, None, evidence, True)
+    ]
+
+
+def test_the_created_event_without_a_correlation_id_has_no_evidence(
+    engine: Engine, outbox: Outbox
+) -> None:
+    with Session(engine) as s, s.begin():
+        got = enqueue(outbox, s)
+    assert _created_events(engine, got.id) == [(None, "planned", "intake", None, None, None, True)]
+
+
+def test_enqueued_holds_the_new_rows_values_and_loads_it_on_first_use(
+    engine: Engine, outbox: Outbox
+) -> None:
+    deadline = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    with Session(engine) as s, s.begin():
+        got = enqueue(outbox, s, correlation_id="call-7", deadline=deadline)
+        assert (got.tenant, got.op_id, got.kind, got.state) == ("acme", "op-9", "refund", "planned")
+        assert (got.deadline, got.correlation_id, got.run_id) == (deadline, "call-7", None)
+        key = derive_idempotency_key(outbox.idempotency_secret, "acme", "op-9")
+        assert got.idempotency_key == key
+        with statements(engine) as loading:
+            op = got.operation
+            assert got.operation is op  # read once
+        assert loading == ["SELECT"]
+        assert (op.id, op.op_id, op.idempotency_key) == (got.id, "op-9", got.idempotency_key)
+        assert op in s
+    with Session(engine) as s, s.begin():
+        later = enqueue(outbox, s, op_id="op-read-later")
+    # After the transaction: a copy read on its own, the app's session left closed (no
+    # transaction begun in it again, so no connection held and no lock kept).
+    assert (later.operation.op_id, later.operation.state) == ("op-read-later", "planned")
+    assert later.operation not in s and not s.in_transaction()
+    with Session(engine) as s:
+        gone = enqueue(outbox, s, op_id="op-rolled-back")
+        s.rollback()
+        with pytest.raises(NotFound) as err:
+            _ = gone.operation
+        assert err.value.code == "operation_not_found"
 
 
 def test_replay_with_same_intent_returns_the_existing_operation(
