@@ -204,7 +204,8 @@ class PostgresStorage(Storage):
     ) -> set[int]:
         rows = [_row(t, finishes.get(t.id), actor) for t in transitions]
         statement = WRITE_TRANSITIONS[_parts(rows)]
-        result = conn.execute(statement, {"rows": json.dumps(rows), "actor": actor})
+        params = {"rows": json.dumps(rows), "ids": [t.id for t in transitions], "actor": actor}
+        result = conn.execute(statement, params)
         return set(result.scalars())
 
     def _insert_operation(

@@ -5,7 +5,8 @@
 -- name: write_transitions
 -- A batch of transitions in one statement, atomic by itself (the executor's hot path: an
 -- autocommit connection runs it). :rows is a JSON array with one object per transition
--- (``outbox.storage.postgres._row``); :actor is the writer. Returns the ids written.
+-- (``outbox.storage.postgres._row``), :ids their operations' ids; :actor is the writer.
+-- Returns the ids written.
 -- The UPDATE is fenced row by row: the operation must still be in from_state and, under a
 -- claim (lease_version given), at the claim's lease version; outside any claim (lease_version
 -- null) the version is bumped, so that no lease holder can write after it. Each row's event
@@ -56,6 +57,11 @@ m AS (
     WHERE o.id = v.id
       AND o.state = v.from_state
       AND (v.lease_version IS NULL OR o.lease_version = v.lease_version)
+      -- the rows' ids again, as an array: the planner reads the operations by their primary
+      -- key. Without it, it plans for json_to_recordset's 100 rows and, on a table of a few
+      -- thousand, hashes a sequential scan of the whole table (2.7 ms for one row at 2,150
+      -- rows; 0.3 ms with it).
+      AND o.id = ANY(CAST(:ids AS bigint[]))
     -- what the parts below need of each row written (no second join with v)
     RETURNING o.id, o.tenant, o.lease_version, o.lease_until, v.lease_version AS fence,
               v.from_state, v.to_state, v.note, v.evidence, v.review, v.review_evidence,
