@@ -3,6 +3,8 @@
 What an app imports (``from outbox import Outbox, new_op_id, install_relay, ...``)::
 
     Outbox, Enqueued                 write an intent in your own transaction (outbox.intake)
+    AsyncOutbox                      the same from async code, on an AsyncSession (outbox.aio;
+                                     its runs API there too)
     new_op_id                        mint an op_id (outbox.ids)
     install_relay, publish_hints     hints to the workers after commit (outbox.relay)
     open_run, find_run, cancel_run,  group operations of one user task, stop them, offset
@@ -22,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from outbox.aio import AsyncOutbox
     from outbox.db import make_engine, upgrade
     from outbox.errors import (
         Forbidden,
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 #: exported name -> (module, name in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
     "Outbox": ("outbox.intake", "Outbox"),
+    "AsyncOutbox": ("outbox.aio", "AsyncOutbox"),
     "Enqueued": ("outbox.intake", "Enqueued"),
     "new_op_id": ("outbox.ids", "new_op_id"),
     "install_relay": ("outbox.relay", "install"),
@@ -91,6 +95,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
+    "AsyncOutbox",
     "Enqueued",
     "FakeGateway",
     "Forbidden",

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import CREATED_KEY as CREATED
@@ -54,17 +55,50 @@ def publish_hints(
     return sent
 
 
+#: What the relay can be installed on: a session, a sessionmaker or a Session class, or their
+#: async counterparts (``outbox.aio``).
+Target = (
+    Session
+    | sessionmaker[Session]
+    | type[Session]
+    | AsyncSession
+    | async_sessionmaker[AsyncSession]
+    | type[AsyncSession]
+)
+
+
+def _sync_target(target: Target) -> Session | sessionmaker[Session] | type[Session]:
+    """Where the events of ``target``'s transactions are: an async session's are its sync
+    session's. An ``async_sessionmaker`` gets a Session class of its own, so that the relay
+    hears its sessions' commits and no other's."""
+    if isinstance(target, AsyncSession):
+        return target.sync_session
+    if isinstance(target, async_sessionmaker):
+        base: type[Session] = target.kw.get("sync_session_class", Session)
+        own = type("RelayedSession", (base,), {})
+        target.configure(sync_session_class=own)
+        return own
+    if isinstance(target, type) and issubclass(target, AsyncSession):
+        return target.sync_session_class
+    return target
+
+
 def install(
-    target: Session | sessionmaker[Session] | type[Session],
+    target: Target,
     publish: Publish,
     *,
     per_message: int = PER_MESSAGE,
     observer: Observer = NO_OBSERVER,
 ) -> None:
     """Publish hints for the operations intake created, once their transaction commits (in
-    ``observer``'s ``hinting``: ``settled.observe.observer()`` continues their traces)."""
+    ``observer``'s ``hinting``: ``settled.observe.observer()`` continues their traces).
+
+    ``target``: a session, sessionmaker or Session class, or an ``AsyncSession``,
+    ``async_sessionmaker`` or AsyncSession class (the publish then runs on the event loop's
+    thread when the commit completes: one broker round trip)."""
     if per_message < 1:
         raise ValueError("per_message must be at least 1")
+    target = _sync_target(target)
 
     @event.listens_for(target, "after_commit")
     def _after_commit(session: Session) -> None:

@@ -65,3 +65,37 @@ def test_readme_enqueue_example_runs_and_does_what_it_says(
             assert conn.execute("SELECT order_id FROM refund_requests").fetchall() == [("A1042",)]
     assert client.llen("settled") == 1  # one hint, published after the commit
     client.close()
+
+
+def test_the_async_enqueue_example_runs_and_does_what_it_says(
+    pg_server: str, redis_url: str, tmp_path: Path
+) -> None:
+    code = tmp_path / "example_async.py"
+    code.write_text(example("enqueue-async"))
+    client = redis.Redis.from_url(redis_url)
+    name = f"settled_readme_{uuid.uuid4().hex[:8]}"
+    with services.throwaway_database(pg_server, name) as url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+        env.update(
+            SETTLED_DATABASE_URL=url,
+            SETTLED_BROKER_URL=redis_url,
+            SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "readme-fingerprint-key-0001"}),
+            SETTLED_IDEMPOTENCY_SECRET="readme-idempotency-secret-0001",
+        )
+        result = subprocess.run(
+            [sys.executable, str(code)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).parents[2],
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "planned not_done"
+        with psycopg.connect(url.replace("+psycopg", "")) as conn:
+            ops = conn.execute("SELECT tenant, state, params->>'order_id' FROM operations")
+            assert ops.fetchall() == [("acme", "planned", "A1042")]
+            assert conn.execute("SELECT order_id FROM refund_requests").fetchall() == [("A1042",)]
+    assert client.llen("settled") == 1  # one hint, published after the commit
+    client.close()

@@ -17,6 +17,7 @@ CURATED = [
     # intake, identifiers, the relay
     "Outbox",
     "Enqueued",
+    "AsyncOutbox",
     "new_op_id",
     "install_relay",
     "publish_hints",

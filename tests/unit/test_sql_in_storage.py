@@ -49,6 +49,9 @@ HANDLES = frozenset(
         "sqlalchemy.orm.Session",
         "sqlalchemy.orm.sessionmaker",
         "sqlalchemy.orm.util.has_identity",
+        # an app's async sessions, on which intake runs the synchronous core (outbox.aio)
+        "sqlalchemy.ext.asyncio.AsyncSession",
+        "sqlalchemy.ext.asyncio.async_sessionmaker",
     }
 )
 EXC = "sqlalchemy.exc"
