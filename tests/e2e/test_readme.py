@@ -29,33 +29,42 @@ def example(name: str) -> str:
     return m.group(1)
 
 
+def run_example(name: str, tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    """Example ``name`` of the guide, run as a script of its own from the project's folder, with
+    these ``SETTLED_*`` variables only; it must exit 0."""
+    code = tmp_path / f"{name}.py"
+    code.write_text(example(name))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+    env.update(settings)
+    result = subprocess.run(
+        [sys.executable, str(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+#: What an operator sets: the development keys are refused against PostgreSQL.
+KEYS = {
+    "SETTLED_FINGERPRINT_KEYS": json.dumps({"v1": "readme-fingerprint-key-0001"}),
+    "SETTLED_IDEMPOTENCY_SECRET": "readme-idempotency-secret-0001",
+}
+
+
 def test_readme_enqueue_example_runs_and_does_what_it_says(
     pg_server: str, redis_url: str, tmp_path: Path
 ) -> None:
-    code = tmp_path / "example.py"
-    code.write_text(example("enqueue"))
     broker = redis_url  # a Redis server of this test's own: empty at the start
     client = redis.Redis.from_url(broker)
     name = f"settled_readme_{uuid.uuid4().hex[:8]}"
     with services.throwaway_database(pg_server, name) as url:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
-        env.update(
-            SETTLED_DATABASE_URL=url,
-            SETTLED_BROKER_URL=broker,
-            # what an operator sets: the development ones are refused against PostgreSQL
-            SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "readme-fingerprint-key-0001"}),
-            SETTLED_IDEMPOTENCY_SECRET="readme-idempotency-secret-0001",
-        )
-        result = subprocess.run(
-            [sys.executable, str(code)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=Path(__file__).parents[2],
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
+        env = {"SETTLED_DATABASE_URL": url, "SETTLED_BROKER_URL": broker, **KEYS}
+        result = run_example("enqueue", tmp_path, **env)
         assert result.stdout.strip() == "refused: idempotency_conflict"
         with psycopg.connect(url.replace("+psycopg", "")) as conn:
             ops = conn.execute(
@@ -70,28 +79,11 @@ def test_readme_enqueue_example_runs_and_does_what_it_says(
 def test_the_async_enqueue_example_runs_and_does_what_it_says(
     pg_server: str, redis_url: str, tmp_path: Path
 ) -> None:
-    code = tmp_path / "example_async.py"
-    code.write_text(example("enqueue-async"))
     client = redis.Redis.from_url(redis_url)
     name = f"settled_readme_{uuid.uuid4().hex[:8]}"
     with services.throwaway_database(pg_server, name) as url:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
-        env.update(
-            SETTLED_DATABASE_URL=url,
-            SETTLED_BROKER_URL=redis_url,
-            SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": "readme-fingerprint-key-0001"}),
-            SETTLED_IDEMPOTENCY_SECRET="readme-idempotency-secret-0001",
-        )
-        result = subprocess.run(
-            [sys.executable, str(code)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=Path(__file__).parents[2],
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
+        env = {"SETTLED_DATABASE_URL": url, "SETTLED_BROKER_URL": redis_url, **KEYS}
+        result = run_example("enqueue-async", tmp_path, **env)
         assert result.stdout.strip() == "planned not_done"
         with psycopg.connect(url.replace("+psycopg", "")) as conn:
             ops = conn.execute("SELECT tenant, state, params->>'order_id' FROM operations")
