@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import runs
@@ -44,7 +44,7 @@ class AsyncOutbox:
 
     async def enqueue(
         self,
-        session: AsyncSession,
+        session: AsyncSession | AsyncConnection,
         *,
         tenant: str,
         op_id: str,
@@ -57,7 +57,9 @@ class AsyncOutbox:
         deadline: datetime | None = None,
     ) -> Enqueued:
         """Record an operation intent in ``session``'s transaction (never committed): what
-        ``Outbox.enqueue`` does, with its errors."""
+        ``Outbox.enqueue`` does, with its errors. ``session``: an ``AsyncSession`` (the relay
+        hints after its commit), or an ``AsyncConnection`` (the app publishes the hint after
+        committing: ``outbox.relay.publish_hints``)."""
         return await session.run_sync(
             lambda sync: self.outbox.enqueue(
                 sync,

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import has_identity
 
+from outbox.borrowed import Door, session_for
 from outbox.errors import (
     IdempotencyConflict,
     InvalidIdentifier,
@@ -158,7 +159,7 @@ class Outbox:
 
     def enqueue(
         self,
-        session: Session,
+        session: Door,
         *,
         tenant: str,
         op_id: str,
@@ -172,10 +173,29 @@ class Outbox:
     ) -> Enqueued:
         """Record an operation intent in ``session`` (flushed, never committed).
 
+        ``session``: the app's ``Session``, or its SQLAlchemy ``Connection``, or its psycopg 3
+        or sqlite3 connection (``outbox.borrowed``), in the transaction the app commits. On a
+        ``Session`` the relay (``outbox.relay.install``) hints the new operation after the
+        commit; on a connection the app does (``outbox.relay.publish_hints``).
+
         A replay of ``(tenant, op_id)`` with the same intent returns the stored operation and
         writes nothing; with another intent it raises IdempotencyConflict. Bad input raises an
         InvalidInput subclass before anything is written.
         """
+        if not isinstance(session, Session):
+            with session_for(session) as own:
+                return self.enqueue(
+                    own,
+                    tenant=tenant,
+                    op_id=op_id,
+                    kind=kind,
+                    params=params,
+                    run=run,
+                    correlation_id=correlation_id,
+                    compensates=compensates,
+                    max_attempts=max_attempts,
+                    deadline=deadline,
+                )
         watch = guarded(self.observer).enqueuing(session, tenant=tenant, op_id=op_id, kind=kind)
         with watch as seen:
             got = self._enqueue(
