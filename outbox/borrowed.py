@@ -1,31 +1,47 @@
-"""Intake on a connection the app owns: a SQLAlchemy ``Connection``, or a DB-API connection
-(psycopg 3, sqlite3) that the app, or its framework (Django), opened and manages.
+"""Intake on a connection the app owns: a SQLAlchemy ``Connection`` (or, through
+``AsyncConnection.run_sync``, an async one), or a DB-API connection (psycopg 3, sqlite3) that
+the app, or its framework, opened and manages.
 
 Settled's intake core (``outbox.intake``) writes through a SQLAlchemy ``Session``. These doors
 give it one over the app's connection, inside the app's transaction, and take nothing over:
 
 - ``session_on(connection)``: a ``Session`` joined to a SQLAlchemy ``Connection``'s
-  transaction (begun if it was not); closing it neither commits nor rolls back.
+  transaction (begun if it was not, as the connection's own autobegin would); closing it
+  neither commits nor rolls back.
 - ``borrowed(dbapi_connection)``: a SQLAlchemy ``Connection`` over a DB-API connection that
   Settled never begins, commits, rolls back, closes or configures: its dialect's
-  ``do_begin``, ``do_commit``, ``do_rollback`` and ``do_close`` do nothing, no handler or
-  adapter is added to it, and its cursors are made with tuple rows whatever row factory the
-  app chose (psycopg's ``row_factory``, sqlite3's ``row_factory``).
+  ``do_begin``, ``do_commit``, ``do_rollback`` and ``do_close`` do nothing; no notice handler,
+  adapter or SQL function is added to it (the dialects' ``on_connect`` is empty); the
+  dialect's first-connect initialisation sends no statement (what it would ask the server is
+  read from what libpq already knows, or is SQLite's constant); and its cursors are made with
+  tuple rows whatever row factory the app chose (psycopg's ``row_factory``, sqlite3's
+  ``row_factory``), by the app's own ``cursor_factory`` unless that one takes ``$1``
+  placeholders (``psycopg.RawCursor``), so its prepare threshold (``None`` behind PgBouncer)
+  and any statement logging it does apply to Settled's statements too.
+- ``session_for(door)``: a ``Session`` over any of them, for intake and the runs API.
+
+Before anything is sent, a door is refused with a typed error (InvalidInput, nothing sent,
+nothing written) when it cannot hold the app's transaction: ``connection_closed`` (closed or
+broken), ``transaction_aborted`` (a psycopg transaction already in error: PostgreSQL would
+refuse every statement until the app rolls back), ``no_transaction`` (autocommit with no
+transaction open: the intent would commit on its own), ``unsupported_connection`` (another
+kind of connection).
 
 The ids of the operations a call created are the app's to hint after its commit
-(``outbox.relay.publish_hints``, or ``transaction.on_commit`` in Django): there is no commit
-event on a bare connection to hang the relay on.
+(``outbox.relay.publish_hints``): there is no commit event on a bare connection to hang the
+relay on, and the ``Session`` these doors make never commits.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.dialects import registry
@@ -39,6 +55,7 @@ from outbox.errors import InvalidInput
 #: Where intake can write: the app's ``Session`` or ``Connection``, or its own DB-API
 #: connection (psycopg 3, sqlite3) with a transaction open or to be opened by the statement.
 Door = Union[Session, Connection, "psycopg.Connection[Any]", sqlite3.Connection]
+T = TypeVar("T")
 
 
 class _Leaves:
@@ -59,20 +76,57 @@ class _Leaves:
     def do_terminate(self, dbapi_connection: Any) -> None:
         pass
 
-
-class BorrowedPsycopg(_Leaves, PGDialect_psycopg):
-    """psycopg 3 on a connection the app owns."""
-
-    supports_statement_cache = True
-
-    def on_connect(self) -> Callable[[Any], None] | None:  # no notice handler added per use
+    def on_connect(self) -> Any:  # None: no hook (SQLite's stub says a hook is always given)
+        """Nothing added to the app's connection at each borrow (PostgreSQL: a notice
+        handler; SQLite: the ``regexp`` and ``floor`` functions, which would replace the
+        app's own)."""
         return None
 
 
-class BorrowedSQLite(_Leaves, SQLiteDialect_pysqlite):
-    """sqlite3 on a connection the app owns."""
+def _server_version(version: int) -> tuple[int, ...]:
+    """libpq's ``server_version`` number as SQLAlchemy's version tuple: 150004 is (15, 4),
+    90624 is (9, 6, 24)."""
+    if version >= 100000:
+        return (version // 10000, version % 10000)
+    return (version // 10000, version // 100 % 100, version % 100)
+
+
+class BorrowedPsycopg(_Leaves, PGDialect_psycopg):
+    """psycopg 3 on a connection the app owns.
+
+    Its first-connect initialisation sends nothing: it would run in the app's transaction
+    (``select version()``, ``show standard_conforming_strings``, ``select current_schema()``,
+    ``show transaction isolation level``, the last followed by a rollback of the app's
+    connection when no transaction was open yet). The server version and
+    ``standard_conforming_strings`` are what libpq was told at connection start; the
+    isolation level is PostgreSQL's default (the one SQLAlchemy would restore after an
+    ``isolation_level`` execution option, which Settled never sets); the default schema is
+    left unknown (reflection only)."""
 
     supports_statement_cache = True
+
+    def _get_server_version_info(self, connection: Any) -> tuple[int, ...]:
+        return _server_version(connection.connection.dbapi_connection.info.server_version)
+
+    def _get_default_schema_name(self, connection: Any) -> str:
+        raise NotImplementedError  # SQLAlchemy's initialize then leaves it None
+
+    def get_default_isolation_level(self, dbapi_conn: Any) -> Any:
+        return "READ COMMITTED"
+
+    def _set_backslash_escapes(self, connection: Any) -> None:
+        info = connection.connection.dbapi_connection.info
+        self._backslash_escapes = info.parameter_status("standard_conforming_strings") == b"off"
+
+
+class BorrowedSQLite(_Leaves, SQLiteDialect_pysqlite):
+    """sqlite3 on a connection the app owns; its first-connect initialisation sends nothing
+    (SQLite's isolation is serializable; the library's version is the module's)."""
+
+    supports_statement_cache = True
+
+    def get_default_isolation_level(self, dbapi_conn: Any) -> Any:
+        return "SERIALIZABLE"
 
 
 class _TupleRows:
@@ -90,21 +144,70 @@ class _TupleRows:
         return getattr(self._connection, name)
 
 
+def _refused(message: str, code: str) -> InvalidInput:
+    return InvalidInput(message, code=code, field="connection")
+
+
 def _no_transaction() -> InvalidInput:
-    return InvalidInput(
+    return _refused(
         "the connection is in autocommit mode with no transaction open: Settled writes "
         "in the app's transaction, so begin one first (psycopg: with conn.transaction(); "
-        "sqlite3: BEGIN)",
-        code="no_transaction",
-        field="connection",
+        "sqlite3: BEGIN; SQLAlchemy: a connection that is not in AUTOCOMMIT)",
+        "no_transaction",
     )
+
+
+def _closed() -> InvalidInput:
+    return _refused("the connection is closed or broken", "connection_closed")
+
+
+def _aborted() -> InvalidInput:
+    return _refused(
+        "the connection's transaction has already failed (an earlier statement raised): "
+        "PostgreSQL refuses every statement until it is rolled back, so nothing was sent; "
+        "roll the transaction back and enqueue in a new one",
+        "transaction_aborted",
+    )
+
+
+def _sqlite_autocommit(connection: sqlite3.Connection) -> bool:
+    """Whether each statement on ``connection`` commits by itself when no transaction is
+    open: Python 3.12's ``autocommit=True``, or the legacy ``isolation_level=None``. (The
+    legacy default, ``isolation_level=""``, begins a transaction before a write, which
+    intake's first statement always is.)"""
+    autocommit = getattr(connection, "autocommit", None)  # Python 3.12+
+    if autocommit is True or autocommit is False:
+        return autocommit
+    return connection.isolation_level is None
+
+
+def _refuse_unusable(driver: object) -> None:
+    """InvalidInput when the driver connection ``driver`` (psycopg's, sync or async, or
+    sqlite3's) cannot hold the app's transaction; nothing is sent on it. Another driver is
+    left to SQLAlchemy."""
+    if isinstance(driver, psycopg.BaseConnection):
+        if driver.closed or driver.broken:
+            raise _closed()
+        status = driver.info.transaction_status
+        if status == TransactionStatus.INERROR:
+            raise _aborted()
+        if status == TransactionStatus.UNKNOWN:
+            raise _closed()
+        if driver.autocommit and status == TransactionStatus.IDLE:
+            raise _no_transaction()
+    elif isinstance(driver, sqlite3.Connection):
+        try:
+            in_transaction = driver.in_transaction
+        except sqlite3.ProgrammingError:  # "Cannot operate on a closed database."
+            raise _closed() from None
+        if not in_transaction and _sqlite_autocommit(driver):
+            raise _no_transaction()
 
 
 def _wrap(dbapi_connection: Any) -> tuple[str, Any]:
     """The dialect for ``dbapi_connection`` and the connection SQLAlchemy is given."""
     if isinstance(dbapi_connection, sqlite3.Connection):
-        if dbapi_connection.isolation_level is None and not dbapi_connection.in_transaction:
-            raise _no_transaction()
+        _refuse_unusable(dbapi_connection)
 
         def sqlite_cursor(*args: Any, **kwargs: Any) -> Any:
             cursor = dbapi_connection.cursor(*args, **kwargs)
@@ -113,20 +216,23 @@ def _wrap(dbapi_connection: Any) -> tuple[str, Any]:
 
         return "sqlite", _TupleRows(dbapi_connection, sqlite_cursor)
     if isinstance(dbapi_connection, psycopg.Connection):
-        status = dbapi_connection.info.transaction_status
-        if dbapi_connection.autocommit and status == psycopg.pq.TransactionStatus.IDLE:
-            raise _no_transaction()
+        _refuse_unusable(dbapi_connection)
+        # SQLAlchemy writes %(name)s placeholders: a RawCursor ($1, psycopg 3.2) cannot run
+        # them, so Settled's statements get a plain cursor on such a connection.
+        raw = getattr(psycopg, "RawCursor", None)
+        plain = raw is not None and issubclass(dbapi_connection.cursor_factory, raw)
 
         def psycopg_cursor(*args: Any, **kwargs: Any) -> Any:
             kwargs["row_factory"] = tuple_row
+            if plain and not args and "name" not in kwargs:
+                return psycopg.Cursor(dbapi_connection, row_factory=tuple_row)
             return dbapi_connection.cursor(*args, **kwargs)
 
         return "postgresql", _TupleRows(dbapi_connection, psycopg_cursor)
-    raise InvalidInput(
-        "intake takes a psycopg (3) Connection or an sqlite3 Connection, "
-        f"not a {type(dbapi_connection).__name__}",
-        code="unsupported_connection",
-        field="connection",
+    raise _refused(
+        "intake takes a Session, a SQLAlchemy Connection, a psycopg (3) Connection or an "
+        f"sqlite3 Connection, not a {type(dbapi_connection).__name__}",
+        "unsupported_connection",
     )
 
 
@@ -167,8 +273,8 @@ def borrowed(dbapi_connection: Any) -> Iterator[Connection]:
     """A SQLAlchemy ``Connection`` writing on ``dbapi_connection`` in whatever transaction
     the app has open on it; leaving it changes nothing about that transaction.
 
-    Raises InvalidInput (``unsupported_connection``) for a connection of another kind, before
-    anything is sent on it.
+    Raises InvalidInput (``unsupported_connection``, ``connection_closed``,
+    ``transaction_aborted``, ``no_transaction``) before anything is sent on it.
     """
     name, wrapped = _wrap(dbapi_connection)
     engine = _engine(name)
@@ -185,9 +291,22 @@ def borrowed(dbapi_connection: Any) -> Iterator[Connection]:
 @contextmanager
 def session_on(connection: Connection) -> Iterator[Session]:
     """A ``Session`` in ``connection``'s transaction (begun if none is): its statements are
-    the connection's, and closing it neither commits nor rolls back."""
+    the connection's, and closing it neither commits nor rolls back.
+
+    Raises InvalidInput (``connection_closed``, ``transaction_aborted``, ``no_transaction``)
+    before anything is sent; a transaction it began for that check is ended again."""
+    if connection.closed or connection.invalidated:
+        raise _closed()
+    driver = connection.connection.driver_connection
+    began = None
     if not connection.in_transaction():
-        connection.begin()
+        began = connection.begin()
+    try:
+        _refuse_unusable(driver)
+    except InvalidInput:
+        if began is not None:
+            began.rollback()
+        raise
     session = Session(bind=connection, join_transaction_mode="rollback_only")
     try:
         yield session
@@ -209,3 +328,34 @@ def session_for(target: Door) -> Iterator[Session]:
     else:
         with borrowed(target) as connection, session_on(connection) as session:
             yield session
+
+
+def in_transaction(door: object) -> bool:
+    """Whether a transaction is open on ``door``, a connection (a closed one has none)."""
+    if isinstance(door, Connection):
+        return not door.closed and door.in_transaction()
+    if isinstance(door, sqlite3.Connection):
+        try:
+            return door.in_transaction
+        except sqlite3.ProgrammingError:
+            return False
+    if isinstance(door, psycopg.Connection):
+        return not door.closed and door.info.transaction_status == TransactionStatus.INTRANS
+    return False
+
+
+def read(door: object, model: type[T], ident: int) -> T | None:
+    """Row ``ident`` of ``model``, read in the transaction open on ``door`` (a connection)
+    and detached; None if it is not there.
+
+    Raises InvalidInput (``transaction_ended``) when no transaction is open on ``door``:
+    reading would begin one on the app's connection that nobody ends."""
+    if not in_transaction(door):
+        raise _refused(
+            "the transaction this operation was enqueued in has ended, and Settled does not "
+            "begin one on the app's connection: read the row in a transaction of the app's "
+            "(outbox.borrowed.session_for(connection)), or use the values Enqueued carries",
+            "transaction_ended",
+        )
+    with session_for(door) as session:  # type: ignore[arg-type]
+        return session.get(model, ident)

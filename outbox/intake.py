@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import has_identity
 
+from outbox import borrowed
 from outbox.borrowed import Door, session_for
 from outbox.errors import (
     IdempotencyConflict,
@@ -72,6 +73,9 @@ class Enqueued:
     The values are the ones the intake statement returned: a new operation is not loaded into
     the session. ``operation`` is the whole row as an ORM entity: a replay's is the one intake
     read; a new one's is read once, on first use (``Enqueued.operation``).
+
+    ``door``: the app's connection when intake wrote on one (``outbox.borrowed``), else None;
+    ``session`` is then the Session intake made over it, closed once ``enqueue`` returned.
     """
 
     id: int
@@ -86,14 +90,18 @@ class Enqueued:
     correlation_id: str | None
     created: bool
     session: Session = field(repr=False, compare=False)
+    door: object = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, operation: Operation, *, created: bool, session: Session) -> Enqueued:
+    def of(
+        cls, operation: Operation, *, created: bool, session: Session, door: object = None
+    ) -> Enqueued:
         """The values of a loaded ``operation``, which ``operation`` then answers with."""
         got = cls(
             **{name: getattr(operation, name) for name in INTAKE_RETURNS},
             created=created,
             session=session,
+            door=door,
         )
         got.__dict__["operation"] = operation  # cached_property's slot: no read on first use
         return got
@@ -103,8 +111,15 @@ class Enqueued:
         """The operation's row: while the intake's transaction is open, the entity in its
         session (the identity map's, or read once); after it ended, a copy read by a session
         of its own, closed at once (the app's session is left as it is: no transaction begun
-        in it, no connection held)."""
-        if self.session.in_transaction():
+        in it, no connection held).
+
+        On a connection door (``door``): read once, detached, in the transaction open on the
+        app's connection; once no transaction is open there, InvalidInput
+        (``transaction_ended``) unless it was read before: Settled does not begin a
+        transaction on the app's connection."""
+        if self.door is not None:
+            loaded = borrowed.read(self.door, Operation, self.id)
+        elif self.session.in_transaction():
             loaded = self.session.get(Operation, self.id)
         else:
             with Session(self.session.get_bind(), expire_on_commit=False) as own:
@@ -182,10 +197,13 @@ class Outbox:
         writes nothing; with another intent it raises IdempotencyConflict. Bad input raises an
         InvalidInput subclass before anything is written.
         """
-        if not isinstance(session, Session):
-            with session_for(session) as own:
-                return self.enqueue(
+        door = None if isinstance(session, Session) else session
+        with session_for(session) as own:
+            watch = guarded(self.observer).enqueuing(own, tenant=tenant, op_id=op_id, kind=kind)
+            with watch as seen:
+                got = self._enqueue(
                     own,
+                    door,
                     tenant=tenant,
                     op_id=op_id,
                     kind=kind,
@@ -196,26 +214,13 @@ class Outbox:
                     max_attempts=max_attempts,
                     deadline=deadline,
                 )
-        watch = guarded(self.observer).enqueuing(session, tenant=tenant, op_id=op_id, kind=kind)
-        with watch as seen:
-            got = self._enqueue(
-                session,
-                tenant=tenant,
-                op_id=op_id,
-                kind=kind,
-                params=params,
-                run=run,
-                correlation_id=correlation_id,
-                compensates=compensates,
-                max_attempts=max_attempts,
-                deadline=deadline,
-            )
-            seen(got)
-            return got
+                seen(got)
+                return got
 
     def _enqueue(
         self,
         session: Session,
+        door: object,
         *,
         tenant: str,
         op_id: str,
@@ -240,9 +245,10 @@ class Outbox:
         )
         row = self._insert(session, request)
         if row is None:
-            return Enqueued.of(self._replayed(session, request), created=False, session=session)
+            replayed = self._replayed(session, request)
+            return Enqueued.of(replayed, created=False, session=session, door=door)
         values = {name: row[name] for name in INTAKE_RETURNS}
-        got = Enqueued(**values, created=True, session=session)
+        got = Enqueued(**values, created=True, session=session, door=door)
         _hint_after_commit(session, got.id)
         return got
 
