@@ -186,13 +186,11 @@ def _refuse_unusable(driver: object) -> None:
     sqlite3's) cannot hold the app's transaction; nothing is sent on it. Another driver is
     left to SQLAlchemy."""
     if isinstance(driver, psycopg.BaseConnection):
-        if driver.closed or driver.broken:
-            raise _closed()
         status = driver.info.transaction_status
+        if driver.closed or driver.broken or status == TransactionStatus.UNKNOWN:
+            raise _closed()
         if status == TransactionStatus.INERROR:
             raise _aborted()
-        if status == TransactionStatus.UNKNOWN:
-            raise _closed()
         if driver.autocommit and status == TransactionStatus.IDLE:
             raise _no_transaction()
     elif isinstance(driver, sqlite3.Connection):

@@ -560,6 +560,26 @@ def test_a_thousand_borrows_add_nothing_to_the_connection_and_keep_nothing(
     conn.rollback()
 
 
+def test_nothing_done_through_settleds_objects_ends_the_apps_transaction(
+    connect: Callable[..., psycopg.Connection[Any]], pg: Engine, outbox: Outbox
+) -> None:
+    """A commit or close on the borrowed SQLAlchemy connection, or a commit of the Session
+    ``session_for`` gives, reaches nothing: the app's connection stays open, in its
+    transaction, and its rollback takes everything."""
+    conn = connect()
+    conn.execute(INSERT_PG, ["A1042"])
+    with borrowed.borrowed(conn) as sa:
+        enqueue(outbox, sa, op_id="op-1")
+        sa.commit()
+        sa.close()
+    with borrowed.session_for(conn) as s:
+        enqueue(outbox, s, op_id="op-2")
+        s.commit()
+    assert not conn.closed and conn.info.transaction_status == TransactionStatus.INTRANS
+    conn.rollback()
+    assert stored(pg) == (0, 0, 0)
+
+
 def test_the_app_can_still_roll_back_after_settled_failed_mid_transaction(
     connect: Callable[..., psycopg.Connection[Any]], pg: Engine, outbox: Outbox
 ) -> None:
@@ -592,6 +612,26 @@ def test_sqlite_rows_and_the_apps_own_functions(
         assert (first.created, again.created, again.operation.op_id) == (True, False, "op-9")
         row = lite.execute("SELECT floor(1.5) AS f, 'a' REGEXP 'b' AS r").fetchone()
         assert isinstance(row, sqlite3.Row) and (row["f"], row["r"]) == ("the app's floor", 7)
+        lite.commit()
+    finally:
+        lite.close()
+    assert count(sqlite) == 1
+
+
+def test_sqlite_a_row_factory_of_dicts(sqlite_file: Path, sqlite: Engine, outbox: Outbox) -> None:
+    """The sqlite3 documentation's own recipe: rows as dicts, which cannot be read by
+    position."""
+
+    def dict_factory(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
+        return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
+
+    lite = sqlite3.connect(sqlite_file)
+    try:
+        lite.row_factory = dict_factory
+        first = enqueue(outbox, lite)
+        again = enqueue(outbox, lite)
+        assert (first.created, again.created, again.id) == (True, False, first.id)
+        assert lite.execute("SELECT 1 AS one").fetchone() == {"one": 1}
         lite.commit()
     finally:
         lite.close()
