@@ -503,32 +503,45 @@ def test_a_savepoint_rolled_back_takes_its_intent_and_keeps_the_rest(
 
 
 def test_two_threads_borrowing_at_once_write_each_on_its_own_connection(
-    connect: Callable[..., psycopg.Connection[Any]], pg: Engine, outbox: Outbox
+    connect: Callable[..., psycopg.Connection[Any]],
+    pg: Engine,
+    outbox: Outbox,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Each thread's intents are in its own connection's transaction: visible there before
-    its commit, and gone with its rollback. The threads switch as often as the interpreter
-    lets them, and meet at a barrier before every borrow."""
-    rounds = 60
+    """The borrowed engine's pool asks its creator for "the connection lent to this thread":
+    two threads inside it at once (each has lent its connection before either asks, and
+    neither goes on before both asked) still get their own. Each thread's intents are then in
+    its connection's transaction: visible there before its commit, and gone with its
+    rollback."""
+    monkeypatch.setattr(borrowed, "_engines", {})  # an engine made with the creator below
+    lent = borrowed._lent_connection
+    inside, asked = [threading.Event(), threading.Event()], [threading.Event(), threading.Event()]
+    which = threading.local()
+
+    def creator() -> Any:
+        inside[which.i].set()
+        assert inside[1 - which.i].wait(timeout=60)
+        got = lent()
+        asked[which.i].set()
+        assert asked[1 - which.i].wait(timeout=60)
+        return got
+
+    monkeypatch.setattr(borrowed, "_lent_connection", creator)
+    rounds = 20
     conns = [connect(), connect()]
-    barrier = threading.Barrier(2, timeout=60)
 
     def work(i: int) -> None:
+        which.i = i
         conn = conns[i]
         for n in range(rounds):
-            barrier.wait()
             got = enqueue(outbox, conn, op_id=f"t{i}-{n}", params={**GOOD, "order_id": f"O{i}"})
             seen = conn.execute("SELECT id FROM operations WHERE op_id = %s", [got.op_id])
             assert seen.fetchall() == [(got.id,)]
         (conn.commit if i == 0 else conn.rollback)()
 
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            for done in [pool.submit(work, i) for i in (0, 1)]:
-                done.result()
-    finally:
-        sys.setswitchinterval(switch)
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(work, i) for i in (0, 1)]:
+            done.result()
     with Session(pg) as s:
         kept = set(s.scalars(select(Operation.op_id)))
     assert kept == {f"t0-{n}" for n in range(rounds)}
