@@ -42,6 +42,7 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -56,6 +57,8 @@ from outbox.errors import (
 )
 from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent
+from tests.conftest import truncate
+from tests.support.pgbouncer import pgbouncer
 
 GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
 
@@ -395,6 +398,37 @@ def test_prepare_threshold_none_prepares_nothing_on_the_server(
         found[threshold] = {row[0].split(None, 1)[0] for row in conn.execute(prepared)}
         conn.rollback()
     assert found == {None: set(), 0: {"WITH", "SELECT"}}
+
+
+def test_through_pgbouncer_in_transaction_mode_the_apps_prepare_threshold_holds(
+    pg: Engine, pg_url: str, outbox: Outbox
+) -> None:
+    """Two app connections through PgBouncer (1.18) in transaction mode over one server
+    connection: with psycopg's default threshold Settled's statements, prepared after five
+    runs, collide there; with ``prepare_threshold=None`` every intake goes through."""
+    with pgbouncer(pg_url, "transaction", pool_size=1) as bounced:
+        dsn = make_url(bounced).set(drivername="postgresql").render_as_string(hide_password=False)
+
+        def intakes(**options: Any) -> None:
+            conns = [psycopg.connect(dsn, **options) for _ in range(2)]
+            try:
+                for n in range(8):
+                    for i, conn in enumerate(conns):
+                        enqueue(outbox, conn, op_id=f"c{i}-{n % 2}")  # new, then replays
+                        conn.commit()
+            finally:
+                for conn in conns:
+                    conn.close()
+
+        with pytest.raises(DBAPIError) as failed:
+            intakes()
+        assert isinstance(
+            failed.value.orig,
+            psycopg.errors.DuplicatePreparedStatement | psycopg.errors.InvalidSqlStatementName,
+        )
+        truncate(pg)
+        intakes(prepare_threshold=None)
+    assert count(pg) == 4  # c0-0, c0-1, c1-0, c1-1
 
 
 def test_a_new_intent_is_one_statement_a_replay_two(
