@@ -191,7 +191,10 @@ class Outbox:
         ``session``: the app's ``Session``, or its SQLAlchemy ``Connection``, or its psycopg 3
         or sqlite3 connection (``outbox.borrowed``), in the transaction the app commits. On a
         ``Session`` the relay (``outbox.relay.install``) hints the new operation after the
-        commit; on a connection the app does (``outbox.relay.publish_hints``).
+        commit; on a connection the app does (``outbox.relay.publish_hints``). A connection
+        that cannot hold the app's transaction is refused before anything is sent
+        (InvalidInput: ``no_transaction``, ``transaction_aborted``, ``connection_closed``,
+        ``unsupported_connection``).
 
         A replay of ``(tenant, op_id)`` with the same intent returns the stored operation and
         writes nothing; with another intent it raises IdempotencyConflict. Bad input raises an

@@ -91,3 +91,20 @@ def test_the_async_enqueue_example_runs_and_does_what_it_says(
             assert conn.execute("SELECT order_id FROM refund_requests").fetchall() == [("A1042",)]
     assert client.llen("settled") == 1  # one hint, published after the commit
     client.close()
+
+
+def test_the_psycopg_connection_example_runs_and_does_what_it_says(
+    pg_server: str, redis_url: str, tmp_path: Path
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    name = f"settled_readme_{uuid.uuid4().hex[:8]}"
+    with services.throwaway_database(pg_server, name) as url:
+        env = {"SETTLED_DATABASE_URL": url, "SETTLED_BROKER_URL": redis_url, **KEYS}
+        result = run_example("enqueue-psycopg", tmp_path, **env)
+        assert result.stdout.splitlines() == ["planned", "refused: no_transaction"]
+        with psycopg.connect(url.replace("+psycopg", "")) as conn:
+            ops = conn.execute("SELECT tenant, state, params->>'order_id' FROM operations")
+            assert ops.fetchall() == [("acme", "planned", "A1042")]  # A1043's rolled back
+            assert conn.execute("SELECT order_id FROM refund_requests").fetchall() == [("A1042",)]
+    assert client.llen("settled") == 1  # one hint, published by the app after its commit
+    client.close()

@@ -101,7 +101,9 @@ def test_a_closed_sqlite_connection_is_refused_and_has_no_transaction(
     assert borrowed.in_transaction(lite) is False
 
 
-@pytest.mark.parametrize("door", [object(), "sqlite://", 42, None], ids=repr)
+@pytest.mark.parametrize(
+    "door", [object(), "sqlite://", 42, None], ids=["object", "url", "int", "none"]
+)
 def test_another_kind_of_connection_is_refused(outbox: Outbox, door: Any) -> None:
     assert code(outbox, door) == "unsupported_connection"
 
