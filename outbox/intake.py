@@ -23,8 +23,6 @@ from typing import Any
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import has_identity
 
-from outbox import borrowed
-from outbox.borrowed import Door, session_for
 from outbox.errors import (
     IdempotencyConflict,
     InvalidIdentifier,
@@ -43,7 +41,8 @@ from outbox.models import Operation, Run
 from outbox.observer import NO_OBSERVER, Observer, guarded
 from outbox.settings import Settings
 from outbox.states import State
-from outbox.storage import storage_for
+from outbox.storage import borrowed, storage_for
+from outbox.storage.borrowed import Door, session_for
 from outbox.storage.operations import INTAKE_RETURNS, compensations_of, find_operation
 
 #: ``Session.info`` key listing the operations created in the session's transaction.

@@ -21,6 +21,9 @@ module             what it holds
 ``traces``         an operation's trace context (``operations.trace_context``)
 ``clock_steps``    steps of the database's clock a process saw, the newest one's end
 ``schema``         the migrations (Alembic revisions) a database is at
+``borrowed``       intake on the app's own connection: a Session over a SQLAlchemy
+                   Connection, or over a psycopg 3 / sqlite3 connection it never begins,
+                   commits, rolls back, closes or configures (``outbox.borrowed``)
 ``connection``     where a statement runs, the health check's ping, running a step again
 ``queries.sql``    the hand-written PostgreSQL statements, by name
 =================  ==================================================================

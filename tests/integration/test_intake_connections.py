@@ -46,7 +46,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.orm import Session
 
-from outbox import borrowed, relay, runs
+from outbox import relay, runs
 from outbox.aio import AsyncOutbox
 from outbox.errors import (
     IdempotencyConflict,
@@ -57,6 +57,7 @@ from outbox.errors import (
 )
 from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent
+from outbox.storage import borrowed
 from tests.conftest import truncate
 from tests.support.pgbouncer import pgbouncer
 

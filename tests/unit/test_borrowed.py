@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from outbox import borrowed
 from outbox.errors import InvalidInput
 from outbox.intake import Outbox
 from outbox.kinds import default_registry
 from outbox.settings import Settings
+from outbox.storage import borrowed
 
 GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
 

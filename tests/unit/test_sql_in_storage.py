@@ -51,6 +51,7 @@ HANDLES = frozenset(
         "sqlalchemy.orm.util.has_identity",
         # an app's async sessions, on which intake runs the synchronous core (outbox.aio)
         "sqlalchemy.ext.asyncio.AsyncSession",
+        "sqlalchemy.ext.asyncio.AsyncConnection",
         "sqlalchemy.ext.asyncio.async_sessionmaker",
     }
 )
