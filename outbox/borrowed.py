@@ -9,8 +9,10 @@ give it one over the app's connection, inside the app's transaction, and take no
 - ``borrowed(dbapi_connection)``: a SQLAlchemy ``Connection`` over a DB-API connection that
   Settled never begins, commits, rolls back, closes or configures: its dialect's
   ``do_begin``, ``do_commit``, ``do_rollback`` and ``do_close`` do nothing, no handler or
-  adapter is added to it, and its cursors are made with tuple rows whatever row factory the
-  app chose (psycopg's ``row_factory``, sqlite3's ``row_factory``).
+  adapter is added to it (nor an SQL function: the app's ``regexp()`` stays the app's), and
+  its cursors are made with tuple rows whatever row factory the app chose (psycopg's
+  ``row_factory``, sqlite3's ``row_factory``); DATETIME columns that an sqlite3 connection
+  parses itself (``detect_types``, as Django's do) are taken as parsed.
 
 The ids of the operations a call created are the app's to hint after its commit
 (``outbox.relay.publish_hints``, or ``transaction.on_commit`` in Django): there is no commit
@@ -23,13 +25,15 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, Union
 
 import psycopg
 from psycopg.rows import tuple_row
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, DateTime, Engine, create_engine
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.dialects.sqlite import DATETIME as SQLITE_DATETIME
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -69,10 +73,35 @@ class BorrowedPsycopg(_Leaves, PGDialect_psycopg):
         return None
 
 
+class _ParsedDateTime(SQLITE_DATETIME):
+    """SQLite's DATETIME, read from a connection that may parse it itself: one opened with
+    ``detect_types`` and a ``datetime`` converter (Django's) returns datetimes, not text."""
+
+    def result_processor(self, dialect: Any, coltype: object) -> Callable[[Any], Any] | None:
+        parse = super().result_processor(dialect, coltype)
+        if parse is None:  # pragma: no cover - SQLite's DATETIME always parses text
+            return None
+
+        def process(value: Any) -> Any:
+            return value if isinstance(value, datetime) else parse(value)
+
+        return process
+
+
 class BorrowedSQLite(_Leaves, SQLiteDialect_pysqlite):
     """sqlite3 on a connection the app owns."""
 
     supports_statement_cache = True
+    colspecs = {**SQLiteDialect_pysqlite.colspecs, DateTime: _ParsedDateTime}  # noqa: RUF012
+
+    def on_connect(self) -> Callable[[Any], None]:
+        # SQLAlchemy's would register its own regexp() and floor() on the app's connection
+        # at every use, replacing the app's (Django registers a regexp() of its own).
+        return _leave_as_it_is
+
+
+def _leave_as_it_is(dbapi_connection: Any) -> None:
+    pass
 
 
 class _TupleRows:
