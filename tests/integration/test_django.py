@@ -62,7 +62,7 @@ _FIXTURES = (app, broker_url, stack)  # the real worker's, from tests.integratio
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_refunds"
 GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
 #: Settled's tables, children first (the SQLite file is emptied after each test).
-SETTLED_TABLES = ("review_items", "operation_events", "attempts", "operations", "runs")
+OWN_TABLES = ("review_items", "operation_events", "attempts", "operations", "runs")
 
 
 @pytest.fixture(scope="session")
@@ -172,7 +172,7 @@ def _emptied(using: str) -> None:
     with connections[using].cursor() as cursor:
         cursor.execute("DELETE FROM refunds_refundrequest")
         if using == "sqlite":  # PostgreSQL's Settled tables: the ``pg`` fixture truncates them
-            for table in SETTLED_TABLES:
+            for table in OWN_TABLES:
                 cursor.execute(f"DELETE FROM {table}")
 
 

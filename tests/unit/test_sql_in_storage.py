@@ -52,6 +52,10 @@ HANDLES = frozenset(
         # an app's async sessions, on which intake runs the synchronous core (outbox.aio)
         "sqlalchemy.ext.asyncio.AsyncSession",
         "sqlalchemy.ext.asyncio.async_sessionmaker",
+        # database URLs, read and written (Django's DATABASES as Settled's URL:
+        # settled.contrib.django.database): values, no SQL
+        "sqlalchemy.engine.URL",
+        "sqlalchemy.engine.make_url",
     }
 )
 EXC = "sqlalchemy.exc"
