@@ -36,16 +36,18 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar, Union
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, DateTime, Engine, create_engine
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.dialects.sqlite import DATETIME as SQLITE_DATETIME
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -119,11 +121,27 @@ class BorrowedPsycopg(_Leaves, PGDialect_psycopg):
         self._backslash_escapes = info.parameter_status("standard_conforming_strings") == b"off"
 
 
+class _ParsedDateTime(SQLITE_DATETIME):
+    """SQLite's DATETIME, read from a connection that may parse it itself: one opened with
+    ``detect_types`` and a ``datetime`` converter (Django's) returns datetimes, not text."""
+
+    def result_processor(self, dialect: Any, coltype: object) -> Callable[[Any], Any] | None:
+        parse = super().result_processor(dialect, coltype)
+        if parse is None:  # pragma: no cover - SQLite's DATETIME always parses text
+            return None
+
+        def process(value: Any) -> Any:
+            return value if isinstance(value, datetime) else parse(value)
+
+        return process
+
+
 class BorrowedSQLite(_Leaves, SQLiteDialect_pysqlite):
     """sqlite3 on a connection the app owns; its first-connect initialisation sends nothing
     (SQLite's isolation is serializable; the library's version is the module's)."""
 
     supports_statement_cache = True
+    colspecs = {**SQLiteDialect_pysqlite.colspecs, DateTime: _ParsedDateTime}  # noqa: RUF012
 
     def get_default_isolation_level(self, dbapi_conn: Any) -> Any:
         return "SERIALIZABLE"

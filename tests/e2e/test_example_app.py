@@ -6,18 +6,12 @@ turns into a refund at the simulator."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import Engine, text
 from starlette.exceptions import StarletteDeprecationWarning
@@ -26,8 +20,8 @@ from examples.fastapi_refunds.app import create_app
 from outbox.settings import Settings
 from settled.runtime import build_runtime
 from settled.simulator import SimulatorControl
-from tests.support.services import free_port
-from tests.support.simtools import SimTenant, wait_until
+from tests.support.readme_run import EXAMPLES, follow_readme
+from tests.support.simtools import SimTenant
 from workers.http_client import HttpGateway
 
 with warnings.catch_warnings():
@@ -221,119 +215,10 @@ def test_the_business_row_is_rolled_back_when_settled_refuses_the_operation(
 
 # -- the README's commands, run as written -----------------------------------------------------
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_refunds"
-#: commands that keep running: the README starts each in a terminal of its own
-SERVERS = ("settled simulator", "settled worker", "uvicorn")
-
-
-def readme_commands() -> list[str]:
-    """The shell commands of the README's "Run it" section, in order, continuation lines
-    joined."""
-    section = (EXAMPLE / "README.md").read_text().split("## Run it", 1)[1].split("\n## ", 1)[0]
-    commands: list[str] = []
-    for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            if line.strip():
-                commands.append(line.strip())
-    return commands
-
-
-class Terminals:
-    """The user's terminals: one shell per server, each after the README's ``export`` lines."""
-
-    def __init__(self, folder: Path, env: dict[str, str]) -> None:
-        self.folder, self.env = folder, env
-        self.exports: list[str] = []
-        self.servers: dict[str, subprocess.Popen[bytes]] = {}
-
-    def script(self, command: str) -> str:
-        return "set -e\n" + "\n".join([*self.exports, command])
-
-    def run(self, command: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            ["bash", "-c", self.script(command)], cwd=self.folder, env=self.env,
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, f"{command!r} failed:\n{done.stdout}{done.stderr}"
-        return done
-
-    def start(self, name: str, command: str) -> subprocess.Popen[bytes]:
-        with (self.folder / f"{name}.err").open("wb") as err:
-            proc = subprocess.Popen(
-                ["bash", "-c", self.script(f"exec {command}")], cwd=self.folder, env=self.env,
-                stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
-        self.servers[name] = proc
-        return proc
-
-    def stderr(self, name: str) -> str:
-        return (self.folder / f"{name}.err").read_text(errors="replace")
-
-    def stop(self) -> None:
-        for proc in self.servers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.servers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code < 500
-    except httpx.HTTPError:
-        return False
-
 
 @pytest.mark.slow
 def test_the_readme_followed_word_for_word_ends_in_a_refund(tmp_path: Path) -> None:
     """Every command of "Run it" as a user runs it, from a checkout's root (``examples/``
-    there), on free ports instead of 8700 and 8080. A README that starts the worker before
-    any ``settled db upgrade`` leaves the refund ``planned``: the worker refuses the
-    unmigrated database and nothing sends it."""
-    (tmp_path / "examples").symlink_to(EXAMPLE.parent, target_is_directory=True)
-    sim_port, app_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SETTLED_", "OTEL_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONUNBUFFERED"] = "1"
-    terminals = Terminals(tmp_path, env)
-    ready = {
-        "settled simulator": lambda: _answers(f"http://127.0.0.1:{sim_port}/_control/faults"),
-        "settled worker": lambda: " ready." in terminals.stderr("settled worker"),
-        "uvicorn": lambda: _answers(f"http://127.0.0.1:{app_port}/refunds/none"),
-    }
-    commands = [c.replace("8700", str(sim_port)).replace("8080", str(app_port))
-                for c in readme_commands()]  # fmt: skip
-    *steps, status = commands
-    assert status.startswith("curl ") and "/refunds/" in status
-    try:
-        for command in steps:
-            if command.startswith("export "):
-                terminals.exports.append(command)
-                continue
-            server = next((s for s in SERVERS if command.startswith(s)), None)
-            if server is None:
-                terminals.run(command)
-                continue
-            proc = terminals.start(server, command)
-
-            def up(server: str = server, proc: Any = proc) -> bool:
-                assert proc.poll() is None, (
-                    f"{server} exited ({proc.returncode}):\n{terminals.stderr(server)}"
-                )
-                return bool(ready[server]())
-
-            wait_until(up, 60, f"{server} to be ready")
-        answers: list[dict[str, Any]] = []
-
-        def refunded() -> bool:
-            answers.append(json.loads(terminals.run(status).stdout))
-            return bool(answers[-1].get("operation", {}).get("state") == "succeeded")
-
-        wait_until(refunded, 60, "the refund to succeed (as the README's last command shows)")
-        assert '"re_' in json.dumps(answers[-1]["operation"])  # the downstream's reference
-    finally:
-        terminals.stop()
+    there), on free ports instead of 8700 and 8080 (``tests.support.readme_run``)."""
+    answer = follow_readme(EXAMPLES / "fastapi_refunds", tmp_path, app="uvicorn")
+    assert '"re_' in json.dumps(answer["operation"])  # the downstream's reference

@@ -53,6 +53,10 @@ HANDLES = frozenset(
         "sqlalchemy.ext.asyncio.AsyncSession",
         "sqlalchemy.ext.asyncio.AsyncConnection",
         "sqlalchemy.ext.asyncio.async_sessionmaker",
+        # database URLs, read and written (Django's DATABASES as Settled's URL:
+        # settled.contrib.django.database): values, no SQL
+        "sqlalchemy.engine.URL",
+        "sqlalchemy.engine.make_url",
     }
 )
 EXC = "sqlalchemy.exc"

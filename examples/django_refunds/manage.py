@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""Django's command line for the example: ``python examples/django_refunds/manage.py ...``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "refunds_site.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)

@@ -1,0 +1,1 @@
+"""Settled inside the frameworks apps are built with: ``settled.contrib.django``."""
