@@ -1,31 +1,41 @@
-"""The FastAPI example (examples/fastapi_refunds) run against SQLite through TestClient: one
+"""The FastAPI examples, sync (examples/fastapi_refunds, on SQLite) and async
+(examples/fastapi_refunds_async, on PostgreSQL), through TestClient with the same tests: one
 business row and one operation per request, committed together; a replay returns the same
 operation; bad input is a 4xx that writes nothing; a hint per committed request, which a worker
-turns into a refund at the simulator."""
+turns into a refund at the simulator. And each README's commands, run as written."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import Engine, text
 from starlette.exceptions import StarletteDeprecationWarning
 
-from examples.fastapi_refunds.app import create_app
+from examples.fastapi_refunds.app import create_app as create_sync_app
+from examples.fastapi_refunds_async.app import create_app as create_async_app
+from outbox.db import make_engine, upgrade
+from outbox.errors import InvalidSetting
 from outbox.settings import Settings
 from settled.runtime import build_runtime
 from settled.simulator import SimulatorControl
+from tests.conftest import truncate
+from tests.support import services
 from tests.support.services import free_port
 from tests.support.simtools import SimTenant, wait_until
 from workers.http_client import HttpGateway
@@ -37,12 +47,31 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 REFUND = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """One of the two examples: its folder, its app factory and the database it runs on."""
+
+    name: str
+    folder: Path
+    create_app: Callable[..., FastAPI]
+    database: str  # "sqlite" or "postgresql"
+
+
+SYNC = Flavour("sync", EXAMPLES / "fastapi_refunds", create_sync_app, "sqlite")
+ASYNC = Flavour("async", EXAMPLES / "fastapi_refunds_async", create_async_app, "postgresql")
+FLAVOURS = [
+    pytest.param(SYNC, id="sync-sqlite"),
+    pytest.param(ASYNC, id="async-postgresql", marks=pytest.mark.postgres),
+]
 
 
 @dataclass
 class Example:
     client: TestClient
-    engine: Engine
+    engine: Engine  # a synchronous engine on the app's database, for the test's own reads
     settings: Settings
     hints: list[list[int]]
 
@@ -61,14 +90,55 @@ class Example:
         return requests, operations, events
 
 
+@pytest.fixture(scope="module")
+def example_pg_url(pg_server: str) -> Iterator[str]:
+    """A migrated database of this module's own for the async example (its app table is not
+    the other tests' ``refund_requests``)."""
+    with services.throwaway_database(pg_server, f"settled_example_{uuid.uuid4().hex[:8]}") as url:
+        upgrade(url)
+        yield url
+
+
+MakeExample = Callable[..., AbstractContextManager[Example]]
+
+
+@pytest.fixture(params=FLAVOURS)
+def make_example(
+    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings
+) -> Iterator[MakeExample]:
+    """Builds the example app of this flavour (``create_app``'s keyword arguments) on an empty
+    database, its hints kept in a list, and serves it through TestClient."""
+    flavour: Flavour = request.param
+    if flavour.database == "postgresql":
+        url = request.getfixturevalue("example_pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    own = settings.model_copy(update={"database_url": url})
+    reader = make_engine(url)
+
+    @contextmanager
+    def make(**kw: Any) -> Iterator[Example]:
+        hints: list[list[int]] = []
+        app = flavour.create_app(own, publish=lambda ids: hints.append(list(ids)), **kw)
+        with TestClient(app) as client:
+            yield Example(client, reader, own, hints)
+        if flavour is SYNC:
+            app.state.engine.dispose()  # the async app disposes of its own at shutdown
+
+    try:
+        yield make
+    finally:
+        if flavour.database == "postgresql":  # the module's database, for the next test
+            truncate(reader)
+            with reader.begin() as conn:
+                conn.execute(text("DROP TABLE IF EXISTS refund_requests"))
+        reader.dispose()
+
+
 @pytest.fixture
-def example(tmp_path: Path) -> Iterator[Example]:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'app.sqlite3'}")
-    hints: list[list[int]] = []
-    app = create_app(settings, publish=lambda ids: hints.append(list(ids)))
-    with TestClient(app) as client:
-        yield Example(client, app.state.engine, settings, hints)
-    app.state.engine.dispose()
+def example(make_example: MakeExample) -> Iterator[Example]:
+    with make_example() as built:
+        yield built
 
 
 def test_each_request_commits_one_business_row_and_one_operation_together(
@@ -202,40 +272,58 @@ def test_a_worker_turns_the_hint_into_one_refund_at_the_downstream(
 
 
 def test_the_business_row_is_rolled_back_when_settled_refuses_the_operation(
-    tmp_path: Path,
+    make_example: MakeExample,
 ) -> None:
     """The refusal comes after the business row was written (the tenant is checked by
     ``Outbox.enqueue``): neither row may stay."""
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'app.sqlite3'}")
-    hints: list[list[int]] = []
-    app = create_app(settings, publish=lambda ids: hints.append(list(ids)), tenant="Not A Tenant")
-    with TestClient(app) as client:
-        example = Example(client, app.state.engine, settings, hints)
+    with make_example(tenant="Not A Tenant") as example:
         answer = example.file("req-1")
         assert answer.status_code == 422
         assert answer.json()["detail"]["code"] == "invalid_tenant"
         assert example.counts() == (0, 0, 0)
-        assert hints == []
-    app.state.engine.dispose()
+        assert example.hints == []
+
+
+def test_the_async_example_refuses_sqlite_before_writing_anything(tmp_path: Path) -> None:
+    """On the embedded default (an SQLite file) the async example is refused up front, with
+    the setting named: nothing is migrated, no file is created."""
+    path = tmp_path / "app.sqlite3"
+    with pytest.raises(InvalidSetting) as refused:
+        create_async_app(Settings(database_url=f"sqlite:///{path}"), publish=lambda ids: None)
+    assert refused.value.code == "postgresql_only"
+    assert refused.value.data == {"setting": "SETTLED_DATABASE_URL"}
+    assert not path.exists()
 
 
 # -- the README's commands, run as written -----------------------------------------------------
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_refunds"
 #: commands that keep running: the README starts each in a terminal of its own
 SERVERS = ("settled simulator", "settled worker", "uvicorn")
 
 
-def readme_commands() -> list[str]:
-    """The shell commands of the README's "Run it" section, in order, continuation lines
-    joined."""
-    section = (EXAMPLE / "README.md").read_text().split("## Run it", 1)[1].split("\n## ", 1)[0]
+def readme_commands(example: Path) -> list[str]:
+    """The shell commands of ``example``'s README's "Run it" section, in order, continuation
+    lines joined."""
+    section = (example / "README.md").read_text().split("## Run it", 1)[1].split("\n## ", 1)[0]
     commands: list[str] = []
     for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             if line.strip():
                 commands.append(line.strip())
     return commands
+
+
+def exported(commands: list[str], name: str) -> str:
+    """The value the README's ``export`` lines give variable ``name`` (unquoted)."""
+    values = [
+        word.split("=", 1)[1]
+        for command in commands
+        if command.startswith("export ")
+        for word in shlex.split(command, comments=True)[1:]
+        if word.startswith(f"{name}=")
+    ]
+    assert len(values) == 1, f"the README exports {name} {len(values)} times"
+    return values[0]
 
 
 class Terminals:
@@ -288,13 +376,12 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.slow
-def test_the_readme_followed_word_for_word_ends_in_a_refund(tmp_path: Path) -> None:
-    """Every command of "Run it" as a user runs it, from a checkout's root (``examples/``
-    there), on free ports instead of 8700 and 8080. A README that starts the worker before
-    any ``settled db upgrade`` leaves the refund ``planned``: the worker refuses the
-    unmigrated database and nothing sends it."""
-    (tmp_path / "examples").symlink_to(EXAMPLE.parent, target_is_directory=True)
+def follow_readme(example: Path, tmp_path: Path, own: dict[str, str]) -> dict[str, Any]:
+    """Every command of ``example``'s "Run it" as a user runs it, from a checkout's root
+    (``examples/`` there), with each text of ``own`` (what is the user's own: a database, a
+    broker) replaced by the test's, and free ports instead of 8700 and 8080. Returns the last
+    command's answer once it shows the refund ``succeeded``; fails the test if it never does."""
+    (tmp_path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
     sim_port, app_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SETTLED_", "OTEL_"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -306,7 +393,10 @@ def test_the_readme_followed_word_for_word_ends_in_a_refund(tmp_path: Path) -> N
         "uvicorn": lambda: _answers(f"http://127.0.0.1:{app_port}/refunds/none"),
     }
     commands = [c.replace("8700", str(sim_port)).replace("8080", str(app_port))
-                for c in readme_commands()]  # fmt: skip
+                for c in readme_commands(example)]  # fmt: skip
+    for theirs, ours in own.items():  # after the ports: ours may hold any digits
+        assert any(theirs in c for c in commands), f"the README never says {theirs!r}"
+        commands = [c.replace(theirs, ours) for c in commands]
     *steps, status = commands
     assert status.startswith("curl ") and "/refunds/" in status
     try:
@@ -334,6 +424,45 @@ def test_the_readme_followed_word_for_word_ends_in_a_refund(tmp_path: Path) -> N
             return bool(answers[-1].get("operation", {}).get("state") == "succeeded")
 
         wait_until(refunded, 60, "the refund to succeed (as the README's last command shows)")
-        assert '"re_' in json.dumps(answers[-1]["operation"])  # the downstream's reference
+        return answers[-1]
     finally:
         terminals.stop()
+
+
+@pytest.mark.slow
+def test_the_readme_followed_word_for_word_ends_in_a_refund(tmp_path: Path) -> None:
+    """The sync example's "Run it", on the embedded defaults (an SQLite file, the filesystem
+    broker: nothing of the user's own to replace). A README that starts the worker before any
+    ``settled db upgrade`` leaves the refund ``planned``: the worker refuses the unmigrated
+    database and nothing sends it."""
+    answer = follow_readme(SYNC.folder, tmp_path, own={})
+    assert '"re_' in json.dumps(answer["operation"])  # the downstream's reference
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_the_async_readme_followed_word_for_word_ends_in_a_refund(
+    tmp_path: Path, pg_server: str, redis_url: str
+) -> None:
+    """The async example's "Run it", its PostgreSQL database a throwaway one (empty, as the
+    README asks: ``settled db upgrade`` migrates it) and its Redis a server of the test's own,
+    in place of the README's addresses."""
+    commands = readme_commands(ASYNC.folder)
+    name = f"settled_readme_{uuid.uuid4().hex[:8]}"
+    with services.throwaway_database(pg_server, name) as url:
+        own = {
+            exported(commands, "SETTLED_DATABASE_URL"): shlex.quote(url),
+            exported(commands, "SETTLED_BROKER_URL"): shlex.quote(redis_url),
+        }
+        answer = follow_readme(ASYNC.folder, tmp_path, own=own)
+        assert '"re_' in json.dumps(answer["operation"])  # the downstream's reference
+        engine = make_engine(url)  # the refund the app wrote is in that database
+        try:
+            with engine.connect() as conn:
+                stored = conn.execute(text("SELECT request_key, op_id FROM refund_requests"))
+                assert [tuple(row) for row in stored] == [
+                    (answer["request"]["request_key"], answer["operation"]["op_id"])
+                ]
+        finally:
+            engine.dispose()
