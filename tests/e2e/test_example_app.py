@@ -1,26 +1,36 @@
-"""The FastAPI example (examples/fastapi_refunds) run against SQLite through TestClient: one
+"""The FastAPI examples, sync (examples/fastapi_refunds, on SQLite) and async
+(examples/fastapi_refunds_async, on PostgreSQL), through TestClient with the same tests: one
 business row and one operation per request, committed together; a replay returns the same
 operation; bad input is a 4xx that writes nothing; a hint per committed request, which a worker
-turns into a refund at the simulator."""
+turns into a refund at the simulator. And each README's commands, run as written."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import Engine, text
 from starlette.exceptions import StarletteDeprecationWarning
 
-from examples.fastapi_refunds.app import create_app
+from examples.fastapi_refunds.app import create_app as create_sync_app
+from examples.fastapi_refunds_async.app import create_app as create_async_app
+from outbox.db import make_engine, upgrade
+from outbox.errors import InvalidSetting
 from outbox.settings import Settings
 from settled.runtime import build_runtime
 from settled.simulator import SimulatorControl
-from tests.support.readme_run import EXAMPLES, follow_readme
+from tests.conftest import truncate
+from tests.support import services
+from tests.support.readme_run import exported, follow_readme, readme_commands
 from tests.support.simtools import SimTenant
 from workers.http_client import HttpGateway
 
@@ -31,12 +41,31 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 REFUND = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """One of the two examples: its folder, its app factory and the database it runs on."""
+
+    name: str
+    folder: Path
+    create_app: Callable[..., FastAPI]
+    database: str  # "sqlite" or "postgresql"
+
+
+SYNC = Flavour("sync", EXAMPLES / "fastapi_refunds", create_sync_app, "sqlite")
+ASYNC = Flavour("async", EXAMPLES / "fastapi_refunds_async", create_async_app, "postgresql")
+FLAVOURS = [
+    pytest.param(SYNC, id="sync-sqlite"),
+    pytest.param(ASYNC, id="async-postgresql", marks=pytest.mark.postgres),
+]
 
 
 @dataclass
 class Example:
     client: TestClient
-    engine: Engine
+    engine: Engine  # a synchronous engine on the app's database, for the test's own reads
     settings: Settings
     hints: list[list[int]]
 
@@ -55,14 +84,55 @@ class Example:
         return requests, operations, events
 
 
+@pytest.fixture(scope="module")
+def example_pg_url(pg_server: str) -> Iterator[str]:
+    """A migrated database of this module's own for the async example (its app table is not
+    the other tests' ``refund_requests``)."""
+    with services.throwaway_database(pg_server, f"settled_example_{uuid.uuid4().hex[:8]}") as url:
+        upgrade(url)
+        yield url
+
+
+MakeExample = Callable[..., AbstractContextManager[Example]]
+
+
+@pytest.fixture(params=FLAVOURS)
+def make_example(
+    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings
+) -> Iterator[MakeExample]:
+    """Builds the example app of this flavour (``create_app``'s keyword arguments) on an empty
+    database, its hints kept in a list, and serves it through TestClient."""
+    flavour: Flavour = request.param
+    if flavour.database == "postgresql":
+        url = request.getfixturevalue("example_pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    own = settings.model_copy(update={"database_url": url})
+    reader = make_engine(url)
+
+    @contextmanager
+    def make(**kw: Any) -> Iterator[Example]:
+        hints: list[list[int]] = []
+        app = flavour.create_app(own, publish=lambda ids: hints.append(list(ids)), **kw)
+        with TestClient(app) as client:
+            yield Example(client, reader, own, hints)
+        if flavour is SYNC:
+            app.state.engine.dispose()  # the async app disposes of its own at shutdown
+
+    try:
+        yield make
+    finally:
+        if flavour.database == "postgresql":  # the module's database, for the next test
+            truncate(reader)
+            with reader.begin() as conn:
+                conn.execute(text("DROP TABLE IF EXISTS refund_requests"))
+        reader.dispose()
+
+
 @pytest.fixture
-def example(tmp_path: Path) -> Iterator[Example]:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'app.sqlite3'}")
-    hints: list[list[int]] = []
-    app = create_app(settings, publish=lambda ids: hints.append(list(ids)))
-    with TestClient(app) as client:
-        yield Example(client, app.state.engine, settings, hints)
-    app.state.engine.dispose()
+def example(make_example: MakeExample) -> Iterator[Example]:
+    with make_example() as built:
+        yield built
 
 
 def test_each_request_commits_one_business_row_and_one_operation_together(
@@ -196,21 +266,27 @@ def test_a_worker_turns_the_hint_into_one_refund_at_the_downstream(
 
 
 def test_the_business_row_is_rolled_back_when_settled_refuses_the_operation(
-    tmp_path: Path,
+    make_example: MakeExample,
 ) -> None:
     """The refusal comes after the business row was written (the tenant is checked by
     ``Outbox.enqueue``): neither row may stay."""
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'app.sqlite3'}")
-    hints: list[list[int]] = []
-    app = create_app(settings, publish=lambda ids: hints.append(list(ids)), tenant="Not A Tenant")
-    with TestClient(app) as client:
-        example = Example(client, app.state.engine, settings, hints)
+    with make_example(tenant="Not A Tenant") as example:
         answer = example.file("req-1")
         assert answer.status_code == 422
         assert answer.json()["detail"]["code"] == "invalid_tenant"
         assert example.counts() == (0, 0, 0)
-        assert hints == []
-    app.state.engine.dispose()
+        assert example.hints == []
+
+
+def test_the_async_example_refuses_sqlite_before_writing_anything(tmp_path: Path) -> None:
+    """On the embedded default (an SQLite file) the async example is refused up front, with
+    the setting named: nothing is migrated, no file is created."""
+    path = tmp_path / "app.sqlite3"
+    with pytest.raises(InvalidSetting) as refused:
+        create_async_app(Settings(database_url=f"sqlite:///{path}"), publish=lambda ids: None)
+    assert refused.value.code == "postgresql_only"
+    assert refused.value.data == {"setting": "SETTLED_DATABASE_URL"}
+    assert not path.exists()
 
 
 # -- the README's commands, run as written -----------------------------------------------------
@@ -218,7 +294,38 @@ def test_the_business_row_is_rolled_back_when_settled_refuses_the_operation(
 
 @pytest.mark.slow
 def test_the_readme_followed_word_for_word_ends_in_a_refund(tmp_path: Path) -> None:
-    """Every command of "Run it" as a user runs it, from a checkout's root (``examples/``
-    there), on free ports instead of 8700 and 8080 (``tests.support.readme_run``)."""
-    answer = follow_readme(EXAMPLES / "fastapi_refunds", tmp_path, app="uvicorn")
+    """The sync example's "Run it", on the embedded defaults (an SQLite file, the filesystem
+    broker: nothing of the user's own to replace). A README that starts the worker before any
+    ``settled db upgrade`` leaves the refund ``planned``: the worker refuses the unmigrated
+    database and nothing sends it."""
+    answer = follow_readme(SYNC.folder, tmp_path, app="uvicorn")
     assert '"re_' in json.dumps(answer["operation"])  # the downstream's reference
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_the_async_readme_followed_word_for_word_ends_in_a_refund(
+    tmp_path: Path, pg_server: str, redis_url: str
+) -> None:
+    """The async example's "Run it", its PostgreSQL database a throwaway one (empty, as the
+    README asks: ``settled db upgrade`` migrates it) and its Redis a server of the test's own,
+    in place of the README's addresses."""
+    commands = readme_commands(ASYNC.folder)
+    name = f"settled_readme_{uuid.uuid4().hex[:8]}"
+    with services.throwaway_database(pg_server, name) as url:
+        own = {
+            exported(commands, "SETTLED_DATABASE_URL"): shlex.quote(url),
+            exported(commands, "SETTLED_BROKER_URL"): shlex.quote(redis_url),
+        }
+        answer = follow_readme(ASYNC.folder, tmp_path, app="uvicorn", own=own)
+        assert '"re_' in json.dumps(answer["operation"])  # the downstream's reference
+        engine = make_engine(url)  # the refund the app wrote is in that database
+        try:
+            with engine.connect() as conn:
+                stored = conn.execute(text("SELECT request_key, op_id FROM refund_requests"))
+                assert [tuple(row) for row in stored] == [
+                    (answer["request"]["request_key"], answer["operation"]["op_id"])
+                ]
+        finally:
+            engine.dispose()

@@ -5,7 +5,6 @@ The judge is the simulator's ledger: at most one business effect per operation, 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import json
@@ -20,11 +19,9 @@ import httpx
 import pytest
 import redis
 from sqlalchemy import Engine, select
-from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import relay
-from outbox.aio import AsyncOutbox
 from outbox.intake import CREATED_KEY, Outbox
 from outbox.models import Operation, OperationEvent
 from settled.celery_app import QUEUE, SUBMIT, create_app, hint_publisher, ids_publisher
@@ -154,34 +151,6 @@ def test_operations_enqueued_in_a_transaction_are_sent_by_a_real_worker(
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines()
     assert 'settled_transitions_total{from_state="submitted",to_state="succeeded"} 20.0' in metrics
     assert 'settled_attempts_total{outcome="done"} 20.0' in metrics
-
-
-def test_intents_enqueued_from_async_code_are_hinted_and_sent_by_a_real_worker(
-    app: App, stack: Stack, pg_url: str, outbox: Outbox, sim_control: SimulatorControl
-) -> None:
-    # No beat, so no sweeper: only the hints the async relay publishes after each commit
-    # bring these operations to the worker.
-    stack.start_worker(pool="prefork", concurrency=2, beat=False)
-
-    async def enqueue() -> list[int]:
-        engine = create_async_engine(pg_url)
-        sessions = async_sessionmaker(engine, expire_on_commit=False)
-        relay.install(sessions, hint_publisher(app.celery))
-        door = AsyncOutbox(outbox)
-        ids = []
-        for i in range(5):
-            async with sessions.begin() as s:
-                params = {**GOOD, "amount_minor": 100 + i}
-                got = await door.enqueue(
-                    s, tenant="acme", op_id=f"op-async-{i}", kind="refund", params=params
-                )
-                ids.append(got.id)
-        await engine.dispose()
-        return ids
-
-    ids = asyncio.run(enqueue())
-    assert set(wait_settled(app, stack, ids).values()) == {"succeeded"}
-    assert assert_at_most_one_effect(app, sim_control, ids) == [1] * 5
 
 
 @pytest.mark.parametrize("doorbell", [0, 8])

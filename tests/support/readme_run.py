@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,27 @@ def answers(url: str) -> bool:
         return False
 
 
-def follow_readme(example: Path, tmp_path: Path, app: str) -> dict[str, Any]:
+def exported(commands: list[str], name: str) -> str:
+    """The value the README's ``export`` lines give variable ``name`` (unquoted)."""
+    values = [
+        word.split("=", 1)[1]
+        for command in commands
+        if command.startswith("export ")
+        for word in shlex.split(command, comments=True)[1:]
+        if word.startswith(f"{name}=")
+    ]
+    assert len(values) == 1, f"the README exports {name} {len(values)} times"
+    return values[0]
+
+
+def follow_readme(
+    example: Path, tmp_path: Path, app: str, own: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Run every command of ``example``'s "Run it" in a fresh folder holding ``examples/``
     (as a checkout's root), with no ``SETTLED_*`` variable but the README's; ``app`` is how
     the command that starts the app begins (``uvicorn``; no other command begins so).
-    Returns the last command's answer once it shows the refund ``succeeded``; fails the test
+    Each text of ``own`` (what is the user's own: a database, a broker) is replaced by the
+    test's. Returns the last command's answer once it shows the refund ``succeeded``; fails the test
     if it never does.
 
     A README that starts the worker before any migration of Settled's tables leaves the refund
@@ -117,6 +134,9 @@ def follow_readme(example: Path, tmp_path: Path, app: str) -> dict[str, Any]:
         c.replace(SIMULATOR_PORT, str(sim_port)).replace(APP_PORT, str(app_port))
         for c in readme_commands(example)
     ]
+    for theirs, ours in (own or {}).items():  # after the ports: ours may hold any digits
+        assert any(theirs in c for c in commands), f"the README never says {theirs!r}"
+        commands = [c.replace(theirs, ours) for c in commands]
     *steps, status = commands
     assert status.startswith("curl ") and "/refunds/" in status
     try:
