@@ -19,19 +19,24 @@ whose ``enqueue`` runs inside ``Door.counted``), ``close``, and a way of countin
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, event
+import psycopg
+from psycopg.rows import dict_row
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, event, make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
 from outbox import relay
 from outbox.aio import AsyncOutbox
+from outbox.borrowed import borrowed
 from outbox.db import make_engine
 from outbox.intake import Enqueued, Outbox
+from tests.support.services import libpq_url
 
 T = TypeVar("T")
 
@@ -232,5 +237,180 @@ class _AsyncSessionTransaction(Transaction):
         self.door.run(self.session.close())
 
 
-#: Every door the contract is asserted on.
-DOORS: list[type[Door]] = [SessionDoor, AsyncSessionDoor]
+class _ConnectionDoor(Door):
+    """A door on a connection: the app publishes its hints after its commit
+    (``relay.publish_hints``), there being no commit event to hang the relay on."""
+
+    def __init__(self, url: str, outbox: Outbox, publish: relay.Publish | None = None) -> None:
+        super().__init__(url, outbox, publish)
+        self._listening: list[tuple[Engine, Any]] = []
+
+    def count_on(self, engine: Engine) -> None:
+        def seen(_c: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if self._counting:
+                self.last_statements.append(statement)
+
+        event.listen(engine, "before_cursor_execute", seen)
+        self._listening.append((engine, seen))
+
+    def close(self) -> None:
+        for engine, seen in self._listening:  # the borrowed engines are the process's
+            event.remove(engine, "before_cursor_execute", seen)
+
+
+class _AppCommits(Transaction):
+    """A connection transaction that hints, after its commit, the intents it created."""
+
+    door: _ConnectionDoor
+
+    def __init__(self) -> None:
+        self.created: list[int] = []
+
+    def enqueue(self, **intake: Any) -> Enqueued:
+        with self.door.counted():
+            got = self.send(**intake)
+        if got.created:
+            self.created.append(got.id)
+        return got
+
+    @abstractmethod
+    def send(self, **intake: Any) -> Enqueued: ...
+
+    @abstractmethod
+    def end(self, commit: bool) -> None: ...
+
+    def commit(self) -> None:
+        self.ended = True
+        self.end(True)
+        relay.publish_hints(self.door.published, self.created)
+
+    def rollback(self) -> None:
+        self.ended = True
+        self.end(False)
+
+
+class ConnectionDoor(_ConnectionDoor):
+    """``Outbox.enqueue`` on the app's SQLAlchemy ``Connection``."""
+
+    name = "connection"
+    databases = frozenset({"postgresql", "sqlite"})
+
+    def __init__(self, url: str, outbox: Outbox, publish: relay.Publish | None = None) -> None:
+        super().__init__(url, outbox, publish)
+        self.engine = make_engine(url)
+        self.count_on(self.engine)
+
+    def begin(self) -> Transaction:
+        return _ConnectionTransaction(self)
+
+    def close(self) -> None:
+        super().close()
+        self.engine.dispose()
+
+
+class _ConnectionTransaction(_AppCommits):
+    door: ConnectionDoor
+
+    def __init__(self, door: ConnectionDoor) -> None:
+        super().__init__()
+        self.door = door
+        self.connection = door.engine.connect()
+        self.connection.begin()
+
+    def send(self, **intake: Any) -> Enqueued:
+        return self.door.outbox.enqueue(self.connection, **intake)
+
+    def app_write(self, order_id: str) -> None:
+        self.connection.execute(app_rows.insert().values(order_id=order_id))
+
+    def end(self, commit: bool) -> None:
+        (self.connection.commit if commit else self.connection.rollback)()
+        self.connection.close()
+
+
+class PsycopgDoor(_ConnectionDoor):
+    """``Outbox.enqueue`` on the app's own psycopg 3 connection (rows as dicts, as many apps
+    have them)."""
+
+    name = "psycopg"
+    databases = frozenset({"postgresql"})
+
+    def __init__(self, url: str, outbox: Outbox, publish: relay.Publish | None = None) -> None:
+        super().__init__(url, outbox, publish)
+        self.conn = psycopg.connect(libpq_url(url), row_factory=dict_row)
+        with borrowed(self.conn) as connection:  # the process's engine for such connections
+            self.count_on(connection.engine)
+        self.conn.rollback()
+
+    def begin(self) -> Transaction:
+        return _PsycopgTransaction(self)
+
+    def close(self) -> None:
+        super().close()
+        self.conn.close()
+
+
+class _PsycopgTransaction(_AppCommits):
+    door: PsycopgDoor
+
+    def __init__(self, door: PsycopgDoor) -> None:
+        super().__init__()
+        self.door = door
+        door.conn.execute("SELECT 1")  # begun on the database now
+
+    def send(self, **intake: Any) -> Enqueued:
+        return self.door.outbox.enqueue(self.door.conn, **intake)
+
+    def app_write(self, order_id: str) -> None:
+        self.door.conn.execute(f"INSERT INTO {APP_TABLE} (order_id) VALUES (%s)", [order_id])
+
+    def end(self, commit: bool) -> None:
+        (self.door.conn.commit if commit else self.door.conn.rollback)()
+
+
+class Sqlite3Door(_ConnectionDoor):
+    """``Outbox.enqueue`` on the app's own sqlite3 connection, its transactions begun by the
+    app (``BEGIN IMMEDIATE``)."""
+
+    name = "sqlite3"
+    databases = frozenset({"sqlite"})
+
+    def __init__(self, url: str, outbox: Outbox, publish: relay.Publish | None = None) -> None:
+        super().__init__(url, outbox, publish)
+        path = make_url(url).database
+        assert path, url
+        self.conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self.conn.execute("BEGIN")
+        with borrowed(self.conn) as connection:
+            self.count_on(connection.engine)
+        self.conn.execute("ROLLBACK")
+
+    def begin(self) -> Transaction:
+        return _Sqlite3Transaction(self)
+
+    def close(self) -> None:
+        super().close()
+        self.conn.close()
+
+
+class _Sqlite3Transaction(_AppCommits):
+    door: Sqlite3Door
+
+    def __init__(self, door: Sqlite3Door) -> None:
+        super().__init__()
+        self.door = door
+        door.conn.execute("BEGIN IMMEDIATE")
+
+    def send(self, **intake: Any) -> Enqueued:
+        return self.door.outbox.enqueue(self.door.conn, **intake)
+
+    def app_write(self, order_id: str) -> None:
+        self.door.conn.execute(f"INSERT INTO {APP_TABLE} (order_id) VALUES (?)", [order_id])
+
+    def end(self, commit: bool) -> None:
+        self.door.conn.execute("COMMIT" if commit else "ROLLBACK")
+
+
+#: Every door the contract is asserted on (the Django door's are in test_django.py: Django's
+#: settings are configured once per process there).
+DOORS: list[type[Door]] = [SessionDoor, AsyncSessionDoor, ConnectionDoor, PsycopgDoor, Sqlite3Door]
