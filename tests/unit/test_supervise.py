@@ -37,7 +37,8 @@ def test_a_child_that_dies_is_restarted_with_back_off_and_the_others_left_alone(
     sleeper = [
         sys.executable,
         "-c",
-        f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)",
+        f"import os, time; open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.replace({str(pidfile)!r} + '.tmp', {str(pidfile)!r}); time.sleep(60)",
     ]
     dies = [
         sys.executable,
@@ -64,7 +65,8 @@ def test_a_stop_signal_stops_every_child_and_succeeds(tmp_path: Path) -> None:
     child = [
         sys.executable,
         "-c",
-        f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)",
+        f"import os, time; open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.replace({str(pidfile)!r} + '.tmp', {str(pidfile)!r}); time.sleep(60)",
     ]
     result: list[int] = []
     # supervise installs signal handlers, so it must run in the main thread; the signal is
@@ -83,7 +85,9 @@ def test_a_stop_signal_stops_every_child_and_succeeds(tmp_path: Path) -> None:
 
 READY_THEN_SLEEP = (
     "import os, sys, time; from settled.supervise import say_ready; say_ready(); "
-    "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    # written whole, then renamed: a reader that sees the file sees the pid in it
+    "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+    "os.replace(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(60)"
 )
 
 
