@@ -76,35 +76,26 @@ def test_readme_enqueue_example_runs_and_does_what_it_says(
     client.close()
 
 
-def test_the_async_enqueue_example_runs_and_does_what_it_says(
-    pg_server: str, redis_url: str, tmp_path: Path
+@pytest.mark.parametrize(
+    ("example", "says"),
+    [
+        ("enqueue-async", ["planned not_done"]),
+        # A1043's transaction is rolled back; the enqueue in autocommit is refused
+        ("enqueue-psycopg", ["planned", "refused: no_transaction"]),
+    ],
+)
+def test_the_async_and_connection_examples_run_and_do_what_they_say(
+    example: str, says: list[str], pg_server: str, redis_url: str, tmp_path: Path
 ) -> None:
     client = redis.Redis.from_url(redis_url)
     name = f"settled_readme_{uuid.uuid4().hex[:8]}"
     with services.throwaway_database(pg_server, name) as url:
         env = {"SETTLED_DATABASE_URL": url, "SETTLED_BROKER_URL": redis_url, **KEYS}
-        result = run_example("enqueue-async", tmp_path, **env)
-        assert result.stdout.strip() == "planned not_done"
+        result = run_example(example, tmp_path, **env)
+        assert result.stdout.splitlines() == says
         with psycopg.connect(url.replace("+psycopg", "")) as conn:
             ops = conn.execute("SELECT tenant, state, params->>'order_id' FROM operations")
             assert ops.fetchall() == [("acme", "planned", "A1042")]
             assert conn.execute("SELECT order_id FROM refund_requests").fetchall() == [("A1042",)]
     assert client.llen("settled") == 1  # one hint, published after the commit
-    client.close()
-
-
-def test_the_psycopg_connection_example_runs_and_does_what_it_says(
-    pg_server: str, redis_url: str, tmp_path: Path
-) -> None:
-    client = redis.Redis.from_url(redis_url)
-    name = f"settled_readme_{uuid.uuid4().hex[:8]}"
-    with services.throwaway_database(pg_server, name) as url:
-        env = {"SETTLED_DATABASE_URL": url, "SETTLED_BROKER_URL": redis_url, **KEYS}
-        result = run_example("enqueue-psycopg", tmp_path, **env)
-        assert result.stdout.splitlines() == ["planned", "refused: no_transaction"]
-        with psycopg.connect(url.replace("+psycopg", "")) as conn:
-            ops = conn.execute("SELECT tenant, state, params->>'order_id' FROM operations")
-            assert ops.fetchall() == [("acme", "planned", "A1042")]  # A1043's rolled back
-            assert conn.execute("SELECT order_id FROM refund_requests").fetchall() == [("A1042",)]
-    assert client.llen("settled") == 1  # one hint, published by the app after its commit
     client.close()
