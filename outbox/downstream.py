@@ -170,6 +170,19 @@ class LookupMisuse:
 LookupOutcome = Found | LookupNotFound | Unavailable | LookupMisuse
 
 
+def mismatch_evidence(lookup: LookupMisuse) -> dict[str, Any]:
+    """What a mismatched lookup proves, as evidence: its code and detail, and the record the
+    downstream holds (its reference and status: what it actually did), where it is ours, so
+    staff see what to confirm and are offered only the outcome it proves."""
+    evidence: dict[str, Any] = {"code": lookup.code, "detail": lookup.detail}
+    if lookup.record is not None:
+        evidence["record"] = {
+            "reference": lookup.record.reference,
+            "status": lookup.record.status,
+        }
+    return evidence
+
+
 @dataclass(frozen=True)
 class Settlement:
     """What a downstream's record of the operation settles it as."""

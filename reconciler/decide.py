@@ -23,6 +23,7 @@ from outbox.downstream import (
     LookupOutcome,
     Unavailable,
     lookup_name,
+    mismatch_evidence,
     settlement,
 )
 from outbox.kinds import DownstreamContract
@@ -168,7 +169,7 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
             code="abandoned",
         )
     if isinstance(lookup, LookupMisuse):
-        return _review(s, "lookup_mismatch", {"code": lookup.code, "detail": lookup.detail})
+        return _review(s, "lookup_mismatch", mismatch_evidence(lookup))
     if lookup is None:
         why = (
             "no_lookup_without_idempotency"

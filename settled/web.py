@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote_plus
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -235,6 +236,50 @@ async def log_access(request: Request, call_next: Any) -> Any:
         )
 
 
+# -- the console's security headers ---------------------------------------------------------
+
+#: what the console's pages allow a browser to load and do: its own scripts and styles only
+#: (no inline script or style: htmx is told not to inject its indicator style), no framing
+#: by any other page (a page on another origin cannot frame the sign-in form), forms that post
+#: only back to the console
+CONSOLE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; "
+    "object-src 'none'"
+)
+#: on every answer under /console/ (pages, error pages, sign-in, redirects, static files)
+CONSOLE_HEADERS = {
+    "Content-Security-Policy": CONSOLE_CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+STATIC = "/console/static/"
+NUL_REFUSED = "a NUL character is not allowed in a path or a query"
+
+
+def _has_nul(request: Request) -> bool:
+    query = unquote_plus(request.scope.get("query_string", b"").decode("latin-1"))
+    return "\x00" in request.url.path or "\x00" in query
+
+
+async def console_headers(request: Request, call_next: Any) -> Any:
+    """The console's security headers; every console answer but a static file is
+    ``Cache-Control: no-store`` (its pages carry customer data: amounts, payees, orders)."""
+    path = request.url.path
+    console = path == "/console" or path.startswith("/console/")
+    if console and _has_nul(request):
+        # PostgreSQL cannot store or compare a NUL in text: refused here, before any query
+        response = pages.error_page(request, InvalidInput(NUL_REFUSED, code="nul_in_request"))
+    else:
+        response = await call_next(request)
+    if console:
+        response.headers.update(CONSOLE_HEADERS)
+        if not path.startswith(STATIC):
+            response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 # -- the app ----------------------------------------------------------------------------------
 
 
@@ -264,6 +309,7 @@ def create_web_app(
     )
     app.state.sessions = runtime.sessions
     app.state.metrics_registry = metrics.registry(runtime.sessions)
+    app.middleware("http")(console_headers)
     app.middleware("http")(log_access)
     for error, handler in ERROR_HANDLERS.items():
         app.exception_handler(error)(_answer(handler))

@@ -88,9 +88,10 @@ def _operation(op: Operation) -> dict[str, Any]:
 
 def _lookup_name(event: OperationEvent) -> str | None:
     """The lookup an event records the answer of (None: it records none)."""
-    if event.reason == "lookup_mismatch":
-        return "mismatch"
-    answer = (event.evidence or {}).get("lookup")
+    evidence = event.evidence or {}
+    if event.reason == "lookup_mismatch" or evidence.get("review") == "lookup_mismatch":
+        return "mismatch"  # a reconcile pass's look that found a record unlike the intent
+    answer = evidence.get("lookup")
     return answer if isinstance(answer, str) else None
 
 
@@ -101,7 +102,19 @@ def _lookup(event: OperationEvent) -> dict[str, Any]:
         "by": event.actor,
         "answer": _lookup_name(event),
         "detail": evidence.get("detail") or evidence.get("code"),
+        # the downstream's own record it found (reference, status), None: none
+        "record": _record(evidence),
     }
+
+
+def _record(evidence: dict[str, Any]) -> dict[str, str | None] | None:
+    """The record a lookup found: a mismatch's ``record``, a find's ``reference``."""
+    record = evidence.get("record")
+    if isinstance(record, dict) and isinstance(record.get("reference"), str):
+        return {"reference": record["reference"], "status": _text(record.get("status"))}
+    if evidence.get("lookup") == "found" and isinstance(evidence.get("reference"), str):
+        return {"reference": evidence["reference"], "status": _text(evidence.get("status"))}
+    return None
 
 
 def _line(status: dict[str, Any]) -> Line:
@@ -121,3 +134,7 @@ def _line(status: dict[str, Any]) -> Line:
         if note is None
         else CompensationNote(note["op_id"], Compensation(note["status"]), note["reference"]),
     )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -23,8 +23,10 @@ from outbox.downstream import (
     DownstreamRequest,
     Found,
     Gateway,
+    LookupMisuse,
     LookupOutcome,
     lookup_name,
+    mismatch_evidence,
     settlement,
 )
 from outbox.errors import InvalidInput, NotFound, ReviewConflict, SettledError
@@ -140,7 +142,10 @@ class ReviewQueue:
             shown = operation_view(session, op)
             kind = self.registry.get(op.kind)
             last = "none" if not kind.contract.queryable else shown["last_lookup"]
-            choices = allowed_choices(last, may_override=staff.role in OVERRIDING)
+            # a lookup that found our record proves its outcome: only that one is offered
+            record = shown["lookups"][-1]["record"] if shown["lookups"] else None
+            status = record["status"] if record is not None and last != "none" else None
+            choices = allowed_choices(last, status, may_override=staff.role in OVERRIDING)
             acting = staff.role in ACTING and item.resolved_at is None
             return {
                 "item": _item(item),
@@ -184,7 +189,11 @@ class ReviewQueue:
                     snapshot["id"],
                     actor=staff.actor,
                     note="staff_requery",
-                    evidence={"lookup": result["lookup"], "role": staff.role.value},
+                    evidence={
+                        "lookup": result["lookup"],
+                        "role": staff.role.value,
+                        **(mismatch_evidence(lookup) if isinstance(lookup, LookupMisuse) else {}),
+                    },
                 )
                 result["state"] = State.UNKNOWN.value
         audit.info("review requery", extra={"staff": staff.id, "item": item_id, **result})

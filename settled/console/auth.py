@@ -138,6 +138,8 @@ def login(
     expected = request.cookies.get(LOGIN_COOKIE)
     if not expected or not tokens_match(expected, csrf_token):
         return _login_form(request, next_, status=403, error=CSRF_REFUSED, name=name)
+    if "\x00" in name or "\x00" in password:  # no staff name has one (PostgreSQL text cannot)
+        return _login_form(request, next_, status=401, error=WRONG)
     address = request.client.host if request.client is not None else None
     with _sessions(request)() as s, s.begin():
         result = sign_in(s, name, password, address=address, policy=_policy(request))

@@ -140,7 +140,35 @@ def home() -> Response:
     return RedirectResponse("/console/review", status_code=303)
 
 
+#: the largest id a row can have (PostgreSQL's BIGINT)
+MAX_ROW_ID = 2**63 - 1
+
+
+def _row_id(raw: str) -> int:
+    """A row id from a path: anything but a whole number from 1 to ``MAX_ROW_ID`` names no
+    row, so it is the page a missing one gets (never a database error)."""
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_ROW_ID:
+        raise NotFound("no such item", code="not_found")
+    return int(raw)
+
+
+def _item_id(item_id: str) -> int:
+    return _row_id(item_id)
+
+
+def _proposal_id(proposal_id: str) -> int:
+    return _row_id(proposal_id)
+
+
+ItemId = Annotated[int, Depends(_item_id)]
+ProposalId = Annotated[int, Depends(_proposal_id)]
+
+
 def _blank(value: str | None) -> str | None:
+    """A form or filter field: None when empty; a NUL (which no stored text can hold) is
+    refused as bad input before any query."""
+    if value is not None and "\x00" in value:
+        raise InvalidInput("a NUL character is not allowed", code="nul_in_request")
     return value.strip() or None if value is not None else None
 
 
@@ -192,13 +220,13 @@ def _item_page(
 
 
 @router.get("/review/{item_id}")
-def review_item(request: Request, user: User, item_id: int) -> Response:
+def review_item(request: Request, user: User, item_id: ItemId) -> Response:
     """One item: the operation, attempts, lookups, events, run, evidence, and the actions."""
     return _item_page(request, user, item_id)
 
 
 @router.post("/review/{item_id}/requery", dependencies=Csrf)
-def requery(request: Request, user: User, item_id: int) -> Response:
+def requery(request: Request, user: User, item_id: ItemId) -> Response:
     """Ask the downstream again now (the CLI's ``review requery``)."""
     lang = _lang(request)
     try:
@@ -216,7 +244,7 @@ def requery(request: Request, user: User, item_id: int) -> Response:
 def resolve(
     request: Request,
     user: User,
-    item_id: int,
+    item_id: ItemId,
     outcome: Annotated[str, Form(max_length=20)],
     version: Annotated[int, Form(ge=1, le=2**31 - 1)],
     reference: Annotated[str | None, Form(max_length=200)] = None,
@@ -297,19 +325,19 @@ def _proposal_page(
 
 
 @router.get("/proposals/{proposal_id}")
-def proposal(request: Request, user: User, proposal_id: int) -> Response:
+def proposal(request: Request, user: User, proposal_id: ProposalId) -> Response:
     """One proposal: its parameters, reason, what else is on its order, approve and decline."""
     return _proposal_page(request, user, proposal_id)
 
 
 @router.post("/proposals/{proposal_id}/approve", dependencies=Csrf)
-def approve(request: Request, user: User, proposal_id: int) -> Response:
+def approve(request: Request, user: User, proposal_id: ProposalId) -> Response:
     """Approve (``settled proposals approve``): the exact parameters become an operation."""
     return _decide(request, user, proposal_id, "approve")
 
 
 @router.post("/proposals/{proposal_id}/decline", dependencies=Csrf)
-def decline(request: Request, user: User, proposal_id: int) -> Response:
+def decline(request: Request, user: User, proposal_id: ProposalId) -> Response:
     """Decline (``settled proposals decline``): nothing is sent."""
     return _decide(request, user, proposal_id, "decline")
 

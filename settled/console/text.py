@@ -56,6 +56,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
             "supervisor."
         ),
         "item.choices_from": "Choices allowed by the last lookup: {lookup}.",
+        "item.found_record": "The downstream holds this operation as {reference} ({status}).",
         "item.rests_on.deadline_fence": (
             'A "not found" proves nothing was done because the service refuses any '
             "request that arrives past its deadline."
@@ -198,6 +199,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "item.justification": "理由",
         "item.no_choices": "根据最近一次查询，您无法处理此项：请重新查询，或联系主管。",
         "item.choices_from": "最近一次查询允许的处理方式：{lookup}。",
+        "item.found_record": "下游记录此操作为 {reference}（{status}）。",
         "item.rests_on.deadline_fence": (
             "“未找到”能证明未执行，依据是：对方服务拒绝超过截止时间才到达的请求。"
         ),

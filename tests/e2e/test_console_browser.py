@@ -274,3 +274,40 @@ def test_support_approves_what_an_agent_proposed_and_sees_the_operation(
     page.reload()
     expect(page.locator("#status")).to_contain_text("Done")
     assert rig.control.refunded("acme", "A1042") == 15000  # the first, and the approved second
+
+
+def test_another_origin_cannot_frame_the_sign_in_form(browser: Browser, console: str) -> None:
+    """``frame-ancestors 'none'`` and ``X-Frame-Options: DENY``: the browser refuses to show
+    the console inside a page from anywhere else (no clickjacking of the sign-in form)."""
+    page = browser.new_context(viewport=VIEWPORT).new_page()
+    with page.expect_console_message(lambda m: "frame-ancestors" in m.text) as refused:
+        page.set_content(f'<iframe src="{console}/console/login" width="600" height="400">')
+    assert "'none'" in refused.value.text
+    (framed,) = [f for f in page.frames if f is not page.main_frame]
+    assert framed.locator("input[name=password]").count() == 0
+    page.context.close()
+
+
+def test_the_pages_work_under_their_content_security_policy(
+    rig: Rig, browser: Browser, console: str
+) -> None:
+    """Every main page, reached through htmx's boosted links, with no inline script or style
+    the policy would block (a blocked one is reported on the browser's console)."""
+    stuck(rig, "op-1")
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, console, "ann")
+    blocked: list[str] = []
+    page.on("console", lambda m: blocked.append(m.text) if "Content Security" in m.text else None)
+    page.get_by_role("link", name=re.compile(r"^#?\d+$")).first.click()
+    expect(page.locator("#actions")).to_be_visible()
+    for link, heading in [
+        ("Find an operation", "Find"),
+        ("Overview", "Overview"),
+        ("Agent proposals", "Proposals"),
+        ("Review queue", "Review"),
+    ]:
+        page.get_by_role("link", name=link).click()
+        expect(page.locator("h1")).to_contain_text(heading)
+    expect(page.locator("#chart")).to_have_count(0)  # the queue again: the chart page is gone
+    assert blocked == []
+    page.context.close()

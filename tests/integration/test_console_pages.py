@@ -22,6 +22,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 from outbox import runs
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent, ReviewItem
+from settled.console import auth, pages
 from settled.console.auth import ConsoleUser, current_user, require_csrf
 from settled.web import create_web_app
 from support.review import ReviewQueue
@@ -372,3 +373,113 @@ def test_user_controlled_text_is_escaped(console: Console) -> None:
     for page in pages:
         assert script not in page
     assert "&lt;script&gt;" in pages[1] and "&lt;script&gt;" in pages[3]
+
+
+# -- what every answer sends, and requests no row can answer ---------------------------------
+
+
+def _console_gets(console: Console) -> list[str]:
+    """A path for every GET route under /console (a new page is checked the day it lands)."""
+    op, item = in_review(console.rig)
+    tenant, op_id = console.rig.op(op).tenant, console.rig.op(op).op_id
+    values = {"item_id": str(item), "tenant": tenant, "op_id": op_id, "proposal_id": "1"}
+    paths = ["/console/static/console.css", "/console/static/htmx.min.js"]
+    for route in [*pages.router.routes, *auth.router.routes]:
+        path = getattr(route, "path", "")
+        if path.startswith("/console") and "GET" in getattr(route, "methods", ()):
+            paths.append(re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path))
+    return paths
+
+
+def test_every_console_answer_sends_the_security_headers(console: Console) -> None:
+    paths = _console_gets(console)
+    assert {"/console/review", "/console/find", "/console/login"} <= set(paths)
+    for path in [*paths, "/console/review/999999", "/console/nowhere"]:
+        r = console.client.get(path, follow_redirects=False)
+        assert r.status_code < 500, path
+        csp = r.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp, path
+        assert "'unsafe-inline'" not in csp
+        assert r.headers["x-frame-options"] == "DENY", path
+        assert r.headers["x-content-type-options"] == "nosniff", path
+        assert r.headers["referrer-policy"] == "same-origin", path
+        if not path.startswith("/console/static/"):
+            assert r.headers["cache-control"] == "no-store", path  # customer data: never cached
+    r = console.post("/console/review/1/requery")  # a form's answer too
+    assert r.headers["cache-control"] == "no-store" and r.headers["x-frame-options"] == "DENY"
+
+
+def test_pages_hold_no_inline_script_or_style(console: Console) -> None:
+    """The CSP allows none: anything inline would be blocked in the browser."""
+    for path in _console_gets(console):
+        if path.startswith("/console/static/"):
+            continue
+        page = console.client.get(path).text
+        assert not re.search(r"<script(?![^>]*\bsrc=)", page), path
+        assert not re.search(r"<style|\sstyle=|\son[a-z]+=", page), path
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/console/review/99999999999999999999",
+        "/console/review/9223372036854775808",
+        "/console/review/-1",
+        "/console/review/abc",
+        "/console/proposals/99999999999999999999",
+        "/console/proposals/x",
+    ],
+)
+def test_an_id_no_row_can_have_is_the_missing_page(console: Console, path: str) -> None:
+    r = console.get(path)
+    assert r.status_code == 404 and "text/html" in r.headers["content-type"]
+    post = path + ("/requery" if "/review/" in path else "/approve")
+    assert console.post(post).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/console/operations/acme/op%00x",
+        "/console/operations/ac%00me/op-1",
+        "/console/find?key=order_id&value=A1%00042",
+        "/console/find?key=op_id&value=op-1&tenant=ac%00me",
+        "/console/review?tenant=ac%00me",
+        "/console/review?reason=%00",
+        "/console/review/1?x=%00",
+    ],
+)
+def test_a_nul_in_a_path_or_query_is_refused_as_bad_input(console: Console, path: str) -> None:
+    r = console.client.get(path)
+    assert r.status_code == 422 and "text/html" in r.headers["content-type"], r.text[:200]
+    assert "NUL" in r.text
+    assert r.headers["cache-control"] == "no-store"
+
+
+def test_a_nul_in_a_resolve_form_is_refused_and_writes_nothing(console: Console) -> None:
+    op, item = in_review(console.rig)
+    before = console.rig.op(op).version if hasattr(console.rig.op(op), "version") else None
+    r = console.as_(BOB).post(
+        f"/console/review/{item}/resolve",
+        {"outcome": "rejected", "version": 1, "override": "true",
+         "justification": "checked with the bank\x00 twice"},
+    )  # fmt: skip
+    assert r.status_code == 200 and "NUL" in r.text
+    assert console.rig.op(op).state == "unknown"
+    assert before == (console.rig.op(op).version if before is not None else None)
+
+
+def test_a_mismatch_item_shows_the_record_the_lookup_found(console: Console) -> None:
+    rig = console.rig
+    rig.control.add_rule("mismatched_receipt", times=1)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    rig.make_due(op)
+    rig.reconciler().run_once()
+    (item,) = rig.reviews(op)
+    page = console.as_(ANN).get(f"/console/review/{item.id}").text
+    reference = rig.downstream_reference(op)
+    assert reference in page.split('id="found-record"')[1].split("</p>")[0]
+    forms = re.findall(r'data-outcome="(\w+)" data-override="(\w+)"', page)
+    assert forms == [("succeeded", "false")]  # the record proves it was made: no "rejected"
+    assert f'name="reference" required maxlength="200" value="{reference}"' in page

@@ -371,3 +371,26 @@ def test_a_fingerprint_mismatch_is_confirmed_never_changed(rig: Rig) -> None:
     assert notes[-2:] == ["staff_refused", "staff_confirmed"]
     with pytest.raises(ReviewConflict):  # somebody resolved it already
         q.resolve(BOB, item.id, outcome="rejected", version=1, justification=WHY)
+
+
+@pytest.mark.parametrize("setup", [receipt_mismatch, lookup_mismatch])
+def test_a_mismatch_whose_lookup_found_an_executed_refund_offers_only_succeeded(
+    rig: Rig, setup: Callable[[Rig, KindRegistry], int]
+) -> None:
+    """The downstream's record says the refund was made: "rejected" would be refused by the
+    resolve, so it is not offered; the record's reference is shown for staff to confirm."""
+    op = setup(rig, default_registry())
+    if setup is receipt_mismatch:  # the send's receipt differed: a look finds the record
+        reconcile(rig, default_registry(), op)
+    (item,) = rig.reviews(op)
+    q = ReviewQueue(rig.sessions, rig.gateway(), default_registry())
+    shown = q.show(ALICE, item.id)
+    assert shown["last_lookup"] == "mismatch"
+    record = shown["lookups"][-1]["record"]
+    assert record == {"reference": rig.downstream_reference(op), "status": "succeeded"}
+    assert shown["choices"] == [{"outcome": "succeeded", "override": False}]
+    # what the page offers is what the resolve accepts
+    with pytest.raises(ReviewConflict):
+        q.resolve(ALICE, item.id, outcome="rejected", version=1, justification=WHY)
+    as_its_record(rig, q, op, item.id)
+    assert rig.op(op).state == "succeeded"
