@@ -73,12 +73,18 @@ class RefundIntent(Intent):
     payee: Ref
 
 
+#: an after-sales ticket's category (the MCP tool's ``problem``)
+TicketProblem = Literal["damaged", "wrong_item", "not_as_described", "other"]
+#: why a ticket is cancelled (the MCP compensation tool's ``cause``)
+TicketCancelCause = Literal["pickup_failed", "customer_request", "duplicate"]
+
+
 class TicketIntent(Intent):
     """Open an after-sales ticket (the app chooses ``ticket_id``)."""
 
     ticket_id: Ref
     order_id: Ref
-    reason: Literal["damaged", "wrong_item", "not_as_described", "other"]
+    reason: TicketProblem
 
 
 class PickupIntent(Intent):
@@ -93,7 +99,7 @@ class TicketCancelIntent(Intent):
     """Cancel an after-sales ticket (the compensation of ``after_sales_ticket``)."""
 
     ticket_id: Ref
-    reason: Literal["pickup_failed", "customer_request", "duplicate"]
+    reason: TicketCancelCause
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,9 @@ class Proposed:
     #: operations of the kind on the order that no proposal made (the app's own), not
     #: rejected or cancelled
     others: tuple[Operation, ...] = ()
+    #: the declined (or withdrawn) proposals of the kind on the order, oldest first: a new
+    #: request's approval says the person said no before
+    declined: tuple[Proposal, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,8 +227,9 @@ class Proposals:
         )
         on_order = operations_on_orders(session, [(tenant, order_ref)])
         live, others = on_the_order(ever, on_order, spec.name, repeated)
+        declined = tuple(p for p in ever if p.status == DECLINED)
         if repeated is not None:
-            return Proposed(repeated, created=False, earlier=live, others=others)
+            return Proposed(repeated, False, live, others, declined)
         row = store.add_proposal(
             session,
             {
@@ -241,7 +245,7 @@ class Proposals:
                 "compensates_id": compensates.id if compensates is not None else None,
             },
         )
-        return Proposed(row, created=True, earlier=live, others=others)
+        return Proposed(row, True, live, others, declined)
 
     def find(self, session: Session, tenant: str, handle: str) -> Proposal:
         """Proposal ``handle`` of ``tenant``; NotFound (the same error) for any other."""

@@ -7,6 +7,7 @@ import json
 from typing import Any, Literal
 
 from mcp_types import CallToolResult, TextContent
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from outbox.kinds import AgentProfile
@@ -14,6 +15,9 @@ from outbox.models import Proposal
 from outbox.proposals import APPROVED, PROPOSED, proposal_report
 from outbox.report import render_line
 from outbox.report_text import Lang
+
+#: who withdraws a waiting proposal when the agent cancels it (``cancel_request``)
+WITHDRAWN_BY = "agent:cancel"
 
 ErrorKind = Literal["fixable", "permission", "business_rejected", "pending", "conflict"]
 
@@ -23,14 +27,50 @@ WORDS: dict[str, dict[str, str]] = {
     "en": {
         "waiting_for_approval": "{what} {handle} is waiting for approval; nothing has been sent.",
         "declined": "{what} {handle} was declined; nothing was sent.",
+        "withdrawn": "{what} {handle} was withdrawn before anyone decided; nothing was sent.",
         "expired": "{what} {handle} expired without a decision; nothing was sent.",
     },
     "zh": {
         "waiting_for_approval": "{what} {handle} 正在等待批准，尚未发送任何请求。",
         "declined": "{what} {handle} 已被拒绝，未发送任何请求。",
+        "withdrawn": "{what} {handle} 在审批前已撤回，未发送任何请求。",
         "expired": "{what} {handle} 未获处理已过期，未发送任何请求。",
     },
 }
+
+
+class ToolAnswer(BaseModel):
+    """A request as it stands: every tool's successful answer. An error answer has isError
+    set and is {"error": {"kind", "message", "field"?, "handle"?}} instead."""
+
+    model_config = ConfigDict(extra="allow")  # the kind's own terms (amount_minor, problem...)
+
+    handle: str = Field(description="The request's handle: check its status with it.")
+    kind: str = Field(description="refund, after_sales_ticket or ticket_cancel.")
+    order_id: str | None = Field(description="The order the request is on.")
+    decided_by: str | None = Field(description="Who approved or declined it (None: nobody).")
+    status: Literal["waiting_for_approval", "declined", "withdrawn", "expired", "approved"]
+    text: str = Field(description="What to tell the user, in the asked language.")
+    op_id: str | None = Field(None, description="Once approved: the operation's id.")
+    outcome: Literal["done", "not_done", "uncertain"] | None = Field(
+        None, description="Once approved: done, not done, or uncertain (pending confirmation)."
+    )
+    state: str | None = Field(None, description="Once approved: the operation's state.")
+    evidence: dict[str, Any] | None = Field(None, description="What the outcome rests on.")
+    stopped: bool | None = Field(None, description="Whether the request was stopped.")
+    repeat: bool | None = Field(None, description="This call repeated an earlier request.")
+    note: str | None = Field(None, description="Something the user must be told.")
+
+
+class Refusal(BaseModel):
+    """A tool's error (``{"error": ...}``, ``isError`` set): what kind, and what to fix."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: ErrorKind
+    message: str
+    field: str | None = Field(None, description="The argument to fix (kind fixable).")
+    handle: str | None = Field(None, description="The request it concerns, if one was made.")
 
 
 def describe(
@@ -55,6 +95,8 @@ def describe(
     report = proposal_report(session, proposal) if proposal.status == APPROVED else None
     if report is None or proposal.op_id is None:
         status = "waiting_for_approval" if proposal.status == PROPOSED else proposal.status
+        if status == "declined" and proposal.decided_by == WITHDRAWN_BY:
+            status = "withdrawn"  # nobody said no: the agent took it back
         if expired:
             status = "expired"
         what = profile.title(proposal.kind, lang)

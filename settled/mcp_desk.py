@@ -12,7 +12,9 @@ import anyio
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, InputRequiredResult
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.apikeys import authenticate
@@ -94,6 +96,54 @@ class AgentServer(MCPServer[Any]):
         super().__init__("settled", **kwargs)
         self.desk = desk
 
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        """The tool's answer; arguments it does not take, or that its schema refuses, as the
+        documented ``fixable`` error naming the field (never the SDK's text, never a value),
+        before anything runs."""
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:
+            unknown = sorted(set(arguments) - set(tool.parameters.get("properties", {})))
+            if unknown:
+                return unknown_argument(unknown[0])
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                return argument_errors(exc.__cause__)
+            raise
+
+
+def unknown_argument(field: str) -> CallToolResult:
+    """An argument the tool does not take (as the core refuses an unknown field)."""
+    if field == "op_id":
+        return refusal(
+            "fixable",
+            "Do not send an op_id: the server mints one when the request is approved. Call "
+            "again without it.",
+            field="op_id",
+        )
+    return refusal("fixable", f"{field} is not an argument of this tool. Call again without it.",
+                   field=field)  # fmt: skip
+
+
+def argument_errors(exc: ValidationError) -> CallToolResult:
+    """The SDK's argument check failed: the first field and what is wrong with it, as
+    ``invalid`` words a core refusal (the rule, never the value), and every field's."""
+    details = exc.errors(include_input=False, include_url=False, include_context=False)
+    errors = [
+        {"field": ".".join(str(p) for p in e["loc"]) or "arguments", "error": e["type"]}
+        for e in details
+    ]
+    field, problem = errors[0]["field"], errors[0]["error"]
+    if problem == "missing":
+        message = f"{field} is required. Call again with it."
+    else:  # pydantic's words state the rule ("Input should be a valid integer"), not the value
+        rule = details[0]["msg"].removeprefix("Value error, ")
+        message = f"{field} is not valid ({problem}): {rule}. Fix it and call again."
+    return refusal("fixable", message, field=field, errors=errors)
+
 
 def desk_of(ctx: Context) -> AgentDesk:
     server = ctx.mcp_server
@@ -142,6 +192,9 @@ def invalid(exc: InvalidInput, names: Mapping[str, str] | None = None) -> CallTo
     """Bad input as a fixable error naming the tool's field (never echoing the value);
     ``names``: the intent's field names as the tool calls them."""
     field = exc.data.get("field")
+    if isinstance(field, str) and names and field in names:  # the tool's name, not the core's
+        message = exc.message.replace(field, names[field], 1)
+        return refusal("fixable", message, field=names[field])
     if exc.code in NOTHING_TO_DO:
         return refusal("business_rejected", exc.message + ". Tell the user; do not retry.")
     if isinstance(exc, InvalidParams) and exc.data.get("errors"):

@@ -11,6 +11,7 @@ never the client's address.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -66,9 +67,57 @@ def _tenant(scope: Scope) -> str | None:
     return tenant if isinstance(tenant, str) else None
 
 
+#: what a 401 tells the client: no OAuth flow, an API key as the bearer token
+BEARER_HINT = (
+    "Send a Settled API key of your tenant as 'Authorization: Bearer <key>' (an operator "
+    "makes one with 'settled apikey create --tenant <tenant>'). There is no OAuth flow."
+)
+
+
+class BearerHint:
+    """ASGI middleware: a 401 says how to authenticate (``BEARER_HINT``), in its
+    ``WWW-Authenticate`` header and its JSON body, instead of the SDK's bare "Authentication
+    required"; every other answer passes untouched."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = False
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                refused = True
+                body = json.dumps(
+                    {"error": "invalid_token", "error_description": BEARER_HINT}
+                ).encode()
+                www = (
+                    'Bearer realm="settled", error="invalid_token", '
+                    f'error_description="{BEARER_HINT}"'
+                )
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", www.encode()),
+                ]
+                await send({**message, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            if refused:  # the SDK's own body of the 401: already answered
+                return
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
 def http_app(server: MCPServer, *, host: str) -> AccessLog:
-    """The server's streamable-HTTP app (at ``/mcp``) inside the access log."""
-    return AccessLog(server.streamable_http_app(host=host))
+    """The server's streamable-HTTP app (at ``/mcp``) inside the bearer hint and the access
+    log."""
+    return AccessLog(BearerHint(server.streamable_http_app(host=host)))
 
 
 def serve(server: MCPServer, *, host: str, port: int, log_level: str) -> None:

@@ -31,12 +31,15 @@ from outbox.errors import InvalidInput, NotFound, ProposalConflict
 from outbox.kinds import AgentProfile
 from outbox.models import Operation, Proposal
 from outbox.proposals import PROPOSED, Proposed, auto_approvable
-from settled.mcp_answers import answer, refusal
+from settled.mcp_answers import WITHDRAWN_BY, answer, refusal
 from settled.mcp_desk import AgentDesk, describe_now, desk_of, guarded, invalid
 
 #: the first protocol revision that carries a question to the human inside the tool call's
 #: answer (``InputRequiredResult``) rather than as a request from the server mid-call
 INPUT_REQUIRED_REVISION = "2026-07-28"
+
+#: the core's names of a request's own fields, as the tools call them
+TOOL_NAMES = {"correlation_id": "call_id"}
 
 
 class Approval(BaseModel):
@@ -66,7 +69,6 @@ async def refund_step(
     payee: str,
     reason: str,
     call_id: str | None,
-    op_id: str | None,
     ctx: Context,
 ) -> Step:
     """request_refund's first part: refuse, or propose (or find what it repeats)."""
@@ -76,7 +78,7 @@ async def refund_step(
         "currency": currency,
         "payee": payee,
     }
-    return await _first_part(ctx, "refund", op_id, params, reason, call_id)
+    return await _first_part(ctx, "refund", params, reason, call_id)
 
 
 async def ticket_step(
@@ -84,12 +86,11 @@ async def ticket_step(
     problem: str,
     reason: str,
     call_id: str | None,
-    op_id: str | None,
     ctx: Context,
 ) -> Step:
     """request_after_sales_ticket's first part."""
     params = {"order_id": order_id, "reason": problem}
-    return await _first_part(ctx, "after_sales_ticket", op_id, params, reason, call_id)
+    return await _first_part(ctx, "after_sales_ticket", params, reason, call_id)
 
 
 async def compensation_step(
@@ -97,12 +98,11 @@ async def compensation_step(
     reason: str,
     cause: str,
     call_id: str | None,
-    op_id: str | None,
     ctx: Context,
 ) -> Step:
     """request_compensation's first part."""
     compensation = {"handle": handle, "cause": cause}
-    return await _first_part(ctx, "ticket_cancel", op_id, compensation, reason, call_id)
+    return await _first_part(ctx, "ticket_cancel", compensation, reason, call_id)
 
 
 async def refund_question(
@@ -149,22 +149,14 @@ def _question(step: Step, ctx: Context) -> Elicit[Approval] | None:
 async def _first_part(
     ctx: Context,
     kind: str,
-    op_id: str | None,
     params: dict[str, Any],
     reason: str,
     call_id: str | None,
 ) -> Step:
-    """Refuse an op_id or a caller with no tenant; else propose (a compensation: of the
-    request ``params["handle"]``), approve by policy where it may, and say what to ask."""
+    """Refuse a caller with no tenant; else propose (a compensation: of the request
+    ``params["handle"]``), approve by policy where it may, and say what to ask. (An op_id,
+    or any argument the tool does not take, was refused before: ``AgentServer.call_tool``.)"""
     desk = desk_of(ctx)
-    profile = desk.profile(kind)
-    if op_id is not None:
-        return refusal(
-            "fixable",
-            f"Do not send an op_id: the server mints one when the {profile.noun_of(kind)} is "
-            "approved. Call again without it.",
-            field="op_id",
-        )
     tenant = desk.caller()
     if tenant is None:
         return refusal("permission", "This connection has no tenant. Stop; do not retry.")
@@ -223,6 +215,7 @@ async def _propose(
             # and the app's own (one made between two rounds changes the question: the human
             # is asked again, now shown it)
             earlier += [_made(op) for op in got.others]
+            earlier += [_summary(e) for e in got.declined if e.id < p.id]
             return Ask(tenant, p.handle, p.kind, _prompt(p, earlier, desk.profile(p.kind)))
         status = describe_now(desk, session, p, "en")
         status["repeat"] = True
@@ -234,7 +227,7 @@ async def _propose(
     except NotFound:
         return refusal("fixable", "No such request. Check the handle.", field="handle")
     except InvalidInput as exc:
-        return invalid(exc, desk.profile(kind).tool_fields)
+        return invalid(exc, {**desk.profile(kind).tool_fields, **TOOL_NAMES})
 
 
 async def conclude(
@@ -318,12 +311,28 @@ def _prompt(proposal: Proposal, earlier: list[dict[str, Any]], profile: AgentPro
     lines.append(f"Request: {proposal.handle}")
     lines.append(f"Reason given: {proposal.reason}")
     for e in earlier:
-        lines.append(f"Earlier on this order: {profile.what(kind, e, short=True)} ({e['status']}).")
+        what = profile.what(kind, e, short=True)
+        if e["status"] == "declined":
+            lines.append(f"Declined before on this order: {what} ({_declined_by(e)}).")
+        else:
+            lines.append(f"Earlier on this order: {what} ({e['status']}).")
     return "\n".join(lines)
 
 
+def _declined_by(e: dict[str, Any]) -> str:
+    """Who said no to an earlier request, in the prompt's words."""
+    by = e.get("decided_by") or ""
+    if by == WITHDRAWN_BY:
+        return "withdrawn by the agent"
+    if by.startswith("user:"):
+        return "declined by the user"
+    if by.startswith("staff:"):
+        return "declined by support staff"
+    return "declined"
+
+
 def _summary(p: Proposal) -> dict[str, Any]:
-    return {"handle": p.handle, "status": p.status, **p.params}
+    return {"handle": p.handle, "status": p.status, "decided_by": p.decided_by, **p.params}
 
 
 def _made(op: Operation) -> dict[str, Any]:

@@ -29,7 +29,19 @@ from sqlalchemy.orm import Session
 from outbox.proposals import APPROVED, PROPOSED, proposal_report
 from outbox.report_text import check_lang
 from outbox.runs import cancel_run
-from settled.mcp_answers import answer
+from settled.mcp_answers import WITHDRAWN_BY, ToolAnswer, answer
+from settled.mcp_args import (
+    Amount,
+    CallId,
+    Cause,
+    CurrencyCode,
+    Handle,
+    Lang,
+    OrderId,
+    Payee,
+    Problem,
+    Reason,
+)
 from settled.mcp_desk import (
     AgentDesk,
     AgentServer,
@@ -49,15 +61,22 @@ from settled.mcp_requests import (
     ticket_step,
 )
 
+#: what every tool returns: its answer, whose structured content is a ToolAnswer (the output
+#: schema the client validates a successful answer against); errors are Refusal's shape
+Answer = Annotated[CallToolResult, ToolAnswer]
+
 __all__ = ["AgentDesk", "AgentServer", "ApiKeyVerifier", "build_server"]
 
-WRITE_RULES = (
-    "Never call this again to 'retry' after a timeout or an error: a repeat of the same "
-    "request answers with the earlier one, and the refund is tracked by its handle. Check "
-    "refund_status instead. Errors have a kind: fixable (correct the named field and call "
-    "again), permission (stop; do not retry), business_rejected (explain to the user), "
-    "pending (do not retry; check refund_status later), conflict."
-)
+
+def write_rules(noun: str) -> str:
+    """How a request tool's answers and errors are read: ``noun`` is what it asks for."""
+    return (
+        "Never call this again to 'retry' after a timeout or an error: a repeat of the same "
+        f"request answers with the earlier one, and the {noun} is tracked by its handle. Check "
+        "request_status instead. Errors have a kind: fixable (correct the named field and "
+        "call again), permission (stop; do not retry), business_rejected (explain to the "
+        "user), pending (do not retry; check request_status later), conflict."
+    )
 
 
 def build_server(desk: AgentDesk, *, http_url: str | None = None) -> MCPServer:
@@ -67,19 +86,25 @@ def build_server(desk: AgentDesk, *, http_url: str | None = None) -> MCPServer:
     verifier = None
     if http_url is not None:
         verifier = ApiKeyVerifier(desk.sessions)
+        # No OAuth: an API key is the bearer token. No resource_server_url, so the 401 and
+        # the app advertise no protected-resource metadata (no authorization server to find);
+        # ``settled.mcp_http.BearerHint`` says in the 401 how to authenticate.
         auth = AuthSettings(
-            issuer_url=http_url, resource_server_url=http_url, validate_token_resource=False
+            issuer_url=http_url, resource_server_url=None, validate_token_resource=False
         )
     server = AgentServer(
         desk,
         instructions=(
             "Refunds are proposals until approved by the user, the shop's policy or staff. "
-            + WRITE_RULES
+            + write_rules("request")
         ),
         token_verifier=verifier,
         auth=auth,
     )
     _register(server, desk)
+    for tool in server._tool_manager.list_tools():
+        # what AgentServer.call_tool refuses (an op_id, any argument a tool does not take)
+        tool.parameters["additionalProperties"] = False
     return server
 
 
@@ -88,24 +113,23 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         description=(
             "Ask for a refund on an order. The refund happens only after approval (the user is "
             "asked, or the shop's policy or staff approve it). Give the business details and "
-            "the reason; never an op id: the server mints it. " + WRITE_RULES
+            "the reason; never an op id: the server mints it. " + write_rules("refund")
         ),
         annotations=ToolAnnotations(
             readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True
         ),
     )
     async def request_refund(
-        order_id: str,
-        amount_minor: int,
-        currency: str,
-        payee: str,
-        reason: str,
+        order_id: OrderId,
+        amount_minor: Amount,
+        currency: CurrencyCode,
+        payee: Payee,
+        reason: Reason,
         ctx: Context,
         step: Annotated[Step, Resolve(refund_step)],
         approval: Annotated[ElicitationResult[Any], Resolve(refund_question)],
-        call_id: str | None = None,
-        op_id: str | None = None,
-    ) -> CallToolResult:
+        call_id: CallId | None = None,
+    ) -> Answer:
         return await conclude(desk, ctx, step, approval)
 
     @server.tool(
@@ -114,22 +138,21 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
             "or not-as-described item). problem is one of: damaged, wrong_item, "
             "not_as_described, other. The ticket is opened only after approval (the user is "
             "asked, or staff approve it); the server chooses the ticket id. Give the order, the "
-            "problem and the reason; never an op id or a ticket id. " + WRITE_RULES
+            "problem and the reason; never an op id or a ticket id. " + write_rules("ticket")
         ),
         annotations=ToolAnnotations(
             readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True
         ),
     )
     async def request_after_sales_ticket(
-        order_id: str,
-        problem: str,
-        reason: str,
+        order_id: OrderId,
+        problem: Problem,
+        reason: Reason,
         ctx: Context,
         step: Annotated[Step, Resolve(ticket_step)],
         approval: Annotated[ElicitationResult[Any], Resolve(ticket_question)],
-        call_id: str | None = None,
-        op_id: str | None = None,
-    ) -> CallToolResult:
+        call_id: CallId | None = None,
+    ) -> Answer:
         return await conclude(desk, ctx, step, approval)
 
     @server.tool(
@@ -141,26 +164,26 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
             "and it is reported by its own receipt: nothing is reversed until request_status "
             "says so. A request is compensated once: asking again, with any cause, answers "
             "with the first compensation. It works on a cancelled request too. A refund cannot "
-            "be compensated here. " + WRITE_RULES
+            "be compensated here. " + write_rules("compensation")
         ),
         annotations=ToolAnnotations(
             readOnlyHint=False, destructiveHint=True, idempotentHint=False, openWorldHint=True
         ),
     )
     async def request_compensation(
-        handle: str,
-        reason: str,
+        handle: Handle,
+        reason: Reason,
         ctx: Context,
         step: Annotated[Step, Resolve(compensation_step)],
         approval: Annotated[ElicitationResult[Any], Resolve(compensation_question)],
-        cause: str = "customer_request",
-        call_id: str | None = None,
-        op_id: str | None = None,
-    ) -> CallToolResult:
+        cause: Cause = "customer_request",
+        call_id: CallId | None = None,
+    ) -> Answer:
         return await conclude(desk, ctx, step, approval)
 
     status_rules = (
-        "waiting for approval, declined, expired, or done / not done / uncertain with "
+        "waiting for approval, declined, withdrawn (cancelled before a decision), expired, "
+        "or done / not done / uncertain with "
         "evidence. Uncertain means pending confirmation. Read-only; safe to call again."
     )
 
@@ -190,7 +213,7 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         description="The status of a refund request by its handle: " + status_rules,
         annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False),
     )
-    async def refund_status(handle: str, lang: str = "en") -> CallToolResult:
+    async def refund_status(handle: Handle, lang: Lang = "en") -> Answer:
         return await status(handle, lang, "refund request")
 
     @server.tool(
@@ -200,7 +223,7 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         ),
         annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False),
     )
-    async def request_status(handle: str, lang: str = "en") -> CallToolResult:
+    async def request_status(handle: Handle, lang: Lang = "en") -> Answer:
         return await status(handle, lang, "request")
 
     cancel_rules = (
@@ -215,7 +238,7 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
     @server.tool(
         description="Stop a refund request: " + cancel_rules, annotations=cancel_annotations
     )
-    async def cancel_refund(handle: str, lang: str = "en") -> CallToolResult:
+    async def cancel_refund(handle: Handle, lang: Lang = "en") -> Answer:
         return await cancel(handle, lang, "refund request")
 
     @server.tool(
@@ -223,7 +246,7 @@ def _register(server: MCPServer, desk: AgentDesk) -> None:
         + cancel_rules,
         annotations=cancel_annotations,
     )
-    async def cancel_request(handle: str, lang: str = "en") -> CallToolResult:
+    async def cancel_request(handle: Handle, lang: Lang = "en") -> Answer:
         return await cancel(handle, lang, "request")
 
 
@@ -233,7 +256,7 @@ def _cancel(
     """Withdraw a waiting proposal, or stop the run of an approved one; the status after."""
     proposal = desk.proposals.find(session, tenant, handle)
     if proposal.status == PROPOSED and not desk.proposals.expired(session, proposal):
-        desk.proposals.decline(session, tenant, handle, by="agent:cancel")
+        desk.proposals.decline(session, tenant, handle, by=WITHDRAWN_BY)
     elif proposal.status == APPROVED:
         report = proposal_report(session, proposal)
         if report is not None:

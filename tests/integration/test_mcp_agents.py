@@ -279,12 +279,15 @@ def test_another_tenants_handle_answers_exactly_as_a_made_up_one(rig: Rig) -> No
     answers: list[dict[str, Any]] = []
 
     async def peek(client: Client) -> None:
-        for h in (handle[0], "prp_" + "x" * 32, "nonsense"):
+        for h in (handle[0], "prp_" + "x" * 32):
             answers.append(await call(client, "refund_status", handle=h))
             answers.append(await call(client, "cancel_refund", handle=h))
+        # not a handle at all: its form is wrong (the schema's pattern), whoever asks
+        bad = await call(client, "refund_status", handle="nonsense")
+        assert bad["error"]["field"] == "handle" and "pattern" in bad["error"]["message"]
 
     converse(server(rig, tenant="other"), peek)
-    assert all(a == answers[0] for a in answers)
+    assert len(answers) == 4 and all(a == answers[0] for a in answers)
     assert answers[0]["error"] == {
         "kind": "fixable",
         "message": "No such refund request. Check the handle.",

@@ -20,6 +20,7 @@ from mcp_types import ElicitResult, InputRequiredResult
 
 from outbox.apikeys import create_api_key
 from outbox.proposals import Proposals
+from settled.mcp_http import BEARER_HINT, http_app
 from settled.mcp_server import AgentDesk, build_server
 from tests.support.agents import NEWER, REFUND, Human, call, execute_all, operations, proposals
 from tests.support.rig import Rig
@@ -31,7 +32,7 @@ def mcp_url(rig: Rig) -> Iterator[str]:
     """The rig's MCP server over HTTP on a free port, stopped at teardown."""
     desk = AgentDesk(rig.sessions, Proposals(rig.outbox, timedelta(hours=1)), {"acme": 50000})
     config = uvicorn.Config(
-        build_server(desk, http_url="http://127.0.0.1").streamable_http_app(),
+        http_app(build_server(desk, http_url="http://127.0.0.1"), host="127.0.0.1"),
         host="127.0.0.1",
         port=0,
         log_level="warning",
@@ -159,4 +160,30 @@ def test_no_key_or_a_wrong_key_gets_no_tools(rig: Rig, mcp_url: str) -> None:
         got = httpx.post(mcp_url, json=listing, headers={**headers, **auth}, timeout=10)
         assert got.status_code == 401
         assert "tools" not in got.text
+    rig.judged_by_ledger = False
+
+
+def test_a_401_says_how_to_authenticate_and_advertises_no_authorization_server(
+    rig: Rig, mcp_url: str
+) -> None:
+    """No OAuth flow exists: the 401 names no protected-resource metadata (whose
+    authorization server would answer 404) and says to send an API key; no metadata is
+    served."""
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    got = httpx.post(
+        mcp_url, json=listing, headers={"Accept": "application/json, text/event-stream"},
+        timeout=10,
+    )  # fmt: skip
+    assert got.status_code == 401
+    www = got.headers["www-authenticate"]
+    assert www.startswith("Bearer ") and "resource_metadata" not in www
+    assert "settled apikey create" in www and "Authorization: Bearer" in www
+    assert got.json() == {"error": "invalid_token", "error_description": BEARER_HINT}
+    assert int(got.headers["content-length"]) == len(got.content)
+    base = mcp_url.removesuffix("/mcp")
+    for path in (
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ):
+        assert httpx.get(base + path, timeout=10).status_code == 404
     rig.judged_by_ledger = False
