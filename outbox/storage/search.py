@@ -19,7 +19,6 @@ from sqlalchemy import (
     Select,
     String,
     bindparam,
-    exists,
     func,
     or_,
     select,
@@ -27,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from outbox.models import Attempt, Operation, Proposal, ReviewItem, Run
+from outbox.models import Attempt, Operation, OperationEvent, Proposal, ReviewItem, Run
 from outbox.proposal_states import ProposalStatus
 
 #: Review items with their operation's op_id, kind, state and params, oldest first.
@@ -88,22 +87,31 @@ _ORDER_OF = Operation.params["order_id"].as_string()
 _PAYEE_OF = Operation.params["payee"].as_string()
 _Q: BindParameter[str] = bindparam("q", type_=String())
 _PREFIX: BindParameter[str] = bindparam("prefix", type_=String())
+#: The operations a downstream reference was seen on other than in their receipt: an
+#: attempt's answer (``detail``), a lookup's find (an event's ``reference``), the record a
+#: lookup found unlike the intent (an event's ``record``, what a mismatch item asks for).
+_SEEN_REFERENCE = (
+    select(Attempt.operation_id)
+    .where(Attempt.detail["reference"].as_string() == _Q)
+    .union(
+        select(OperationEvent.operation_id).where(
+            or_(
+                OperationEvent.evidence["reference"].as_string() == _Q,
+                OperationEvent.evidence[("record", "reference")].as_string() == _Q,
+            )
+        )
+    )
+)
 #: What one free text may be, each a condition on the operation named as the page names it:
-#: equal to its order id, op id, idempotency key, run handle, payee, or the downstream's
-#: reference (the receipt's, on the operation; or the one an attempt was answered with, a
-#: receipt that did not match included).
+#: equal to its order id, op id, idempotency key, run handle, payee, or a downstream
+#: reference (its receipt's, or one seen on it: ``_SEEN_REFERENCE``).
 EXACT_MATCHES: dict[str, ColumnElement[bool]] = {
     "order_id": _ORDER_OF == _Q,
     "op_id": Operation.op_id == _Q,
     "idempotency_key": Operation.idempotency_key == _Q,
     "run": Operation.run_id.in_(select(Run.id).where(Run.handle == _Q)),
     "payee": _PAYEE_OF == _Q,
-    "reference": or_(
-        Operation.downstream_ref == _Q,
-        exists().where(
-            Attempt.operation_id == Operation.id, Attempt.detail["reference"].as_string() == _Q
-        ),
-    ),
+    "reference": or_(Operation.downstream_ref == _Q, Operation.id.in_(_SEEN_REFERENCE)),
 }
 #: The keys a beginning may match (a customer quotes part of an order id, a colleague the
 #: start of an op id); never a key or a handle, which are secrets of a kind, nor a payee.
