@@ -160,7 +160,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "msg.already_decided": "Already decided by {by} at {at} ({status}).",
         "msg.no_longer_waiting": "This proposal no longer waits for a decision: {status}.",
         # -- the search box in the header and its results (support.find.Finder.search)
-        "search.label": "Search by order id, op id, idempotency key, run, payee or reference",
+        "search.label": "Find by order id, op id, idempotency key, run handle, payee or reference",
         "search.placeholder": "Order id, op id, key, run, payee, reference",
         "search.submit": "Search",
         "search.heading": "Search: {q}",

@@ -198,7 +198,7 @@ def test_from_the_queue_one_search_tells_two_partial_refunds_on_an_order_apart(
     blocked: list[str] = []
     page.on("console", lambda m: blocked.append(m.text) if "Content Security" in m.text else None)
 
-    page.get_by_role("searchbox", name=re.compile("^Search by order id")).fill("A1042")
+    page.get_by_role("searchbox", name=re.compile("^Find by order id")).fill("A1042")
     page.keyboard.press("Enter")
     expect(page).to_have_url(f"{console}/console/find?q=A1042")
     found = page.locator("#results tbody tr")
