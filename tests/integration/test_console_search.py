@@ -94,7 +94,8 @@ def test_two_partial_refunds_on_one_order_are_told_apart(console: Console) -> No
     assert all(f["matched"] == "order id" and re.fullmatch(r"\d+ s ago", f["age"]) for f in found)
     assert 'href="/console/operations/acme/op-paid"' in page
     created = rig.op(paid).created_at.isoformat()
-    assert f'<time datetime="{created}" title="{created}">' in page
+    shown = rig.op(paid).created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f'<time datetime="{created}" title="{shown}">' in page
     assert 'value="A1042"' in page  # the header's box keeps what was searched
     zh = rows(console.get("/console/find", q="A1042", lang="zh").text)
     assert [f["status"].split()[0] for f in zh] == ["待确认", "已完成"]
@@ -246,3 +247,10 @@ def test_the_results_page_holds_no_inline_script_or_style_and_the_box_is_everywh
     # the old search by one key still answers
     old = c.get("/console/find", key="order_id", value="H1").text
     assert 'href="/console/operations/acme/op-csp"' in old and 'id="results"' not in old
+
+
+def test_the_text_searched_for_is_escaped(console: Console) -> None:
+    script = "<script>alert(1)</script>"
+    page = console.as_(VERA).get("/console/find", q=script)
+    assert page.status_code == 200 and script not in page.text
+    assert "&lt;script&gt;" in page.text and 'id="nothing"' in page.text
