@@ -11,7 +11,7 @@ fi
 rm -rf test-artifacts/console
 SETTLED_TEST_REQUIRE_BROWSER=1 .venv/bin/pytest -q tests/e2e/test_console_browser.py
 mkdir -p docs/console
-for page in login queue item find operation overview proposal; do
+for page in login queue item search find operation overview proposal; do
   cp "test-artifacts/console/$page.png" "docs/console/$page.png"
 done
 echo "docs/console/: $(ls docs/console | tr '\n' ' ')"

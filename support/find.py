@@ -1,21 +1,31 @@
-"""Finding an operation the way a customer or a colleague names it: tenant and op id, the
-order id, the downstream idempotency key, or the run handle; and one operation's page.
+"""Finding an operation the way a customer or a colleague names it: one free text that may be
+an order id, an op id, an idempotency key, a run handle, a payee or the downstream's
+reference (``Finder.search``, the console's search box); by one named key (``Finder.find``:
+tenant and op id, order id, idempotency key, run handle); and one operation's page.
+
+A search answers in the run report's words: each operation's group (done / not done /
+uncertain) is ``outbox.report_lines.group_of`` of its state, the report's own classification.
 
 Staff limited to some tenants find only those tenants' operations: another tenant's
 operation is NotFound, exactly like a missing one. Every search is audited with the staff id
-(``settled.audit``); the key searched for is not logged (it may be a customer's order).
+(``settled.audit``); the key or text searched for is not logged (it may be a customer's order).
 """
 
 from __future__ import annotations
 
 import logging
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.currencies import format_amount
 from outbox.errors import InvalidInput, NotFound
-from outbox.storage.search import operations_by
+from outbox.models import Operation
+from outbox.report_lines import group_of
+from outbox.states import State
+from outbox.storage.search import MAX_FOUND, operations_by, operations_matching
 from support.operation_view import operation_page
 from support.staff import Staff
 
@@ -24,6 +34,8 @@ audit = logging.getLogger("settled.audit")
 #: what staff may search by
 KEYS = ("op_id", "order_id", "idempotency_key", "run")
 MAX_VALUE = 200
+#: the shortest text an order id or op id is found by the beginning of
+MIN_PREFIX = 3
 
 
 @dataclass
@@ -46,6 +58,20 @@ class Finder:
                 for op in found
             ]  # fmt: skip
 
+    def search(self, staff: Staff, q: str) -> dict[str, Any]:
+        """The operations of the tenants ``staff`` may see that ``q`` names (``results``,
+        newest first, at most ``MAX_FOUND``; ``more``: more match), each with its group in
+        the report's words, amount, payee, order, age and what ``q`` matched. An order id or
+        op id is also found by its first ``MIN_PREFIX`` or more characters. InvalidInput
+        (field ``q``) for an empty or overlong text, or one holding a control character."""
+        q = _query(q)
+        audit.info("console search", extra={"staff": staff.id})
+        with self.sessions() as session:
+            found, more = operations_matching(
+                session, q, tenants=staff.tenants, prefix=len(q) >= MIN_PREFIX, limit=MAX_FOUND
+            )
+            return {"q": q, "results": [_result(op, on) for op, on in found], "more": more}
+
     def operation(self, staff: Staff, tenant: str, op_id: str) -> dict[str, Any]:
         """One operation: its facts, timeline and run (``operation_view``), its open review
         item, and its line of the run report in en and zh. NotFound for another tenant's."""
@@ -57,6 +83,41 @@ class Finder:
             if not found:
                 raise NotFound("no such operation", code="operation_not_found")
             return operation_page(session, found[0])
+
+
+def _query(q: str) -> str:
+    q = q.strip()
+    if not 0 < len(q) <= MAX_VALUE:
+        raise InvalidInput(
+            f"a search of 1 to {MAX_VALUE} characters is required", code="invalid_query",
+            field="q",
+        )  # fmt: skip
+    if any(unicodedata.category(c) == "Cc" for c in q):  # NUL: PostgreSQL text holds none
+        raise InvalidInput("a search holds no NUL or control character", code="invalid_query",
+                           field="q")  # fmt: skip
+    return q
+
+
+def _result(op: Operation, matched: list[str]) -> dict[str, Any]:
+    params = op.params or {}
+    return {
+        "tenant": op.tenant,
+        "op_id": op.op_id,
+        "kind": op.kind,
+        "state": op.state,
+        "group": group_of(State(op.state)).value,
+        "amount": format_amount(params.get("amount_minor"), params.get("currency")),
+        "payee": _text(params.get("payee")),
+        "order_id": _text(params.get("order_id")),
+        "reference": op.downstream_ref,
+        "created_at": op.created_at.isoformat(),
+        "created_at_text": op.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "matched": matched,
+    }
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _checked(key: str, value: str, tenant: str | None) -> str:

@@ -1,6 +1,7 @@
 """What the support console searches: a page of review items, operations by the keys a
-customer or a colleague quotes (order id, idempotency key, run handle), and the proposals AI
-agents made that wait for staff, with everything else on their orders.
+customer or a colleague quotes (order id, idempotency key, run handle), operations by one
+free text that may be any of them (``operations_matching``), and the proposals AI agents
+made that wait for staff, with everything else on their orders.
 
 Every read takes the tenants the member of staff may see (None: all), so a limited member's
 lists never hold another tenant's rows: the rule is applied in the query, not after it.
@@ -12,10 +13,20 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, select, tuple_
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    String,
+    bindparam,
+    func,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.orm import Session
 
-from outbox.models import Operation, Proposal, ReviewItem, Run
+from outbox.models import Attempt, Operation, OperationEvent, Proposal, ReviewItem, Run
 from outbox.proposal_states import ProposalStatus
 
 #: Review items with their operation's op_id, kind, state and params, oldest first.
@@ -68,6 +79,101 @@ BY_OP_ID = (
     .where(Operation.tenant == bindparam("tenant"), Operation.op_id == bindparam("op_id"))
     .limit(1)
 )
+
+#: The escape character of the prefix patterns (``prefix_pattern``): not a backslash, which
+#: the SQL string literal of ``ESCAPE`` would itself need escaped on some backends.
+LIKE_ESCAPE = "/"
+_ORDER_OF = Operation.params["order_id"].as_string()
+_PAYEE_OF = Operation.params["payee"].as_string()
+_Q: BindParameter[str] = bindparam("q", type_=String())
+_PREFIX: BindParameter[str] = bindparam("prefix", type_=String())
+#: The operations a downstream reference was seen on other than in their receipt: an
+#: attempt's answer (``detail``), a lookup's find (an event's ``reference``), the record a
+#: lookup found unlike the intent (an event's ``record``, what a mismatch item asks for).
+_SEEN_REFERENCE = (
+    select(Attempt.operation_id)
+    .where(Attempt.detail["reference"].as_string() == _Q)
+    .union(
+        select(OperationEvent.operation_id).where(
+            or_(
+                OperationEvent.evidence["reference"].as_string() == _Q,
+                OperationEvent.evidence[("record", "reference")].as_string() == _Q,
+            )
+        )
+    )
+)
+#: What one free text may be, each a condition on the operation named as the page names it:
+#: equal to its order id, op id, idempotency key, run handle, payee, or a downstream
+#: reference (its receipt's, or one seen on it: ``_SEEN_REFERENCE``).
+EXACT_MATCHES: dict[str, ColumnElement[bool]] = {
+    "order_id": _ORDER_OF == _Q,
+    "op_id": Operation.op_id == _Q,
+    "idempotency_key": Operation.idempotency_key == _Q,
+    "run": Operation.run_id.in_(select(Run.id).where(Run.handle == _Q)),
+    "payee": _PAYEE_OF == _Q,
+    "reference": or_(Operation.downstream_ref == _Q, Operation.id.in_(_SEEN_REFERENCE)),
+}
+#: The keys a beginning may match (a customer quotes part of an order id, a colleague the
+#: start of an op id); never a key or a handle, which are secrets of a kind, nor a payee.
+PREFIX_MATCHES: dict[str, ColumnElement[bool]] = {
+    "order_id_prefix": _ORDER_OF.like(_PREFIX, escape=LIKE_ESCAPE),
+    "op_id_prefix": Operation.op_id.like(_PREFIX, escape=LIKE_ESCAPE),
+}
+
+
+def _matching(matches: dict[str, ColumnElement[bool]]) -> Select[Any]:
+    labelled = [clause.label(name) for name, clause in matches.items()]
+    return (
+        select(Operation)
+        .add_columns(*labelled)
+        .where(or_(*matches.values()))
+        .order_by(Operation.created_at.desc(), Operation.id.desc())
+        .limit(bindparam("limit"))
+    )
+
+
+#: Operations one free text names exactly, newest first, with which keys it matched.
+MATCHING = _matching(EXACT_MATCHES)
+#: The same, or whose order id or op id begins with it.
+MATCHING_OR_PREFIX = _matching({**EXACT_MATCHES, **PREFIX_MATCHES})
+
+
+def prefix_pattern(text: str) -> str:
+    """A LIKE pattern matching what begins with ``text``: its ``%``, ``_`` and escape
+    characters stand for themselves (``A10%`` finds ``A10%1``, never ``A1042``)."""
+    for special in (LIKE_ESCAPE, "%", "_"):
+        text = text.replace(special, LIKE_ESCAPE + special)
+    return text + "%"
+
+
+def operations_matching(
+    session: Session,
+    text: str,
+    *,
+    tenants: Collection[str] | None,
+    prefix: bool,
+    limit: int = MAX_FOUND,
+) -> tuple[list[tuple[Operation, list[str]]], bool]:
+    """Operations of ``tenants`` (None: all) that ``text`` names (``EXACT_MATCHES``; with
+    ``prefix``, also ``PREFIX_MATCHES``), newest first, each with the names of what it
+    matched (a prefix only where the key is not equal); at most ``limit``, and whether more
+    match."""
+    stmt = MATCHING_OR_PREFIX if prefix else MATCHING
+    params: dict[str, Any] = {"q": text, "limit": limit + 1}
+    if prefix:
+        params["prefix"] = prefix_pattern(text)
+    if tenants is not None:
+        stmt = stmt.where(Operation.tenant.in_(bindparam("tenants", expanding=True)))
+        params["tenants"] = sorted(tenants)
+    names = [*EXACT_MATCHES, *(PREFIX_MATCHES if prefix else ())]
+    rows = session.execute(stmt, params).all()
+    found: list[tuple[Operation, list[str]]] = []
+    for row in rows[:limit]:
+        hits = [name for name, hit in zip(names, row[1:], strict=True) if hit]
+        # "begins with" says nothing more where the key is equal
+        shown = [n for n in hits if not (n.endswith("_prefix") and n[: -len("_prefix")] in hits)]
+        found.append((row[0], shown))
+    return found, len(rows) > limit
 
 
 def _review_filters(

@@ -279,17 +279,22 @@ def _refusal(request: Request, user: ConsoleUser, item_id: int, exc: SettledErro
 def find(
     request: Request,
     user: User,
+    q: str | None = None,
     key: str = "op_id",
     value: str | None = None,
     tenant: str | None = None,
 ) -> Response:
-    """Find operations by tenant and op id, order id, idempotency key or run handle."""
+    """The header's search box (``q``: any key at once, in the report's words), or operations
+    by one key: tenant and op id, order id, idempotency key or run handle."""
+    searched = None
+    if q is not None and q.strip():
+        searched = _services(request).finder.search(user.staff, q)
     found = None
     if value is not None and value.strip():
         found = _services(request).finder.find(user.staff, key, value, tenant=_blank(tenant))
     return render(
         request, user, "find.html", keys=KEYS, key=key, value=value or "", tenant=tenant or "",
-        found=found,
+        found=found, searched=searched, q=searched["q"] if searched else "",
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from sqlalchemy import Engine, select
 from outbox.models import Operation
 from support.accounts import create_account
 from tests.support.agents import REFUND, call, converse, server
-from tests.support.rig import HOLD, Rig
+from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.services import free_port
 from tests.support.simtools import wait_until
 from tests.support.stack import Stack
@@ -180,6 +180,43 @@ def test_support_finds_requeries_and_sees_it_settled_and_audited(
     expect(page.locator("svg").first).to_be_visible()
     shot(page, "overview")
     assert rig.op(op).state == "succeeded"
+
+
+def test_from_the_queue_one_search_tells_two_partial_refunds_on_an_order_apart(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    """ "Was the refund for order A1042 paid?": type the order id in the header's box and press
+    Enter (one action); both partial refunds show with their amounts and the report's words."""
+    paid = rig.enqueue("op-paid", {**GOOD, "amount_minor": 10000})
+    rig.executor().execute([paid])
+    rig.control.add_rule("commit_then_reset", times=1)  # done downstream, the answer lost
+    unsure = rig.enqueue("op-unsure", {**GOOD, "amount_minor": 5000})
+    rig.executor().execute([unsure])
+    assert (rig.op(paid).state, rig.op(unsure).state) == ("succeeded", "unknown")
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, console, "ann")  # on the review queue
+    blocked: list[str] = []
+    page.on("console", lambda m: blocked.append(m.text) if "Content Security" in m.text else None)
+
+    page.get_by_role("searchbox", name=re.compile("^Find by order id")).fill("A1042")
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{console}/console/find?q=A1042")
+    found = page.locator("#results tbody tr")
+    expect(found).to_have_count(2)
+    unsure_row, paid_row = found.nth(0), found.nth(1)  # newest first
+    expect(unsure_row.locator(".answer")).to_have_text("Uncertain")
+    expect(unsure_row.locator(".amount")).to_have_text("50.00 CNY")
+    expect(paid_row.locator(".answer")).to_contain_text("Done")
+    expect(paid_row.locator(".amount")).to_have_text("100.00 CNY")
+    for row in (unsure_row, paid_row):
+        expect(row).to_contain_text("P-7")
+        expect(row).to_contain_text("A1042")
+        expect(row.locator("time")).to_have_text(re.compile(r"^\d+ s ago$"))
+    shot(page, "search")
+    assert blocked == []
+    paid_row.get_by_role("link", name="op-paid").click()
+    expect(page.locator("#status")).to_contain_text("Done")
+    page.context.close()
 
 
 def test_two_supervisors_resolve_at_once_the_second_is_told_who_won(

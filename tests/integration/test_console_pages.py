@@ -270,8 +270,11 @@ def test_a_form_without_the_csrf_token_is_refused(console: Console) -> None:
     assert r.status_code == 403
     assert console.rig.op(op).state == "unknown"
     assert console.rig.reviews(op)[0].resolved_at is None
-    page = console.get(f"/console/review/{item}").text  # every form of the page sends it
-    assert page.count("<form") == page.count(f'name="csrf_token" value="{CSRF}"')
+    page = console.get(f"/console/review/{item}").text  # every form that posts sends it
+    assert page.count('method="post"') == page.count(f'name="csrf_token" value="{CSRF}"')
+    assert page.count("<form") == page.count('method="post"') + page.count('method="get"')
+    search = page.split('<form class="search"')[1].split("</form>")[0]
+    assert 'method="get"' in search and "csrf_token" not in search  # never in a URL
 
 
 # -- find, operation, overview --------------------------------------------------------------
