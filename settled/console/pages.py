@@ -251,7 +251,10 @@ def _queue(
         limit=PAGE_SIZE,
     )
     query = urlencode(
-        {**{k: v or "" for k, v in filters.items()}, "older_than": "" if minutes is None else minutes}
+        {
+            **{k: v or "" for k, v in filters.items()},
+            "older_than": "" if minutes is None else minutes,
+        }
     )
     return render(
         request, user, name, page=page, filters=filters, older_than=minutes,
