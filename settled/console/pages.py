@@ -35,7 +35,7 @@ from outbox.errors import (
 )
 from outbox.proposals import Proposals
 from settled.console import formats
-from settled.console.auth import ConsoleUser, current_user, require_csrf
+from settled.console.auth import ConsoleUser, current_user, polled_user, require_csrf
 from settled.console.chart import FRAME, chart
 from settled.console.text import LANGS, lang_of, named, translate
 from settled.runtime import Runtime
@@ -108,6 +108,8 @@ templates.env.filters.update(
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 User = Annotated[ConsoleUser, Depends(current_user)]
+#: what a page polls by itself (``auth.polled_user``): signed in, the session not marked seen
+Polled = Annotated[ConsoleUser, Depends(polled_user)]
 Csrf = [Depends(require_csrf)]
 
 
@@ -223,7 +225,7 @@ def review_queue(
 @router.get("/queue")
 def queue_list(
     request: Request,
-    user: User,
+    user: Polled,
     tenant: str | None = None,
     reason: str | None = None,
     kind: str | None = None,
@@ -284,7 +286,7 @@ def _item_page(
 
 
 @router.get("/review/{item_id}/status")
-def review_item_status(request: Request, user: User, item_id: ItemId) -> Response:
+def review_item_status(request: Request, user: Polled, item_id: ItemId) -> Response:
     """An item's status alone (open or resolved by whom, the operation's state), as the item
     page polls it; the page's forms are outside it, so nothing typed in them is replaced."""
     status = _services(request).review.status(user.staff, item_id)

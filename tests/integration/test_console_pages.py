@@ -24,7 +24,7 @@ from outbox import runs
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent, ReviewItem
 from settled.console import auth, pages
-from settled.console.auth import ConsoleUser, current_user, require_csrf
+from settled.console.auth import ConsoleUser, current_user, polled_user, require_csrf
 from settled.web import create_web_app
 from support.review import ReviewQueue
 from support.staff import Staff
@@ -84,6 +84,7 @@ def console(rig: Rig) -> Iterator[Console]:
             raise HTTPException(403, "missing or wrong CSRF token")
 
     app.dependency_overrides[current_user] = signed_in
+    app.dependency_overrides[polled_user] = signed_in
     app.dependency_overrides[require_csrf] = csrf
     with TestClient(app) as client:
         holder.append(Console(client, rig))
@@ -618,7 +619,8 @@ def test_the_fragments_honour_tenant_limits(console: Console) -> None:
 
 def test_the_fragments_need_a_signed_in_member_of_staff(console: Console) -> None:
     item = parked(console.rig, "op-s")
-    console.client.app.dependency_overrides.pop(current_user)  # type: ignore[attr-defined]
+    overrides = console.client.app.dependency_overrides  # type: ignore[attr-defined]
+    overrides.pop(current_user), overrides.pop(polled_user)
     for path in ["/console/queue", f"/console/review/{item}/status"]:
         r = console.client.get(path, follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/console/login")
