@@ -174,6 +174,8 @@ class Settings(BaseSettings):
     console_login_max_failures: int = Field(default=5, ge=1, le=1000)
     console_login_max_failures_per_address: int = Field(default=20, ge=1, le=10000)
     console_login_window_minutes: float = Field(default=15.0, gt=0)
+    #: The review queue and an item's status refresh by themselves this often (htmx polling).
+    console_refresh_seconds: float = Field(default=10.0, ge=0.5, le=3600)
 
     #: The MCP server for AI agents (``settled mcp``): the one tenant a stdio server speaks
     #: for (the HTTP transport takes a tenant's API key instead); per tenant, the largest

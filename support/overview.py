@@ -26,11 +26,13 @@ WINDOW = timedelta(hours=1)
 
 @dataclass(frozen=True)
 class Minute:
-    """One minute of the window: operations settled in it, and their median time to settle."""
+    """One minute of the window: operations settled in it, and their median and 95th
+    percentile time to settle (None: nothing settled in it)."""
 
     start: datetime
     settled: int
     median_seconds: float | None
+    p95_seconds: float | None = None
 
 
 def per_minute(
@@ -45,7 +47,10 @@ def per_minute(
         index = int((at - first).total_seconds() // 60)
         if 0 <= index < minutes:
             buckets[index].append(max(0.0, (at - created).total_seconds()))
-    return [Minute(first + timedelta(minutes=i), len(b), _median(b)) for i, b in enumerate(buckets)]
+    return [
+        Minute(first + timedelta(minutes=i), len(b), _median(b), _percentile(b, 95))
+        for i, b in enumerate(buckets)
+    ]
 
 
 def _median(values: list[float]) -> float | None:
@@ -54,6 +59,15 @@ def _median(values: list[float]) -> float | None:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _percentile(values: list[float], p: int) -> float | None:
+    """The nearest-rank ``p``th percentile (a value that occurred, never an interpolation)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-p * len(ordered) // 100))  # ceil(p/100 * n)
+    return ordered[rank - 1]
 
 
 @dataclass

@@ -128,7 +128,7 @@ class ReviewQueue:
                 limit=limit,
             )  # fmt: skip
             items = [
-                {**_item(item), "op_id": op_id, "kind": kind, "state": state, **_amount(params)}
+                {**_item(item), "op_id": op_id, "kind": kind, "state": state, **_listed(params)}
                 for item, op_id, kind, state, params in rows
             ]
             return Page(items, total, offset, limit)
@@ -154,6 +154,21 @@ class ReviewQueue:
                 # what a "rejected" on a "not found" would rest on (None: no lookup to trust)
                 "rests_on": kind.contract.assumption() if kind.contract.queryable else None,
             }
+
+    def status(self, staff: Staff, item_id: int) -> dict[str, Any]:
+        """What the item page polls: the item (open, or resolved by whom) and its operation's
+        identity and state; NotFound like ``show``. Nothing else is read, nor audited beyond
+        a debug line (``show`` audits the opening of the page)."""
+        audit.debug("review status", extra={"staff": staff.id, "item": item_id})
+        with self.sessions() as session:
+            item, op = self._load(session, staff, item_id)
+            return {
+                "item": _item(item),
+                "operation": {
+                    "tenant": op.tenant, "op_id": op.op_id, "kind": op.kind,
+                    "state": op.state, "reason": op.reason,
+                },
+            }  # fmt: skip
 
     def requery(self, staff: Staff, item_id: int) -> dict[str, Any]:
         """Ask the downstream again now; settle the operation if the lookup finds it."""
@@ -320,9 +335,15 @@ class ReviewQueue:
         return result
 
 
-def _amount(params: dict[str, Any]) -> dict[str, Any]:
-    """The amount of an operation's params, where its kind has one."""
-    return {"amount_minor": params.get("amount_minor"), "currency": params.get("currency")}
+def _listed(params: dict[str, Any]) -> dict[str, Any]:
+    """What a queue row shows of an operation's params: its order, amount and payee, where
+    its kind has them (None where not)."""
+    return {
+        "order_id": params.get("order_id"),
+        "amount_minor": params.get("amount_minor"),
+        "currency": params.get("currency"),
+        "payee": params.get("payee"),
+    }
 
 
 def _snapshot(op: Operation) -> dict[str, Any]:

@@ -150,10 +150,14 @@ def sign_in(
     return SignedIn(staff, token)
 
 
-def session_staff(session: Session, token: str, *, policy: SignInPolicy) -> Staff | None:
-    """The member of staff of the live session ``token`` (now seen); None: none is live."""
+def session_staff(
+    session: Session, token: str, *, policy: SignInPolicy, seen: bool = True
+) -> Staff | None:
+    """The member of staff of the live session ``token`` (now seen, unless not ``seen``: a
+    page polling keeps no session alive); None: none is live."""
     idle = policy.idle.total_seconds()
-    account_id = store.touch_session(session, token_hash(token), idle_seconds=idle)
+    read = store.touch_session if seen else store.peek_session
+    account_id = read(session, token_hash(token), idle_seconds=idle)
     account = store.account_by_id(session, account_id) if account_id is not None else None
     return staff_of(account) if account is not None else None
 

@@ -58,22 +58,23 @@ START_SESSION = insert(sessions).values(
     last_seen_at=_NOW,
     expires_at=db_now(bindparam("max_seconds", type_=Float())),
 )
-#: a live session is seen now: not ended, not past its end, not idle too long, and its
-#: account not disabled
-TOUCH_SESSION = (
-    update(sessions)
-    .where(
-        sessions.c.token_hash == bindparam("s_token_hash"),
-        sessions.c.ended_at.is_(None),
-        sessions.c.expires_at > _NOW,
-        sessions.c.last_seen_at > _IDLE,
-        sessions.c.account_id.in_(
-            select(accounts.c.id).where(accounts.c.disabled_at.is_(None)).scalar_subquery()
-        ),
-    )
-    .values(last_seen_at=_NOW)
-    .returning(sessions.c.account_id)
+#: what makes a session live: not ended, not past its end, not idle too long, and its account
+#: not disabled
+_LIVE = (
+    sessions.c.token_hash == bindparam("s_token_hash"),
+    sessions.c.ended_at.is_(None),
+    sessions.c.expires_at > _NOW,
+    sessions.c.last_seen_at > _IDLE,
+    sessions.c.account_id.in_(
+        select(accounts.c.id).where(accounts.c.disabled_at.is_(None)).scalar_subquery()
+    ),
 )
+#: a live session is seen now
+TOUCH_SESSION = (
+    update(sessions).where(*_LIVE).values(last_seen_at=_NOW).returning(sessions.c.account_id)
+)
+#: a live session's account, the session left as it was (a page polling is not its user)
+PEEK_SESSION = select(sessions.c.account_id).where(*_LIVE)
 END_SESSION = (
     update(sessions)
     .where(sessions.c.token_hash == bindparam("s_token_hash"), sessions.c.ended_at.is_(None))
@@ -163,6 +164,12 @@ def touch_session(session: Session, token_hash: str, *, idle_seconds: float) -> 
     """The account id of the live session ``token_hash``, now seen; None: no live session."""
     params: dict[str, Any] = {"s_token_hash": token_hash, "idle_ago": -idle_seconds}
     return session.execute(TOUCH_SESSION, params).scalar()
+
+
+def peek_session(session: Session, token_hash: str, *, idle_seconds: float) -> int | None:
+    """The account id of the live session ``token_hash``, not marked seen; None: none."""
+    params: dict[str, Any] = {"s_token_hash": token_hash, "idle_ago": -idle_seconds}
+    return session.execute(PEEK_SESSION, params).scalar()
 
 
 def end_session(session: Session, token_hash: str) -> None:

@@ -4,7 +4,8 @@ console page uses.
 ``current_user`` is the FastAPI dependency of every console page: the signed-in member of
 staff, or, without a live session, a 303 to the sign-in page (an htmx request: 401 with an
 ``HX-Redirect`` header, so htmx loads the sign-in page instead of swapping it into a
-fragment). ``require_csrf`` is the dependency of every form POST: it refuses (403) a request
+fragment); ``polled_user`` is the same for the parts a page polls by itself, without marking
+the session seen. ``require_csrf`` is the dependency of every form POST: it refuses (403) a request
 whose CSRF token (form field ``csrf_token``, or header ``X-CSRF-Token`` for htmx requests) is
 not the session's. The sign-in form has a token of its own (double-submit: a random value in
 a cookie and in the form), since no session exists yet.
@@ -91,11 +92,21 @@ def safe_next(value: str | None) -> str:
 
 def current_user(request: Request) -> ConsoleUser:
     """The signed-in member of staff (their session now seen), or a redirect to sign in."""
+    return _user(request, seen=True)
+
+
+def polled_user(request: Request) -> ConsoleUser:
+    """``current_user`` for what a page polls by itself: the session is not marked seen, so
+    an open tab does not keep it alive past its idle timeout."""
+    return _user(request, seen=False)
+
+
+def _user(request: Request, *, seen: bool) -> ConsoleUser:
     token = _session_token(request)
     staff = None
     if token is not None:
         with _sessions(request)() as s, s.begin():
-            staff = session_staff(s, token, policy=_policy(request))
+            staff = session_staff(s, token, policy=_policy(request), seen=seen)
     if token is None or staff is None:
         raise _sign_in_required(request)
     request.state.staff = staff.id

@@ -17,11 +17,13 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from jinja2 import Environment, FileSystemLoader
+from jinja2 import Environment, FileSystemLoader, pass_context
+from jinja2.runtime import Context
 
 from outbox.errors import (
     Forbidden,
@@ -33,9 +35,9 @@ from outbox.errors import (
 )
 from outbox.proposals import Proposals
 from settled.console import formats
-from settled.console.auth import ConsoleUser, current_user, require_csrf
-from settled.console.chart import chart
-from settled.console.text import LANGS, lang_of, translate
+from settled.console.auth import ConsoleUser, current_user, polled_user, require_csrf
+from settled.console.chart import FRAME, chart
+from settled.console.text import LANGS, lang_of, named, translate
 from settled.runtime import Runtime
 from support.approvals import Approvals
 from support.find import KEYS, Finder
@@ -81,8 +83,33 @@ templates = Jinja2Templates(
 )
 templates.env.globals.update(amount=formats.amount, who=formats.who, langs=LANGS)
 
+
+@pass_context
+def _state_name(context: Context, state: str | None) -> str:
+    """``{{ op.state|state_name }}``: a state's name in the page's language."""
+    return named(str(context.get("lang", "en")), "state", state)
+
+
+@pass_context
+def _reason_name(context: Context, reason: str | None) -> str:
+    """``{{ item.reason|reason_name }}``: why an item is in review, in plain words."""
+    return named(str(context.get("lang", "en")), "reason", reason)
+
+
+@pass_context
+def _reject_name(context: Context, reason: str | None) -> str:
+    """``{{ op.reason|reject_name }}``: a rejected operation's reason, in plain words."""
+    return named(str(context.get("lang", "en")), "reject", reason)
+
+
+templates.env.filters.update(
+    state_name=_state_name, reason_name=_reason_name, reject_name=_reject_name
+)
+
 router = APIRouter(prefix="/console", include_in_schema=False)
 User = Annotated[ConsoleUser, Depends(current_user)]
+#: what a page polls by itself (``auth.polled_user``): signed in, the session not marked seen
+Polled = Annotated[ConsoleUser, Depends(polled_user)]
 Csrf = [Depends(require_csrf)]
 
 
@@ -111,6 +138,7 @@ def render(
             "t": partial(translate, lang),
             "age": lambda since: formats.age(since, now),
             "acting": user is not None and user.staff.role in ACTING,
+            "refresh": _refresh_seconds(request),
             **context,
         },
         status_code=status,
@@ -118,6 +146,13 @@ def render(
     if request.query_params.get("lang") in LANGS:
         response.set_cookie("lang", lang, httponly=True, samesite="lax", path="/console")
     return response
+
+
+def _refresh_seconds(request: Request) -> str:
+    """How often the queue and an item's status poll (``SETTLED_CONSOLE_REFRESH_SECONDS``),
+    as htmx's ``every`` wants it."""
+    seconds = float(_services(request).runtime.settings.console_refresh_seconds)
+    return f"{seconds:g}s"
 
 
 def error_page(request: Request, exc: SettledError) -> Response:
@@ -182,7 +217,30 @@ def review_queue(
     older_than: Annotated[str | None, Query(max_length=9)] = None,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> Response:
-    """Open review items, oldest first, filtered and paged (an empty filter is none)."""
+    """Open review items, oldest first, filtered and paged (an empty filter is none); the
+    list refreshes by itself (``queue_list``)."""
+    return _queue(request, user, "review.html", tenant, reason, kind, older_than, offset)
+
+
+@router.get("/queue")
+def queue_list(
+    request: Request,
+    user: Polled,
+    tenant: str | None = None,
+    reason: str | None = None,
+    kind: str | None = None,
+    older_than: Annotated[str | None, Query(max_length=9)] = None,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> Response:
+    """The queue's list alone, as the queue page polls it: the same filters, the same page,
+    the same tenant limits."""
+    return _queue(request, user, "_queue.html", tenant, reason, kind, older_than, offset)
+
+
+def _queue(
+    request: Request, user: ConsoleUser, name: str, tenant: str | None, reason: str | None,
+    kind: str | None, older_than: str | None, offset: int,
+) -> Response:  # fmt: skip
     minutes = _minutes(older_than)
     filters = {"tenant": _blank(tenant), "reason": _blank(reason), "kind": _blank(kind)}
     page = _services(request).review.page(
@@ -194,9 +252,15 @@ def review_queue(
         offset=offset,
         limit=PAGE_SIZE,
     )
+    query = urlencode(
+        {
+            **{k: v or "" for k, v in filters.items()},
+            "older_than": "" if minutes is None else minutes,
+        }
+    )
     return render(
-        request, user, "review.html", page=page, filters=filters, older_than=minutes,
-        reasons=sorted(REASONS), page_size=PAGE_SIZE,
+        request, user, name, page=page, filters=filters, older_than=minutes,
+        reasons=sorted(REASONS), page_size=PAGE_SIZE, query=query,
     )  # fmt: skip
 
 
@@ -214,9 +278,19 @@ def _item_page(
 ) -> Response:
     shown = _services(request).review.show(user.staff, item_id)
     reason = shown["item"]["reason"]
+    status = {"item": shown["item"], "operation": shown["operation"]}
     return render(
         request, user, "item.html", shown=shown, message=message, how=REASONS.get(reason, ""),
+        item_status=status,
     )  # fmt: skip
+
+
+@router.get("/review/{item_id}/status")
+def review_item_status(request: Request, user: Polled, item_id: ItemId) -> Response:
+    """An item's status alone (open or resolved by whom, the operation's state), as the item
+    page polls it; the page's forms are outside it, so nothing typed in them is replaced."""
+    status = _services(request).review.status(user.staff, item_id)
+    return render(request, user, "_item_status.html", item_status=status)
 
 
 @router.get("/review/{item_id}")
@@ -234,7 +308,7 @@ def requery(request: Request, user: User, item_id: ItemId) -> Response:
     except (ReviewConflict, InvalidInput) as exc:
         return _item_page(request, user, item_id, _refusal(request, user, item_id, exc))
     if result["lookup"] == "found":
-        message = translate(lang, "msg.requery.found", state=result["state"])
+        message = translate(lang, "msg.requery.found", state=named(lang, "state", result["state"]))
     else:
         message = translate(lang, "msg.requery.other", lookup=result["lookup"])
     return _item_page(request, user, item_id, message)
@@ -259,7 +333,8 @@ def resolve(
         )  # fmt: skip
     except (ReviewConflict, InvalidInput) as exc:
         return _item_page(request, user, item_id, _refusal(request, user, item_id, exc))
-    message = translate(_lang(request), "msg.resolved", state=result["state"])
+    lang = _lang(request)
+    message = translate(lang, "msg.resolved", state=named(lang, "state", result["state"]))
     return _item_page(request, user, item_id, message)
 
 
@@ -310,8 +385,12 @@ def overview(request: Request, user: User) -> Response:
     """Counts by state, the oldest unknown, the review depth, reconcile passes, the chart."""
     figures = _services(request).overview.read(user.staff)
     minutes = figures["minutes"]
-    drawn = chart([m.settled for m in minutes], [m.median_seconds for m in minutes])
-    return render(request, user, "overview.html", figures=figures, chart=drawn)
+    drawn = chart(
+        [m.settled for m in minutes],
+        [m.median_seconds for m in minutes],
+        [m.p95_seconds for m in minutes],
+    )
+    return render(request, user, "overview.html", figures=figures, chart=drawn, frame=FRAME)
 
 
 @router.get("/proposals")

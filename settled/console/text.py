@@ -343,6 +343,129 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
 }
 
 
+# -- names of states and reasons, the live queue and item, the overview's chart -------------
+# (a block of its own, merged into the catalogue below: ``named`` gives a code's name)
+
+NAMES: Final[dict[str, dict[str, str]]] = {
+    "en": {
+        "state.planned": "planned",
+        "state.submitted": "submitted",
+        "state.unknown": "unknown",
+        "state.succeeded": "succeeded",
+        "state.rejected": "rejected",
+        "state.cancelled": "cancelled",
+        "reject.business_rejected": "refused by the service (business reason)",
+        "reject.invalid_params": "refused: invalid parameters",
+        "reject.permission_denied": "refused: permission denied",
+        "reject.not_executed": "not executed (nothing reached the service)",
+        "reason.lookup_unavailable": "The service's lookup was unavailable",
+        "reason.ambiguous_without_idempotency": (
+            "Unclear answer, and the service cannot deduplicate a resend"
+        ),
+        "reason.receipt_mismatch": "The service did something else under this key",
+        "reason.lookup_mismatch": "The lookup found a record that differs from the request",
+        "reason.receipt_key_mismatch": "The receipt names another idempotency key",
+        "reason.receipt_unreadable": "The service's receipt could not be read",
+        "reason.idempotency_error": "The service reported an idempotency error",
+        "reason.unexpected_response": "The service gave an unexpected answer",
+        "reason.outcome_not_recorded": "Sent, but the outcome was not recorded",
+        "reason.reconcile_failed": "The automatic check failed",
+        "reason.past_key_retention": "Past the service's idempotency key retention",
+        "reason.no_lookup_replay_cannot_settle": (
+            "No lookup, and a resend with the same key cannot settle it"
+        ),
+        "reason.no_lookup_without_idempotency": "No lookup and no deduplication at the service",
+        "reason.ambiguous_without_idempotency_or_lookup": (
+            "Unclear answer; the service has neither lookup nor deduplication"
+        ),
+        "reason.fingerprint_mismatch": "The stored request does not match its fingerprint",
+        "reason.clock_step": "The database's clock stepped",
+        "col.order_id": "Order",
+        "col.links": "Open",
+        "queue.open_item": "item",
+        "queue.open_operation": "operation",
+        "queue.refreshing": "This list refreshes by itself.",
+        "item.status": "Status now",
+        "item.status.open": "Open, waiting for staff; the operation is {state}.",
+        "item.status.resolved": "Resolved by {by} at {at}; the operation is {state}.",
+        "item.status.last_lookup": "Last lookup: {lookup}",
+        "item.status.operation": "Operation {op_id}",
+        "chart.settled.title": "Operations settled per minute, last hour",
+        "chart.settled.desc": "{n} settled in all; the tallest minute has {top}.",
+        "chart.settled.y": "operations",
+        "chart.seconds.title": "Time to settle per minute, last hour",
+        "chart.seconds.desc": "Median and 95th percentile, seconds; the slowest: {top} s.",
+        "chart.seconds.y": "seconds",
+        "chart.x": "minutes ago",
+        "chart.legend.settled": "settled in that minute",
+        "chart.legend.median": "median time to settle",
+        "chart.legend.p95": "95th percentile",
+        "chart.table": "The figures as a table",
+        "col.minute": "Minute",
+        "col.settled": "Settled",
+        "col.median": "Median (s)",
+        "col.p95": "95th percentile (s)",
+    },
+    "zh": {
+        "state.planned": "待发送",
+        "state.submitted": "已发送",
+        "state.unknown": "结果未知",
+        "state.succeeded": "成功",
+        "state.rejected": "未完成（被拒绝）",
+        "state.cancelled": "已取消",
+        "reject.business_rejected": "对方服务拒绝（业务原因）",
+        "reject.invalid_params": "被拒绝：参数无效",
+        "reject.permission_denied": "被拒绝：无权限",
+        "reject.not_executed": "未执行（请求从未到达对方服务）",
+        "reason.lookup_unavailable": "对方服务的查询接口不可用",
+        "reason.ambiguous_without_idempotency": "回复不明确，且对方服务无法对重发去重",
+        "reason.receipt_mismatch": "对方服务在此幂等键下执行了不同的操作",
+        "reason.lookup_mismatch": "查询到的记录与请求不一致",
+        "reason.receipt_key_mismatch": "回执中的幂等键与请求不同",
+        "reason.receipt_unreadable": "无法读取对方服务的回执",
+        "reason.idempotency_error": "对方服务报告幂等错误",
+        "reason.unexpected_response": "对方服务的回复无法识别",
+        "reason.outcome_not_recorded": "已发送，但结果未被记录",
+        "reason.reconcile_failed": "自动对账失败",
+        "reason.past_key_retention": "已超过对方服务保留幂等键的期限",
+        "reason.no_lookup_replay_cannot_settle": "没有查询接口，用同一幂等键重发也无法确定结果",
+        "reason.no_lookup_without_idempotency": "对方服务既没有查询接口也不能去重",
+        "reason.ambiguous_without_idempotency_or_lookup": (
+            "回复不明确；对方服务既没有查询接口也不能去重"
+        ),
+        "reason.fingerprint_mismatch": "保存的请求与其指纹不符",
+        "reason.clock_step": "数据库时钟发生了跳变",
+        "col.order_id": "订单",
+        "col.links": "打开",
+        "queue.open_item": "待处理项",
+        "queue.open_operation": "操作",
+        "queue.refreshing": "此列表会自动刷新。",
+        "item.status": "当前状态",
+        "item.status.open": "待客服处理；操作状态：{state}。",
+        "item.status.resolved": "已由 {by} 于 {at} 处理；操作状态：{state}。",
+        "item.status.last_lookup": "最近一次查询：{lookup}",
+        "item.status.operation": "操作 {op_id}",
+        "chart.settled.title": "每分钟完成的操作数（最近一小时）",
+        "chart.settled.desc": "共完成 {n} 项；最多的一分钟完成 {top} 项。",
+        "chart.settled.y": "操作数",
+        "chart.seconds.title": "每分钟的完成耗时（最近一小时）",
+        "chart.seconds.desc": "中位数和第 95 百分位，单位秒；最慢：{top} 秒。",
+        "chart.seconds.y": "秒",
+        "chart.x": "分钟前",
+        "chart.legend.settled": "该分钟完成数",
+        "chart.legend.median": "完成耗时中位数",
+        "chart.legend.p95": "第 95 百分位",
+        "chart.table": "以表格查看数据",
+        "col.minute": "分钟",
+        "col.settled": "完成数",
+        "col.median": "中位数（秒）",
+        "col.p95": "第 95 百分位（秒）",
+    },
+}
+for _lang, _names in NAMES.items():
+    CATALOGUE[_lang].update(_names)
+
+
 def lang_of(query: str | None, cookie: str | None) -> str:
     """The page's language: the query's, else the cookie's, else English."""
     for choice in (query, cookie):
@@ -356,3 +479,13 @@ def translate(lang: str, key: str, **values: object) -> str:
     table = CATALOGUE.get(lang, CATALOGUE[DEFAULT])
     text = table.get(key, CATALOGUE[DEFAULT].get(key, key))
     return text.format(**values) if values else text
+
+
+def named(lang: str, prefix: str, code: str | None) -> str:
+    """The name of ``code`` (a state, a reason) in ``lang``: key ``prefix.code``; a code the
+    catalogue does not know is shown as it is (never a raw key, never an empty cell)."""
+    if not code:
+        return ""
+    key = f"{prefix}.{code}"
+    table = CATALOGUE.get(lang, CATALOGUE[DEFAULT])
+    return table.get(key, CATALOGUE[DEFAULT].get(key, code))

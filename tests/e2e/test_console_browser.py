@@ -27,6 +27,8 @@ from sqlalchemy import Engine, select
 
 from outbox.models import Operation
 from support.accounts import create_account
+from support.review import ReviewQueue
+from support.staff import Staff
 from tests.support.agents import REFUND, call, converse, server
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.services import free_port
@@ -71,6 +73,17 @@ def engine(pg: Engine) -> Engine:
 @pytest.fixture
 def console(rig: Rig, pg_url: str, tmp_path: Path) -> Iterator[str]:
     """A ``settled web`` process over the rig's database and simulator: its base URL."""
+    yield from _web(rig, pg_url, tmp_path)
+
+
+@pytest.fixture
+def live_console(rig: Rig, pg_url: str, tmp_path: Path) -> Iterator[str]:
+    """``console`` polling every second (``SETTLED_CONSOLE_REFRESH_SECONDS``), so a test sees
+    a refresh cycle soon: the default is 10 s."""
+    yield from _web(rig, pg_url, tmp_path, SETTLED_CONSOLE_REFRESH_SECONDS="1")
+
+
+def _web(rig: Rig, pg_url: str, tmp_path: Path, **env: str) -> Iterator[str]:
     stack = Stack(
         database_url=pg_url,
         broker_url="redis://127.0.0.1:1/0",  # web publishes nothing in these tests
@@ -80,7 +93,7 @@ def console(rig: Rig, pg_url: str, tmp_path: Path) -> Iterator[str]:
     )
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    web = stack.start("web", "--host=127.0.0.1", f"--port={port}")
+    web = stack.start("web", "--host=127.0.0.1", f"--port={port}", **env)
     try:
         wait_until(lambda: _up(base) or web.poll() is not None, 60, "settled web")
         assert web.poll() is None, stack.log_of(web)[-4000:]
@@ -146,7 +159,11 @@ def test_support_finds_requeries_and_sees_it_settled_and_audited(
 
     listed = page.locator(f'a[href="/console/review/{item}"]')
     expect(listed).to_be_visible()
-    expect(page.locator("main")).to_contain_text("lookup_unavailable")
+    row = page.locator(f'#queue tr[data-item="{item}"]')
+    expect(row).to_contain_text("A1042")  # the order, the amount, the reason in words
+    expect(row).to_contain_text("100.00 CNY")
+    expect(row.locator("td.reason")).to_have_text("The service's lookup was unavailable")
+    expect(row.locator("a.operation")).to_have_attribute("href", "/console/operations/acme/op-1")
     shot(page, "queue")
     listed.click()
     expect(page.get_by_role("heading", name=f"Review item #{item}")).to_be_visible()
@@ -348,3 +365,51 @@ def test_the_pages_work_under_their_content_security_policy(
     expect(page.locator("#chart")).to_have_count(0)  # the queue again: the chart page is gone
     assert blocked == []
     page.context.close()
+
+
+def test_the_queue_shows_a_new_item_without_a_reload(
+    rig: Rig, live_console: str, browser: Browser
+) -> None:
+    """The list polls its fragment: an item put in review after the page opened appears in
+    it, while the page (and what is typed in its filter form) stays as it was."""
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, live_console, "ann")
+    expect(page.locator("#queue-list")).to_contain_text("No open review items match.")
+    page.evaluate("window.settledNotReloaded = true")  # gone if the page were loaded again
+    page.get_by_label("Kind").fill("refu")  # half typed, never sent
+    op, item = stuck(rig, "op-live")
+    row = page.locator(f'#queue tr[data-item="{item}"]')
+    expect(row).to_be_visible(timeout=20_000)
+    expect(row.locator("a.operation")).to_have_text("op-live")
+    expect(page.get_by_label("Kind")).to_have_value("refu")
+    assert page.evaluate("window.settledNotReloaded") is True
+    assert page.url == f"{live_console}/console/review"
+    shot(page, "queue-live")
+    page.context.close()
+    assert rig.op(op).state == "unknown"
+
+
+def test_a_half_typed_note_survives_the_items_refresh(
+    rig: Rig, live_console: str, browser: Browser
+) -> None:
+    """The item's status polls on its own; the resolve form is outside it: a note being
+    typed is still there after the status changed under it (someone else settled it)."""
+    op, item = stuck(rig, "op-note")
+    add_staff(rig, "bob", "supervisor")
+    page = signed_in(browser, live_console, "bob")
+    page.goto(f"{live_console}/console/review/{item}")
+    expect(page.locator("#item-state")).to_have_attribute("data-resolved", "false")
+    note = page.locator('form.resolve[data-outcome="succeeded"]').get_by_label("Justification")
+    note.fill("checked with the provider's dash")  # half typed
+    page.evaluate("window.settledNotReloaded = true")
+    ReviewQueue(rig.sessions, rig.gateway(), rig.outbox.registry).requery(
+        Staff.parse("ada", "admin"), item
+    )  # another member of staff settles it meanwhile
+    expect(page.locator("#item-state")).to_contain_text("Resolved by ada", timeout=20_000)
+    expect(page.locator("#item-state")).to_have_attribute("data-resolved", "true")
+    expect(note).to_have_value("checked with the provider's dash")
+    expect(page.locator("#actions")).to_be_visible()  # a reload would show no form any more
+    assert page.evaluate("window.settledNotReloaded") is True
+    shot(page, "item-live")
+    page.context.close()
+    assert rig.op(op).state == "succeeded"

@@ -24,8 +24,10 @@ from settled.console.auth import (
     COOKIE,
     CSRF_REFUSED,
     WRONG,
+    ConsoleUser,
     User,
     configure,
+    polled_user,
     require_csrf,
     router,
 )
@@ -60,6 +62,10 @@ def make_app(engine: Engine, **settings: Any) -> FastAPI:
     def whoami(user: User) -> dict[str, Any]:
         tenants = sorted(user.staff.tenants) if user.staff.tenants is not None else None
         return {"staff": user.staff.id, "role": user.staff.role.value, "tenants": tenants}
+
+    @app.get("/console/polled")
+    def polled(user: Annotated[ConsoleUser, Depends(polled_user)]) -> dict[str, str]:
+        return {"staff": user.staff.id}  # as the queue's and an item's polled fragments
 
     @app.post("/console/act", dependencies=[Depends(require_csrf)])
     def act(user: User, note: Annotated[str, Form()] = "") -> dict[str, str]:
@@ -232,6 +238,20 @@ def test_a_session_ends_after_the_idle_timeout_and_is_kept_alive_by_use(
     move_back(db, "staff_sessions", "last_seen_at", "29 minutes")
     assert client.get("/console/whoami").status_code == 200
     move_back(db, "staff_sessions", "last_seen_at", "31 minutes")
+    assert client.get("/console/whoami").status_code == 303
+
+
+def test_a_page_polling_by_itself_keeps_no_session_alive(db: Engine, client: TestClient) -> None:
+    """The queue and an item poll their fragments (``polled_user``): that is not the member of
+    staff using it, so the idle timeout still ends a session left open in a tab."""
+    add_staff(db, "alice")
+    sign_in(client, "alice")
+    poll = {"HX-Request": "true", "HX-Current-URL": "http://testserver/console/review"}
+    move_back(db, "staff_sessions", "last_seen_at", "29 minutes")
+    assert client.get("/console/polled", headers=poll).status_code == 200  # still live
+    move_back(db, "staff_sessions", "last_seen_at", "2 minutes")  # 31 min since last use
+    r = client.get("/console/polled", headers=poll)
+    assert r.status_code == 401 and r.headers["hx-redirect"].startswith("/console/login")
     assert client.get("/console/whoami").status_code == 303
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,7 +24,7 @@ from outbox import runs
 from outbox.kinds import default_registry
 from outbox.models import Operation, OperationEvent, ReviewItem
 from settled.console import auth, pages
-from settled.console.auth import ConsoleUser, current_user, require_csrf
+from settled.console.auth import ConsoleUser, current_user, polled_user, require_csrf
 from settled.web import create_web_app
 from support.review import ReviewQueue
 from support.staff import Staff
@@ -83,6 +84,7 @@ def console(rig: Rig) -> Iterator[Console]:
             raise HTTPException(403, "missing or wrong CSRF token")
 
     app.dependency_overrides[current_user] = signed_in
+    app.dependency_overrides[polled_user] = signed_in
     app.dependency_overrides[require_csrf] = csrf
     with TestClient(app) as client:
         holder.append(Console(client, rig))
@@ -336,8 +338,12 @@ def test_overview_charts_what_settled(console: Console) -> None:
     console.as_(ANN).post(f"/console/review/{item}/requery")
     r = console.get("/console/overview")
     assert "Settled per minute (last hour): 1 in all" in r.text
-    assert len(re.findall(r'<rect class="bar"', r.text)) == 60
-    assert 'height="120.0"' in r.text  # the one minute with a settlement is the tallest
+    settled = svg(r.text, "chart-settled")
+    bars = [e for e in settled.iter(f"{SVG}rect") if e.get("class") == "bar"]
+    assert len(bars) == 60
+    assert [float(b.get("height", 0)) > 0 for b in bars].count(True) == 1
+    tallest = max(bars, key=lambda b: float(b.get("height", 0)))
+    assert tallest.findtext(f"{SVG}title") == "1"  # the one minute with a settlement
     assert "reconciler:" in r.text.split('id="passes"')[1]
     assert console.rig.op(op).state == "succeeded"
 
@@ -486,3 +492,142 @@ def test_a_mismatch_item_shows_the_record_the_lookup_found(console: Console) -> 
     forms = re.findall(r'data-outcome="(\w+)" data-override="(\w+)"', page)
     assert forms == [("succeeded", "false")]  # the record proves it was made: no "rejected"
     assert f'name="reference" required maxlength="200" value="{reference}"' in page
+
+
+# -- the live queue and item, names in both languages, the overview's charts ----------------
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def svg(page: str, chart_id: str) -> ET.Element:
+    """The ``<svg id=chart_id>`` of a page, parsed (the charts are well-formed SVG)."""
+    start = page.index(f'<svg id="{chart_id}"')
+    drawn = page[start : page.index("</svg>", start) + len("</svg>")]
+    return ET.fromstring(drawn.replace("<svg ", '<svg xmlns="http://www.w3.org/2000/svg" ', 1))
+
+
+def texts(element: ET.Element, classes: str) -> list[str]:
+    """The texts in ``element`` that have every one of ``classes``."""
+    wanted = set(classes.split())
+    return [
+        e.text or ""
+        for e in element.iter(f"{SVG}text")
+        if wanted <= set(e.get("class", "").split())
+    ]
+
+
+def test_queue_rows_show_order_amount_payee_plain_reason_and_the_operation(
+    console: Console,
+) -> None:
+    item = parked(console.rig, "op-row", reason="lookup_mismatch",
+                  params={**GOOD, "order_id": "A7777", "amount_minor": 12345})  # fmt: skip
+    page = console.as_(VERA).get("/console/review").text
+    row = page.split(f'<tr data-item="{item}">')[1].split("</tr>")[0]
+    assert '<td class="order">A7777</td>' in row
+    assert '<td class="amount">123.45 CNY</td>' in row
+    assert '<td class="payee">P-7</td>' in row
+    assert "The lookup found a record that differs from the request" in row
+    assert ">lookup_mismatch<" not in row  # the code is data, not what staff read
+    assert 'href="/console/operations/acme/op-row"' in row
+    assert f'href="/console/review/{item}"' in row
+    assert console.get("/console/operations/acme/op-row").status_code == 200
+
+
+def test_a_reason_code_without_words_is_shown_as_it_is(console: Console) -> None:
+    item = parked(console.rig, "op-odd", reason="some_new_reason")
+    page = console.as_(VERA).get("/console/review").text
+    row = page.split(f'<tr data-item="{item}">')[1].split("</tr>")[0]
+    assert '<td class="reason" data-reason="some_new_reason">some_new_reason</td>' in row
+
+
+def test_state_and_reason_names_are_chinese_in_zh(console: Console) -> None:
+    item = parked(console.rig, "op-zh")
+    with console.rig.sessions.begin() as s:
+        console.rig.outbox.enqueue(s, tenant="acme", op_id="op-zh-p", kind="refund", params=GOOD)
+    c = console.as_(ANN)
+    queue = c.get("/console/review", lang="zh").text
+    assert '<td data-state="unknown">结果未知</td>' in queue
+    assert "对方服务的查询接口不可用" in queue  # lookup_unavailable, in words
+    overview = c.get("/console/overview").text  # the cookie keeps zh
+    assert "<td>待发送</td>" in overview and "<td>结果未知</td>" in overview
+    assert "分钟前" in overview and "完成耗时中位数" in overview
+    status = c.get(f"/console/review/{item}/status").text
+    assert "待客服处理；操作状态：结果未知。" in status
+    assert "unknown" not in status.replace('data-state="unknown"', "")
+    english = c.get("/console/review", lang="en").text
+    assert '<td data-state="unknown">unknown</td>' in english
+
+
+def test_overview_charts_have_axes_ticks_titles_and_a_legend(console: Console) -> None:
+    op, item = in_review(console.rig)
+    console.as_(ANN).post(f"/console/review/{item}/requery")
+    page = console.get("/console/overview").text
+    settled, seconds = svg(page, "chart-settled"), svg(page, "chart-seconds")
+    for chart, y_label in [(settled, "operations"), (seconds, "seconds")]:
+        assert chart.get("role") == "img" and chart.get("aria-labelledby")
+        assert chart.findtext(f"{SVG}title") and chart.findtext(f"{SVG}desc")
+        axes = [e for e in chart.iter(f"{SVG}line") if e.get("class") == "axis"]
+        assert len(axes) == 2  # x and y
+        assert texts(chart, "axis-label") == ["minutes ago", y_label]
+        assert texts(chart, "tick-label x") == ["50", "40", "30", "20", "10", "0"]
+        y_ticks = [float(v) for v in texts(chart, "tick-label y")]
+        assert y_ticks[0] == 0 and y_ticks == sorted(y_ticks) and len(y_ticks) >= 2
+        assert texts(chart, "chart-title")
+    assert texts(settled, "legend-label") == ["settled in that minute"]
+    assert texts(seconds, "legend-label") == ["median time to settle", "95th percentile"]
+    assert float(texts(settled, "tick-label y")[-1]) >= 1  # the top holds the one settled
+    median = [e for e in seconds.iter(f"{SVG}circle") if "median" in e.get("class", "")]
+    assert len(median) == 1  # one minute settled something: one point
+    table = page.split('id="chart-table"')[1].split("</details>")[0]
+    assert "<summary>" in table and table.count("<tr>") == 2  # the head and that minute
+    assert console.rig.op(op).state == "succeeded"
+
+
+def test_the_queue_and_the_item_poll_their_fragments_and_leave_the_forms_alone(
+    console: Console,
+) -> None:
+    op, item = in_review(console.rig)
+    c = console.as_(BOB)
+    queue = c.get("/console/review", tenant="acme").text
+    polled = re.search(r'<div id="queue-list" hx-get="([^"]+)" hx-trigger="every 10s"', queue)
+    assert polled is not None and "tenant=acme" in polled.group(1)
+    fragment = c.get(polled.group(1).replace("&amp;", "&"))
+    assert fragment.status_code == 200 and "<html" not in fragment.text
+    assert items_listed(fragment.text) == [item]
+    page = c.get(f"/console/review/{item}").text
+    status = page.split('<div id="item-status"')[1].split("</div>")[0]
+    assert f'hx-get="/console/review/{item}/status" hx-trigger="every 10s"' in status
+    assert "<form" not in status and "<textarea" not in status  # the forms are never swapped
+    assert "<form" in page.split('<div id="item-status"')[1]  # they sit after it
+    r = c.get(f"/console/review/{item}/status")
+    assert r.status_code == 200 and "<html" not in r.text and "<form" not in r.text
+    assert 'data-resolved="false"' in r.text
+    c.post(f"/console/review/{item}/requery")  # settled: the next poll says so
+    r = c.get(f"/console/review/{item}/status")
+    assert 'data-resolved="true"' in r.text and "Resolved by bob at" in r.text
+    assert console.rig.op(op).state == "succeeded"
+
+
+def test_the_fragments_honour_tenant_limits(console: Console) -> None:
+    acme = parked(console.rig, "op-a")
+    globex = parked(console.rig, "op-g", tenant="globex")
+    c = console.as_(GLOBEX_ONLY)
+    assert items_listed(c.get("/console/queue").text) == [globex]
+    assert items_listed(c.get("/console/queue", tenant="acme").text) == []
+    r = c.get(f"/console/review/{acme}/status")
+    assert r.status_code == 404 and "op-a" not in r.text
+    assert c.get("/console/review/999999/status").status_code == 404
+    assert c.get(f"/console/review/{globex}/status").status_code == 200
+
+
+def test_the_fragments_need_a_signed_in_member_of_staff(console: Console) -> None:
+    item = parked(console.rig, "op-s")
+    overrides = console.client.app.dependency_overrides  # type: ignore[attr-defined]
+    overrides.pop(current_user), overrides.pop(polled_user)
+    for path in ["/console/queue", f"/console/review/{item}/status"]:
+        r = console.client.get(path, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/console/login")
+        htmx = {"HX-Request": "true", "HX-Current-URL": "http://testserver/console/review"}
+        r = console.client.get(path, headers=htmx, follow_redirects=False)
+        assert r.status_code == 401 and r.headers["hx-redirect"].startswith("/console/login")
+        assert "op-s" not in r.text
