@@ -32,7 +32,7 @@ from outbox.errors import (
     SettledError,
 )
 from outbox.proposals import Proposals
-from settled.console import formats
+from settled.console import formats, story
 from settled.console.auth import ConsoleUser, current_user, require_csrf
 from settled.console.chart import chart
 from settled.console.text import LANGS, lang_of, translate
@@ -79,7 +79,15 @@ class ConsoleServices:
 templates = Jinja2Templates(
     env=Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
 )
-templates.env.globals.update(amount=formats.amount, who=formats.who, langs=LANGS)
+templates.env.globals.update(
+    amount=formats.amount,
+    who=formats.who,
+    langs=LANGS,
+    lead=story.lead,
+    line=story.line,
+    raw=formats.raw,
+    exact=formats.exact,
+)
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 User = Annotated[ConsoleUser, Depends(current_user)]
@@ -110,6 +118,7 @@ def render(
             "lang": lang,
             "t": partial(translate, lang),
             "age": lambda since: formats.age(since, now),
+            "when": lambda at, precise=False: formats.when(at, now, lang, precise=precise),
             "acting": user is not None and user.staff.role in ACTING,
             **context,
         },
@@ -270,7 +279,7 @@ def _refusal(request: Request, user: ConsoleUser, item_id: int, exc: SettledErro
         item = _services(request).review.show(user.staff, item_id)["item"]
         return translate(
             lang, "msg.already_resolved", by=formats.who(item["resolved_by"]),
-            at=item["resolved_at"],
+            at=formats.exact(item["resolved_at"]),
         )  # fmt: skip
     return translate(lang, "msg.refused", message=exc.message)
 
