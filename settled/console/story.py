@@ -68,7 +68,7 @@ def _known(lang: str, op: dict[str, Any], lookup: str | None, service: str) -> s
             known = translate(lang, "lead.known.unknown_lookup", known=known, lookup=said)
         return known
     if state == "rejected":
-        why = word(lang, "tl.reject", op.get("reason") or "", fallback="tl.reject.other")
+        why = _say(lang, "tl.reject", op.get("reason"), "tl.reject.other")
         return translate(lang, "lead.known.rejected", why=why)
     if state == "succeeded" and op.get("downstream_ref"):
         ref = op["downstream_ref"]
@@ -120,8 +120,8 @@ def line(lang: str, entry: dict[str, Any], kind: str) -> str:
         "role": entry["role"] or "",
     }
     values["detail"] = _detail(lang, entry)
-    values["lookup"] = word(lang, "tl.lookup", entry["lookup"] or "", fallback="tl.lookup.no")
-    values["why"] = word(lang, "tl.reject", entry["reason"] or "", fallback="tl.reject.other")
+    values["lookup"] = _say(lang, "tl.lookup", entry["lookup"], "tl.lookup.no")
+    values["why"] = _say(lang, "tl.reject", entry["reason"], "tl.reject.other")
     values["decision"] = _decision(lang, entry)
     values["action"] = word(lang, "tl.action", entry["action"] or "")
     values["code"] = word(lang, "tl.code", entry["code"] or "")
@@ -152,4 +152,10 @@ def _decision(lang: str, entry: dict[str, Any]) -> str:
     if reason == "to_review":
         why = word(lang, "tl.review", entry["review"] or "")
         return translate(lang, "tl.decision.to_review", why=why)
-    return word(lang, "tl.decision", reason, fallback="tl.decision.other")
+    return _say(lang, "tl.decision", reason, "tl.decision.other")
+
+
+def _say(lang: str, prefix: str, code: str | None, empty: str) -> str:
+    """The words for ``code``: the ``empty`` key's where there is none, the code itself where
+    it has no words."""
+    return word(lang, prefix, code) if code else translate(lang, empty)
