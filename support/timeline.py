@@ -85,7 +85,9 @@ def _what(event: dict[str, Any], *, staff: bool) -> str:
         return "look"  # a pass (or a note) that changed no state
     if before == "unknown" and after in ("succeeded", "rejected"):
         evidence = event.get("evidence") or {}
-        return "found" if evidence.get("lookup") == "found" else "resolved"
+        if "review_item" in evidence or evidence.get("lookup") != "found":
+            return "resolved"  # a staff resolution (weighed against a lookup, found or not)
+        return "found"
     if before == "submitted" and after in ("succeeded", "rejected") and _found(event):
         return "found"  # a lookup found what a lost worker's send did
     return _MOVES.get((before, after), "moved")

@@ -117,9 +117,12 @@ def add_staff(rig: Rig, name: str, role: str) -> None:
         create_account(s, name=name, password=PASSWORD, role=role)
 
 
-def signed_in(browser: Browser, base: str, name: str, *, shoot: bool = False) -> Page:
-    """A fresh browser context signed in as ``name`` through the sign-in form."""
-    page = browser.new_context(viewport=VIEWPORT).new_page()
+def signed_in(
+    browser: Browser, base: str, name: str, *, shoot: bool = False, zone: str | None = None
+) -> Page:
+    """A fresh browser context signed in as ``name`` through the sign-in form (its clocks in
+    time zone ``zone``, where given)."""
+    page = browser.new_context(viewport=VIEWPORT, timezone_id=zone).new_page()
     page.goto(f"{base}/console/review")
     expect(page).to_have_url(re.compile(r"/console/login\?next=/console/review$"))
     page.get_by_label("Staff name").fill(name)
@@ -171,8 +174,8 @@ def test_support_finds_requeries_and_sees_it_settled_and_audited(
     shot(page, "find")
     found.get_by_role("link", name="op-1").click()
     expect(page.locator("#status")).to_contain_text("Done")
-    audit = page.locator("#events tr", has_text="staff:ann")
-    expect(audit).to_contain_text("succeeded")
+    audit = page.locator("#timeline li.tl-staff", has_text="ann")
+    expect(audit).to_contain_text("ann looked it up and found it: succeeded")
     shot(page, "operation")
 
     page.get_by_role("link", name="Overview").click()
@@ -180,6 +183,41 @@ def test_support_finds_requeries_and_sees_it_settled_and_audited(
     expect(page.locator("svg").first).to_be_visible()
     shot(page, "overview")
     assert rig.op(op).state == "succeeded"
+
+
+def test_the_item_page_reads_as_a_sentence_a_timeline_and_local_times(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    """The lead sentence, five reconcile passes folded into one line, a relative time whose
+    title is the exact time in the viewer's own zone (times.js), and the raw evidence only
+    once "Details" is opened."""
+    op, item = stuck(rig, "op-5")
+    for _ in range(5):  # five more passes, the lookup down each time: nothing new
+        rig.make_due(op)
+        rig.control.add_rule("lookup_unavailable", times=1)
+        rig.reconciler().run_once()
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, console, "ann", zone="Asia/Shanghai")
+    page.goto(f"{console}/console/review/{item}")
+    expect(page.locator("#lead")).to_have_text(
+        "Refund of 100.00 CNY to payee P-7 for order A1042: the payment service's answer is "
+        "unknown (the lookup was unavailable); look it up again now, or ask a supervisor."
+    )
+    folded = page.locator('#timeline li[data-count="5"]')
+    expect(folded).to_contain_text("looked it up 5 times, nothing new")
+    expect(page.locator("#timeline > li")).to_have_count(5)  # created, sent, lost, review, 5
+    sent = page.locator("#timeline li.tl-sent time")
+    expect(sent).to_have_text(re.compile(r"^(just now|\d+ (s|min) ago)$"))
+    at = datetime.strptime(sent.get_attribute("datetime") or "", "%Y-%m-%dT%H:%M:%SZ")
+    local = (at + timedelta(hours=8)).strftime("%H:%M:%S")  # Shanghai: UTC+8, no DST
+    expect(sent).to_have_attribute("title", re.compile(rf"\b{local}\b.*(GMT\+8|CST)"))
+    evidence = page.locator("#evidence")
+    expect(evidence).to_be_hidden()  # raw JSON only behind the toggle
+    page.locator("details", has=evidence).locator("summary").click()
+    expect(evidence).to_be_visible()
+    expect(evidence).to_contain_text('"lookup": "unavailable"')
+    shot(page, "item-timeline")
+    page.context.close()
 
 
 def test_two_supervisors_resolve_at_once_the_second_is_told_who_won(
@@ -204,7 +242,8 @@ def test_two_supervisors_resolve_at_once_the_second_is_told_who_won(
 
     bob.goto(f"{console}/console/operations/acme/op-2")
     expect(bob.locator("#status")).to_contain_text("Done")
-    expect(bob.locator("#events tr", has_text="staff:bob")).to_contain_text("succeeded")
+    resolved = bob.locator("#timeline li.tl-staff", has_text="bob")
+    expect(resolved).to_contain_text("bob resolved it as succeeded")
     assert rig.op(op).state == "succeeded"
 
 

@@ -74,6 +74,7 @@ def test_events_are_named_by_what_happened() -> None:
     events = [
         event(0, "unknown", "succeeded", "staff:ann", lookup="found", role="support"),
         event(1, "unknown", "rejected", "staff:bob", justification="x", override=True),
+        event(1, "unknown", "succeeded", "staff:bob", lookup="found", review_item=3),
         event(2, "unknown", "planned", lookup="not_found"),
         event(3, "submitted", "rejected", "w1", "business_rejected"),
         event(4, "planned", "cancelled", "app"),
@@ -81,7 +82,7 @@ def test_events_are_named_by_what_happened() -> None:
               code="contradicts_downstream", role="support"),
     ]  # fmt: skip
     assert [e["what"] for e in timeline(events)] == [
-        "found", "resolved", "requeued", "refused", "cancelled", "staff_refused"
+        "found", "resolved", "resolved", "requeued", "refused", "cancelled", "staff_refused"
     ]  # fmt: skip
 
 
