@@ -79,15 +79,8 @@ class ConsoleServices:
 templates = Jinja2Templates(
     env=Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
 )
-templates.env.globals.update(
-    amount=formats.amount,
-    who=formats.who,
-    langs=LANGS,
-    lead=story.lead,
-    line=story.line,
-    raw=formats.raw,
-    exact=formats.exact,
-)
+templates.env.globals.update(amount=formats.amount, who=formats.who, langs=LANGS)
+templates.env.globals.update(lead=story.lead, line=story.line, raw=formats.raw)
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 User = Annotated[ConsoleUser, Depends(current_user)]
