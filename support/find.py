@@ -111,7 +111,6 @@ def _result(op: Operation, matched: list[str]) -> dict[str, Any]:
         "order_id": _text(params.get("order_id")),
         "reference": op.downstream_ref,
         "created_at": op.created_at.isoformat(),
-        "created_at_text": op.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"),
         "matched": matched,
     }
 

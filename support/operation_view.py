@@ -20,29 +20,33 @@ from outbox.storage.attempts import attempt_history
 from outbox.storage.events import events_of
 from outbox.storage.reviews import open_review_id
 from outbox.storage.runs import run
+from support.timeline import timeline
 
 
 def operation_view(session: Session, op: Operation) -> dict[str, Any]:
-    """The operation, its attempts, lookups, events and run (JSON-safe)."""
+    """The operation, its attempts, lookups, events, timeline and run (JSON-safe)."""
     events = events_of(session, op.id)
     lookups = [_lookup(e) for e in events if _lookup_name(e) is not None]
     owner = run(session, op.run_id) if op.run_id is not None else None
+    shown = [
+        {
+            "at": e.at.isoformat(),
+            "from": e.from_state,
+            "to": e.to_state,
+            "actor": e.actor,
+            "reason": e.reason,
+            "evidence": e.evidence,
+        }
+        for e in events
+    ]
     return {
         "operation": _operation(op),
         "attempts": attempt_history(session, op.id),
         "lookups": lookups,
         "last_lookup": lookups[-1]["answer"] if lookups else None,
-        "events": [
-            {
-                "at": e.at.isoformat(),
-                "from": e.from_state,
-                "to": e.to_state,
-                "actor": e.actor,
-                "reason": e.reason,
-                "evidence": e.evidence,
-            }
-            for e in events
-        ],
+        "events": shown,
+        # the events as staff read them, repeated looks folded (``support.timeline``)
+        "timeline": timeline(shown),
         "run": None if owner is None else {"handle": owner.handle, "title": owner.title},
     }
 

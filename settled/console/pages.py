@@ -34,7 +34,7 @@ from outbox.errors import (
     SettledError,
 )
 from outbox.proposals import Proposals
-from settled.console import formats
+from settled.console import formats, story
 from settled.console.auth import ConsoleUser, current_user, polled_user, require_csrf
 from settled.console.chart import FRAME, chart
 from settled.console.text import LANGS, lang_of, named, translate
@@ -82,6 +82,7 @@ templates = Jinja2Templates(
     env=Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
 )
 templates.env.globals.update(amount=formats.amount, who=formats.who, langs=LANGS)
+templates.env.globals.update(lead=story.lead, line=story.line, raw=formats.raw)
 
 
 @pass_context
@@ -102,8 +103,17 @@ def _reject_name(context: Context, reason: str | None) -> str:
     return named(str(context.get("lang", "en")), "reject", reason)
 
 
+@pass_context
+def _lookup_name(context: Context, answer: str | None) -> str:
+    """``{{ shown.last_lookup|lookup_name }}``: what a lookup answered, in plain words."""
+    return named(str(context.get("lang", "en")), "tl.lookup", answer)
+
+
 templates.env.filters.update(
-    state_name=_state_name, reason_name=_reason_name, reject_name=_reject_name
+    state_name=_state_name,
+    reason_name=_reason_name,
+    reject_name=_reject_name,
+    lookup_name=_lookup_name,
 )
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -137,6 +147,7 @@ def render(
             "lang": lang,
             "t": partial(translate, lang),
             "age": lambda since: formats.age(since, now),
+            "when": lambda at, precise=False: formats.when(at, now, lang, precise=precise),
             "acting": user is not None and user.staff.role in ACTING,
             "refresh": _refresh_seconds(request),
             **context,
@@ -310,7 +321,9 @@ def requery(request: Request, user: User, item_id: ItemId) -> Response:
     if result["lookup"] == "found":
         message = translate(lang, "msg.requery.found", state=named(lang, "state", result["state"]))
     else:
-        message = translate(lang, "msg.requery.other", lookup=result["lookup"])
+        message = translate(
+            lang, "msg.requery.other", lookup=named(lang, "tl.lookup", result["lookup"])
+        )
     return _item_page(request, user, item_id, message)
 
 
@@ -345,7 +358,7 @@ def _refusal(request: Request, user: ConsoleUser, item_id: int, exc: SettledErro
         item = _services(request).review.show(user.staff, item_id)["item"]
         return translate(
             lang, "msg.already_resolved", by=formats.who(item["resolved_by"]),
-            at=item["resolved_at"],
+            at=formats.exact(item["resolved_at"]),
         )  # fmt: skip
     return translate(lang, "msg.refused", message=exc.message)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from markupsafe import Markup, escape
+
 LANGS: Final = ("en", "zh")
 DEFAULT = "en"
 
@@ -33,6 +35,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "col.state": "State",
         "col.operation": "Operation",
         "col.created": "Created",
+        "col.op_id": "Op id",
+        "col.deadline": "Deadline",
+        "col.unknown_since": "Unknown since",
+        "col.idempotency_key": "Idempotency key",
         "filter.tenant": "Tenant",
         "filter.reason": "Reason",
         "filter.kind": "Kind",
@@ -55,7 +61,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
             "The last lookup allows no resolution you may make: look it up again, or ask a "
             "supervisor."
         ),
-        "item.choices_from": "Choices allowed by the last lookup: {lookup}.",
+        "item.choices_from": "The last lookup: {lookup}. The choices below are the ones it allows.",
         "item.found_record": "The downstream holds this operation as {reference} ({status}).",
         "item.rests_on.deadline_fence": (
             'A "not found" proves nothing was done because the service refuses any '
@@ -87,7 +93,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "phase.sent": "sent, answered",
         "phase.in_flight": "sent, no answer recorded",
         "msg.requery.found": "The lookup found it: the operation is now {state}.",
-        "msg.requery.other": "The lookup answered '{lookup}': the operation stays unknown.",
+        "msg.requery.other": "Looked up again ({lookup}): the operation stays unknown.",
         "msg.resolved": "Resolved: the operation is now {state}.",
         "msg.already_resolved": "Already resolved by {by} at {at}.",
         "msg.refused": "Refused: {message}",
@@ -169,7 +175,6 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
             "Showing the newest {n}; more operations match: type more of the id to narrow it."
         ),
         "search.nothing": "No operation matches {q}.",
-        "search.ago": "{age} ago",
         "search.matched": "Matched on",
         "search.receipt": "receipt {ref}",
         "search.by_key": "Search by one key",
@@ -181,6 +186,114 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "search.on.run": "run handle",
         "search.on.payee": "payee",
         "search.on.reference": "downstream reference",
+        # -- the lead sentence and the timeline of an item or operation page (story.py) --
+        "details": "Details",
+        "section.timeline": "What happened",
+        "tl.first_last": "(first {first}, last {last})",
+        "lead.sentence": "{asked}: {known}; {can}.",
+        "lead.service.refund": "the payment service",
+        "lead.service.other": "the downstream service",
+        "lead.asked.refund": "Refund of {amount} to payee {payee} for order {order}",
+        "lead.asked.ticket": "After-sales ticket ({problem}) for order {order}",
+        "lead.asked.ticket_cancel": "Cancelling ticket {ticket}",
+        "lead.asked.order": "{kind} {op_id} for order {order}",
+        "lead.asked.other": "{kind} {op_id}",
+        "lead.known.planned": "it has not been sent yet",
+        "lead.known.planned_again": (
+            "no attempt has reached {service} yet; it will be sent again with the same key"
+        ),
+        "lead.known.submitted": "it is being sent to {service} now",
+        "lead.known.unknown": "{service}'s answer is unknown",
+        "lead.known.unknown_lookup": "{known} ({lookup})",
+        "lead.known.succeeded": "it is done",
+        "lead.known.succeeded_ref": "it is done ({service} holds it as {reference})",
+        "lead.known.rejected": "it was not done: {why}",
+        "lead.known.cancelled": "it was cancelled before anything was sent",
+        "lead.can.resolved": "{by} resolved it, nothing is left to do",
+        "lead.can.read_only": "you may read it; support staff resolve it",
+        "lead.can.none": "look it up again now, or ask a supervisor",
+        "lead.can.wait_pending": "look it up again once the service has finished it",
+        "lead.can.override": (
+            "look it up again now; as a supervisor you may resolve it below with a justification"
+        ),
+        "lead.can.only": (
+            "the record the lookup found allows one answer: resolve it as {state} below"
+        ),
+        "lead.can.check": "check with {service} and resolve below",
+        "lead.can.nothing": "nothing is left to do",
+        "lead.can.in_review": "support staff resolve it in review item #{id}",
+        "lead.can.reconciling": "the reconciler keeps looking it up; nothing to do yet",
+        "lead.can.automatic": "nothing to do: Settled sends it and records the answer",
+        "tl.created": "Asked for by {actor}: planned",
+        "tl.sent": "Attempt {n} sent by {actor}",
+        "tl.accepted": "{service} answered: done ({state})",
+        "tl.refused": "{service} refused it: {why}",
+        "tl.no_answer": "No answer to the attempt{detail}: the outcome is unknown",
+        "tl.not_sent": "Not sent or not executed{detail}: it will be sent again, same key",
+        "tl.gave_up": "Given up: {why}",
+        "tl.cancelled": "Cancelled by {actor} before anything was sent",
+        "tl.requeued": (
+            "{actor} looked it up: no record, and a quiet one proves nothing was done; it will "
+            "be sent again, same key"
+        ),
+        "tl.found": "{actor} looked it up and found it: {state}",
+        "tl.resolved": "{actor} resolved it as {state}",
+        "tl.look": "{actor} looked it up: {lookup}{detail}; {decision}",
+        "tl.looks": "{actor} looked it up {count} times, nothing new: {lookup}{detail}; {decision}",
+        "tl.pass": "{actor} checked it{detail}: {decision}",
+        "tl.staff_requery": "{actor} ({role}) looked it up again: {lookup}",
+        "tl.staff_refused": "{actor} ({role}) tried to {action}: refused, {code}",
+        "tl.staff_confirmed": "{actor} ({role}) confirmed it as {state}",
+        "tl.moved": "{from} to {state}, by {actor}",
+        "tl.with_reference": ", reference {reference}",
+        "tl.override": " (a supervisor's override: their statement)",
+        "tl.paren": " ({text})",
+        "tl.lookup.found": "it found the operation",
+        "tl.lookup.not_found": "no record of it",
+        "tl.lookup.unavailable": "the lookup was unavailable",
+        "tl.lookup.pending": "the service has taken it on and not finished it",
+        "tl.lookup.mismatch": "it found a record unlike the request",
+        "tl.lookup.none": "the service has no lookup",
+        "tl.lookup.no": "nothing asked",
+        "tl.detail.ReadTimeout": "the answer timed out",
+        "tl.detail.ConnectTimeout": "could not connect in time",
+        "tl.detail.ConnectError": "could not connect",
+        "tl.detail.RemoteProtocolError": "the connection broke mid-answer",
+        "tl.detail.worker lost during send": "the worker was lost during the send",
+        "tl.reject.business_rejected": "a business refusal (e.g. balance, order closed)",
+        "tl.reject.invalid_params": "the request was invalid",
+        "tl.reject.permission_denied": "permission was denied",
+        "tl.reject.not_executed": "no attempt ever reached the service",
+        "tl.reject.other": "refused",
+        "tl.decision.to_review": "put in review: {why}",
+        "tl.decision.in_review": "still in review",
+        "tl.decision.lookup_unavailable": "will look again later",
+        "tl.decision.wait_quiescence": "waiting until no send can still land",
+        "tl.decision.wait_clock_step": "waiting out a step of the database's clock",
+        "tl.decision.not_asked": "not asked: the lease left no time",
+        "tl.decision.other": "no change",
+        "tl.review.lookup_unavailable": "the lookup stayed unavailable too long",
+        "tl.review.lookup_mismatch": "the lookup found a record unlike the request",
+        "tl.review.receipt_mismatch": "the answer did not match the request",
+        "tl.review.ambiguous_without_idempotency": (
+            "an unclear send to a service without idempotency"
+        ),
+        "tl.review.past_key_retention": "the service may have forgotten the key",
+        "tl.review.no_lookup_without_idempotency": "the service has no lookup",
+        "tl.review.no_lookup_replay_cannot_settle": "the service has no lookup",
+        "tl.review.not_quiet": "a send may still be landing",
+        "tl.review.outcome_not_recorded": "the answer could not be stored",
+        "tl.review.reconcile_failed": "a reconcile pass failed on it",
+        "tl.action.resolve": "resolve it",
+        "tl.action.requery": "look it up again",
+        "tl.code.contradicts_downstream": "the lookup contradicts it",
+        "tl.code.lost_race": "someone else resolved it first",
+        "tl.code.already_resolved": "it was already resolved",
+        "tl.code.not_found_unproven": "the 'not found' proves nothing yet",
+        "tl.code.lookup_unavailable": "the lookup was unavailable",
+        "tl.code.downstream_pending": "the service has not finished it",
+        "tl.code.forbidden": "the role may not",
+        "tl.code.nul_in_request": "a NUL character in the form",
     },
     "zh": {
         "title": "Settled 客服控制台",
@@ -201,6 +314,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "col.state": "状态",
         "col.operation": "操作",
         "col.created": "创建时间",
+        "col.op_id": "操作编号",
+        "col.deadline": "截止时间",
+        "col.unknown_since": "结果未知起始",
+        "col.idempotency_key": "幂等键",
         "filter.tenant": "租户",
         "filter.reason": "原因",
         "filter.kind": "类型",
@@ -220,7 +337,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "item.reference": "下游参考号",
         "item.justification": "理由",
         "item.no_choices": "根据最近一次查询，您无法处理此项：请重新查询，或联系主管。",
-        "item.choices_from": "最近一次查询允许的处理方式：{lookup}。",
+        "item.choices_from": "最近一次查询：{lookup}。下列处理方式由它决定。",
         "item.found_record": "下游记录此操作为 {reference}（{status}）。",
         "item.rests_on.deadline_fence": (
             "“未找到”能证明未执行，依据是：对方服务拒绝超过截止时间才到达的请求。"
@@ -250,7 +367,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "phase.sent": "已发送，已收到回答",
         "phase.in_flight": "已发送，未记录回答",
         "msg.requery.found": "查询到记录：操作现为 {state}。",
-        "msg.requery.other": "查询结果为“{lookup}”：操作仍为未知。",
+        "msg.requery.other": "已重新查询（{lookup}）：操作仍为结果未知。",
         "msg.resolved": "已处理：操作现为 {state}。",
         "msg.already_resolved": "已由 {by} 于 {at} 处理。",
         "msg.refused": "已拒绝：{message}",
@@ -327,7 +444,6 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "search.count": "共 {n} 项操作，最新的在前。",
         "search.more": "仅显示最新的 {n} 项；还有更多操作符合：请输入更完整的编号以缩小范围。",
         "search.nothing": "没有与 {q} 相符的操作。",
-        "search.ago": "{age}前",
         "search.matched": "匹配项",
         "search.receipt": "回执 {ref}",
         "search.by_key": "按单一字段查找",
@@ -339,6 +455,103 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "search.on.run": "任务句柄",
         "search.on.payee": "收款方",
         "search.on.reference": "下游参考号",
+        # -- the lead sentence and the timeline of an item or operation page (story.py) --
+        "details": "详情",
+        "section.timeline": "经过",
+        "tl.first_last": "（首次 {first}，最近 {last}）",
+        "lead.sentence": "{asked}：{known}；{can}。",
+        "lead.service.refund": "支付服务",
+        "lead.service.other": "下游服务",
+        "lead.asked.refund": "订单 {order} 向收款方 {payee} 退款 {amount}",
+        "lead.asked.ticket": "订单 {order} 的售后工单（{problem}）",
+        "lead.asked.ticket_cancel": "取消工单 {ticket}",
+        "lead.asked.order": "订单 {order} 的 {kind} {op_id}",
+        "lead.asked.other": "{kind} {op_id}",
+        "lead.known.planned": "尚未发送",
+        "lead.known.planned_again": "尚无发送到达{service}；将以同一幂等键再次发送",
+        "lead.known.submitted": "正在发送给{service}",
+        "lead.known.unknown": "{service}的回答未知",
+        "lead.known.unknown_lookup": "{known}（{lookup}）",
+        "lead.known.succeeded": "已完成",
+        "lead.known.succeeded_ref": "已完成（{service}记录为 {reference}）",
+        "lead.known.rejected": "未完成：{why}",
+        "lead.known.cancelled": "在发送前已取消",
+        "lead.can.resolved": "已由 {by} 处理，无需再做什么",
+        "lead.can.read_only": "您可以查看；由客服处理",
+        "lead.can.none": "请立即重新查询，或联系主管",
+        "lead.can.wait_pending": "请等对方服务处理完后再查询",
+        "lead.can.override": "请立即重新查询；主管可在下方附理由越权处理",
+        "lead.can.only": "查询到的记录只允许一种处理：请在下方记为{state}",
+        "lead.can.check": "请向{service}核实，并在下方处理",
+        "lead.can.nothing": "无需再做什么",
+        "lead.can.in_review": "由客服在待处理项 #{id} 中处理",
+        "lead.can.reconciling": "对账进程仍在查询；暂时无需操作",
+        "lead.can.automatic": "无需操作：Settled 会发送并记录回答",
+        "tl.created": "{actor} 提出请求：待发送",
+        "tl.sent": "{actor} 第 {n} 次发送",
+        "tl.accepted": "{service}回答：已完成（{state}）",
+        "tl.refused": "{service}拒绝：{why}",
+        "tl.no_answer": "发送没有得到回答{detail}：结果未知",
+        "tl.not_sent": "未发送或未执行{detail}：将以同一幂等键再次发送",
+        "tl.gave_up": "已放弃：{why}",
+        "tl.cancelled": "{actor} 在发送前取消",
+        "tl.requeued": "{actor} 查询：没有记录，且已静默，证明未执行；将以同一幂等键再次发送",
+        "tl.found": "{actor} 查询到记录：{state}",
+        "tl.resolved": "{actor} 处理为{state}",
+        "tl.look": "{actor} 查询：{lookup}{detail}；{decision}",
+        "tl.looks": "{actor} 查询 {count} 次，无新情况：{lookup}{detail}；{decision}",
+        "tl.pass": "{actor} 检查{detail}：{decision}",
+        "tl.staff_requery": "{actor}（{role}）重新查询：{lookup}",
+        "tl.staff_refused": "{actor}（{role}）尝试{action}：被拒绝，{code}",
+        "tl.staff_confirmed": "{actor}（{role}）确认为{state}",
+        "tl.moved": "由{from}变为{state}（{actor}）",
+        "tl.with_reference": "，参考号 {reference}",
+        "tl.override": "（主管越权处理：其本人陈述）",
+        "tl.paren": "（{text}）",
+        "tl.lookup.found": "查询到该操作",
+        "tl.lookup.not_found": "没有记录",
+        "tl.lookup.unavailable": "查询服务不可用",
+        "tl.lookup.pending": "对方已受理但尚未完成",
+        "tl.lookup.mismatch": "查到的记录与请求不符",
+        "tl.lookup.none": "对方服务不提供查询",
+        "tl.lookup.no": "未查询",
+        "tl.detail.ReadTimeout": "等待回答超时",
+        "tl.detail.ConnectTimeout": "连接超时",
+        "tl.detail.ConnectError": "无法连接",
+        "tl.detail.RemoteProtocolError": "回答中途连接断开",
+        "tl.detail.worker lost during send": "发送过程中工作进程丢失",
+        "tl.reject.business_rejected": "业务拒绝（如余额不足、订单已关闭）",
+        "tl.reject.invalid_params": "请求参数无效",
+        "tl.reject.permission_denied": "权限被拒绝",
+        "tl.reject.not_executed": "没有任何发送到达对方服务",
+        "tl.reject.other": "被拒绝",
+        "tl.decision.to_review": "转入待处理：{why}",
+        "tl.decision.in_review": "仍在待处理",
+        "tl.decision.lookup_unavailable": "稍后再查",
+        "tl.decision.wait_quiescence": "等待已发出的请求全部落定",
+        "tl.decision.wait_clock_step": "等待数据库时钟跳变的影响结束",
+        "tl.decision.not_asked": "未查询：租约时间不足",
+        "tl.decision.other": "无变化",
+        "tl.review.lookup_unavailable": "查询服务长时间不可用",
+        "tl.review.lookup_mismatch": "查到的记录与请求不符",
+        "tl.review.receipt_mismatch": "回答与请求不符",
+        "tl.review.ambiguous_without_idempotency": "向不支持幂等的服务发送，结果不明",
+        "tl.review.past_key_retention": "对方可能已不再保留该幂等键",
+        "tl.review.no_lookup_without_idempotency": "对方服务不提供查询",
+        "tl.review.no_lookup_replay_cannot_settle": "对方服务不提供查询",
+        "tl.review.not_quiet": "可能仍有请求正在到达",
+        "tl.review.outcome_not_recorded": "回答无法保存",
+        "tl.review.reconcile_failed": "对账处理此操作时失败",
+        "tl.action.resolve": "处理",
+        "tl.action.requery": "重新查询",
+        "tl.code.contradicts_downstream": "与查询结果矛盾",
+        "tl.code.lost_race": "已有他人先处理",
+        "tl.code.already_resolved": "已被处理",
+        "tl.code.not_found_unproven": "“未找到”尚不能证明任何事",
+        "tl.code.lookup_unavailable": "查询服务不可用",
+        "tl.code.downstream_pending": "对方尚未完成",
+        "tl.code.forbidden": "该角色无权操作",
+        "tl.code.nul_in_request": "表单中含有 NUL 字符",
     },
 }
 
@@ -478,14 +691,23 @@ def translate(lang: str, key: str, **values: object) -> str:
     """The string ``key`` in ``lang`` (English where it has none), with ``values`` filled in."""
     table = CATALOGUE.get(lang, CATALOGUE[DEFAULT])
     text = table.get(key, CATALOGUE[DEFAULT].get(key, key))
+    if any(isinstance(v, Markup) for v in values.values()):  # e.g. a <time> element
+        return escape(text).format(**values)  # trusted text; the other values escaped
     return text.format(**values) if values else text
+
+
+def word(lang: str, prefix: str, code: str, *, fallback: str | None = None) -> str:
+    """The words for ``code`` (key ``prefix.code``) in ``lang``; where it has none, the
+    ``fallback`` key's (given ``code``), else the code itself: never a raw key."""
+    key = f"{prefix}.{code}"
+    if key in CATALOGUE[DEFAULT]:
+        return translate(lang, key)
+    if fallback is not None:
+        return translate(lang, fallback, code=code)
+    return code
 
 
 def named(lang: str, prefix: str, code: str | None) -> str:
     """The name of ``code`` (a state, a reason) in ``lang``: key ``prefix.code``; a code the
     catalogue does not know is shown as it is (never a raw key, never an empty cell)."""
-    if not code:
-        return ""
-    key = f"{prefix}.{code}"
-    table = CATALOGUE.get(lang, CATALOGUE[DEFAULT])
-    return table.get(key, CATALOGUE[DEFAULT].get(key, code))
+    return word(lang, prefix, code) if code else ""

@@ -130,9 +130,12 @@ def add_staff(rig: Rig, name: str, role: str) -> None:
         create_account(s, name=name, password=PASSWORD, role=role)
 
 
-def signed_in(browser: Browser, base: str, name: str, *, shoot: bool = False) -> Page:
-    """A fresh browser context signed in as ``name`` through the sign-in form."""
-    page = browser.new_context(viewport=VIEWPORT).new_page()
+def signed_in(
+    browser: Browser, base: str, name: str, *, shoot: bool = False, zone: str | None = None
+) -> Page:
+    """A fresh browser context signed in as ``name`` through the sign-in form (its clocks in
+    time zone ``zone``, where given)."""
+    page = browser.new_context(viewport=VIEWPORT, timezone_id=zone).new_page()
     page.goto(f"{base}/console/review")
     expect(page).to_have_url(re.compile(r"/console/login\?next=/console/review$"))
     page.get_by_label("Staff name").fill(name)
@@ -188,8 +191,8 @@ def test_support_finds_requeries_and_sees_it_settled_and_audited(
     shot(page, "find")
     found.get_by_role("link", name="op-1").click()
     expect(page.locator("#status")).to_contain_text("Done")
-    audit = page.locator("#events tr", has_text="staff:ann")
-    expect(audit).to_contain_text("succeeded")
+    audit = page.locator("#timeline li.tl-staff", has_text="ann")
+    expect(audit).to_contain_text("ann looked it up and found it: succeeded")
     shot(page, "operation")
 
     page.get_by_role("link", name="Overview").click()
@@ -228,11 +231,46 @@ def test_from_the_queue_one_search_tells_two_partial_refunds_on_an_order_apart(
     for row in (unsure_row, paid_row):
         expect(row).to_contain_text("P-7")
         expect(row).to_contain_text("A1042")
-        expect(row.locator("time")).to_have_text(re.compile(r"^\d+ s ago$"))
+        expect(row.locator("time")).to_have_text(re.compile(r"^(just now|\d+ s ago)$"))
     shot(page, "search")
     assert blocked == []
     paid_row.get_by_role("link", name="op-paid").click()
     expect(page.locator("#status")).to_contain_text("Done")
+    page.context.close()
+
+
+def test_the_item_page_reads_as_a_sentence_a_timeline_and_local_times(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    """The lead sentence, five reconcile passes folded into one line, a relative time whose
+    title is the exact time in the viewer's own zone (times.js), and the raw evidence only
+    once "Details" is opened."""
+    op, item = stuck(rig, "op-5")
+    for _ in range(5):  # five more passes, the lookup down each time: nothing new
+        rig.make_due(op)
+        rig.control.add_rule("lookup_unavailable", times=1)
+        rig.reconciler().run_once()
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, console, "ann", zone="Asia/Shanghai")
+    page.goto(f"{console}/console/review/{item}")
+    expect(page.locator("#lead")).to_have_text(
+        "Refund of 100.00 CNY to payee P-7 for order A1042: the payment service's answer is "
+        "unknown (the lookup was unavailable); look it up again now, or ask a supervisor."
+    )
+    folded = page.locator('#timeline li[data-count="5"]')
+    expect(folded).to_contain_text("looked it up 5 times, nothing new")
+    expect(page.locator("#timeline > li")).to_have_count(5)  # created, sent, lost, review, 5
+    sent = page.locator("#timeline li.tl-sent time")
+    expect(sent).to_have_text(re.compile(r"^(just now|\d+ (s|min) ago)$"))
+    at = datetime.strptime(sent.get_attribute("datetime") or "", "%Y-%m-%dT%H:%M:%SZ")
+    local = (at + timedelta(hours=8)).strftime("%H:%M:%S")  # Shanghai: UTC+8, no DST
+    expect(sent).to_have_attribute("title", re.compile(rf"\b{local}\b.*(GMT\+8|CST)"))
+    evidence = page.locator("#evidence")
+    expect(evidence).to_be_hidden()  # raw JSON only behind the toggle
+    page.locator("details", has=evidence).locator("summary").click()
+    expect(evidence).to_be_visible()
+    expect(evidence).to_contain_text('"lookup": "unavailable"')
+    shot(page, "item-timeline")
     page.context.close()
 
 
@@ -258,7 +296,8 @@ def test_two_supervisors_resolve_at_once_the_second_is_told_who_won(
 
     bob.goto(f"{console}/console/operations/acme/op-2")
     expect(bob.locator("#status")).to_contain_text("Done")
-    expect(bob.locator("#events tr", has_text="staff:bob")).to_contain_text("succeeded")
+    resolved = bob.locator("#timeline li.tl-staff", has_text="bob")
+    expect(resolved).to_contain_text("bob resolved it as succeeded")
     assert rig.op(op).state == "succeeded"
 
 
@@ -413,3 +452,41 @@ def test_a_half_typed_note_survives_the_items_refresh(
     shot(page, "item-live")
     page.context.close()
     assert rig.op(op).state == "succeeded"
+
+
+def test_a_mismatch_item_shows_the_found_record_and_resolves_with_it(
+    rig: Rig, console: str, browser: Browser
+) -> None:
+    """The receipt did not match the request; the lookup found the executed refund. The page
+    shows the record's reference (the one support is asked to type, already filled in), offers
+    only "succeeded", and every answer on the way carries the security headers."""
+    rig.control.add_rule("mismatched_receipt", times=1)
+    op = rig.enqueue("op-mm")
+    rig.executor().execute([op])
+    rig.make_due(op)
+    rig.reconciler().run_once()
+    (item,) = rig.reviews(op)
+    reference = rig.downstream_reference(op)
+    add_staff(rig, "ann", "support")
+    page = signed_in(browser, console, "ann")
+    answers: list[Any] = []
+    page.on("response", lambda r: answers.append(r) if "/console/" in r.url else None)
+    page.goto(f"{console}/console/review/{item.id}")
+    expect(page.locator("#found-record")).to_contain_text(reference)
+    forms = page.locator("form.resolve")
+    expect(forms).to_have_count(1)
+    expect(forms).to_have_attribute("data-outcome", "succeeded")
+    expect(forms.get_by_label("Downstream reference")).to_have_value(reference)
+    shot(page, "item-mismatch")
+    forms.get_by_label("Justification").fill("the lookup shows the refund was executed")
+    forms.get_by_role("button").click()
+    expect(page.get_by_role("status")).to_have_text("Resolved: the operation is now succeeded.")
+    assert rig.op(op).state == "succeeded" and rig.op(op).downstream_ref == reference
+    assert answers
+    for answer in answers:
+        headers = answer.all_headers()
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], answer.url
+        assert headers["x-frame-options"] == "DENY", answer.url
+        if answer.request.resource_type == "document":
+            assert headers["cache-control"] == "no-store", answer.url
+    page.context.close()

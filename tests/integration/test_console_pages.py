@@ -7,6 +7,7 @@ the templates are proven to send it."""
 
 from __future__ import annotations
 
+import html
 import re
 import warnings
 import xml.etree.ElementTree as ET
@@ -179,18 +180,120 @@ def test_a_limited_member_sees_nothing_of_other_tenants(console: Console) -> Non
 # -- an item: what it shows, and its actions by role ----------------------------------------
 
 
+def timeline_of(page: str) -> list[tuple[str, int, str]]:
+    """The timeline's entries: (what, count, its words), details left out."""
+    body = page.split('<ol id="timeline">')[1].split("</ol>")[0]
+    found = re.findall(
+        r'data-what="(\w+)" data-count="(\d+)">.*?<span class="words">([^<]*)</span>', body, re.S
+    )
+    return [(what, int(count), html.unescape(words)) for what, count, words in found]
+
+
+def lead_of(page: str) -> str:
+    (said,) = re.findall(r'<p id="lead" class="lead">([^<]*)</p>', page)
+    return html.unescape(said)
+
+
 def test_item_page_shows_attempts_lookups_events_and_evidence(console: Console) -> None:
     _op, item = in_review(console.rig)
     r = console.as_(VERA).get(f"/console/review/{item}")
     assert r.status_code == 200
     assert "lookup_unavailable" in r.text
-    attempts = r.text.split('id="attempts"')[1].split("</table>")[0]
-    assert attempts.count("<tr>") == 2 and "unknown" in attempts  # heading + one attempt
-    lookups = r.text.split('id="lookups"')[1].split("</table>")[0]
-    assert "<td>reconciler:r1</td><td>unavailable</td><td>lookup answered HTTP 503" in lookups
-    assert 'id="events"' in r.text and "planned" in r.text
+    assert timeline_of(r.text) == [
+        ("created", 1, "Asked for by intake: planned"),
+        ("sent", 1, "Attempt 1 sent by w1"),  # the one attempt
+        ("no_answer", 1, "No answer to the attempt (the answer timed out): the outcome is unknown"),
+        ("look", 1, "reconciler:r1 looked it up: the lookup was unavailable (lookup answered "
+                    "HTTP 503); put in review: the lookup stayed unavailable too long"),
+    ]  # fmt: skip
+    attempts = r.text.split('id="attempts">')[1].split("</pre>")[0]  # its record, in details
+    assert (
+        attempts.count("&#34;number&#34;: 1") == 1 and "&#34;proof&#34;: &#34;unknown" in attempts
+    )
+    evidence = r.text.split('id="evidence">')[1].split("</pre>")[0]
+    assert "&#34;detail&#34;: &#34;lookup answered HTTP 503&#34;" in evidence
     # a viewer sees no action at all
     assert 'id="actions"' not in r.text and "/requery" not in r.text and "/resolve" not in r.text
+
+
+def test_the_item_page_leads_with_the_sentence_naming_order_amount_and_payee(
+    console: Console,
+) -> None:
+    _op, item = in_review(console.rig)
+    page = console.as_(ANN).get(f"/console/review/{item}").text
+    assert lead_of(page) == (
+        "Refund of 100.00 CNY to payee P-7 for order A1042: the payment service's answer is "
+        "unknown (the lookup was unavailable); look it up again now, or ask a supervisor."
+    )
+    assert page.index('id="lead"') < page.index("<h2>")  # first, under the heading
+    supervisor = lead_of(console.as_(BOB).get(f"/console/review/{item}").text)
+    assert supervisor.endswith("as a supervisor you may resolve it below with a justification.")
+    zh = lead_of(console.as_(VERA).get(f"/console/review/{item}", lang="zh").text)
+    assert zh == (
+        "订单 A1042 向收款方 P-7 退款 100.00 CNY：支付服务的回答未知（查询服务不可用）；"
+        "您可以查看；由客服处理。"
+    )
+    operation = console.get("/console/operations/acme/op-1", lang="en").text
+    assert lead_of(operation).endswith(f"support staff resolve it in review item #{item}.")
+
+
+def test_five_reconcile_passes_are_one_folded_line_with_their_count(console: Console) -> None:
+    rig = console.rig
+    op, item = in_review(rig)
+    for _ in range(5):  # each pass looks again, finds the lookup down again: nothing new
+        rig.make_due(op)
+        rig.control.add_rule("lookup_unavailable", times=1)
+        assert rig.reconciler().run_once().outcomes == {"in_review": 1}
+    page = console.as_(VERA).get(f"/console/review/{item}").text
+    looks = [e for e in timeline_of(page) if e[0] == "look"]
+    assert looks[-1] == (
+        "look", 5, "reconciler:r1 looked it up 5 times, nothing new: the lookup was unavailable "
+        "(lookup answered HTTP 503); still in review"
+    )  # fmt: skip
+    assert len(looks) == 2  # "put in review", then the five passes as one line
+    folded = page.split('data-count="5">')[1].split("</li>")[0]
+    assert re.search(r"\(first <time [^>]+>[^<]+</time>, last <time [^>]+>[^<]+</time>\)", folded)
+    with rig.sessions() as s:  # every pass is still an event row: folded on the page only
+        rows = s.scalars(select(OperationEvent).where(OperationEvent.reason == "in_review"))
+        assert len(list(rows)) == 5
+    zh = console.get(f"/console/review/{item}", lang="zh").text
+    assert "reconciler:r1 查询 5 次，无新情况" in timeline_of(zh)[-1][2]
+
+
+def _item_and_operation_pages(console: Console) -> list[str]:
+    _op, item = in_review(console.rig)
+    console.as_(ANN).post(f"/console/review/{item}/requery")  # resolved: a time more to show
+    return [
+        console.get(f"/console/review/{item}").text,
+        console.get("/console/operations/acme/op-1").text,
+        console.get(f"/console/review/{item}", lang="zh").text,
+    ]
+
+
+def test_no_time_on_the_pages_has_microseconds_and_each_is_a_time_element(
+    console: Console,
+) -> None:
+    for page in _item_and_operation_pages(console):
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d", page)  # no fraction of a second
+        assert "+00:00" not in page
+        stamps = re.findall(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d", page)
+        times = re.findall(r'<time(?: class="exact")? datetime="([^"]+)" title="([^"]+)">', page)
+        assert len(times) >= 8  # created, deadline, unknown since, each timeline entry
+        for machine, _title in times:
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", machine)
+        assert any(title.endswith(" UTC") for _m, title in times)
+        assert stamps  # times are there, to the second
+
+
+def test_raw_json_is_only_inside_details(console: Console) -> None:
+    for page in _item_and_operation_pages(console):
+        main = page.split("<main>")[1]
+        assert "<details" in main and "<pre" in main
+        outside = re.sub(r"<details\b.*?</details>", "", main, flags=re.S)
+        assert "<pre" not in outside
+        assert "&#34;" not in outside and "{" not in outside  # no JSON left in plain sight
+        for block in re.findall(r"<details\b.*?</details>", main, flags=re.S):
+            assert re.match(r'<details class="raw"[^>]*><summary>(Details|详情)</summary>', block)
 
 
 def test_a_viewer_is_refused_every_action(console: Console) -> None:
@@ -236,6 +339,16 @@ def test_requery_settles_the_item_and_is_audited(console: Console) -> None:
     assert console.rig.reviews(op)[0].resolved_by == "staff:ann"
 
 
+def test_a_requery_that_finds_nothing_new_says_so_in_words(console: Console) -> None:
+    op, item = in_review(console.rig)
+    console.rig.control.add_rule("lookup_unavailable", times=1)
+    page = console.as_(ANN).post(f"/console/review/{item}/requery").text
+    assert "Looked up again (the lookup was unavailable): the operation stays unknown." in page
+    assert "The last lookup: the lookup was unavailable." in page
+    assert "'unavailable'" not in page
+    assert console.rig.op(op).state == "unknown"
+
+
 def test_resolve_then_a_second_resolve_is_told_who_won(console: Console) -> None:
     op, item = in_review(console.rig)
     ref = console.rig.downstream_reference(op)
@@ -245,7 +358,7 @@ def test_resolve_then_a_second_resolve_is_told_who_won(console: Console) -> None
     assert "Resolved: the operation is now succeeded." in won.text
     lost = console.as_(ADA).post(f"/console/review/{item}/resolve", form)
     assert lost.status_code == 200  # a message on the page, not an error page
-    assert re.search(r"Already resolved by bob at \d{4}-", lost.text)
+    assert re.search(r"Already resolved by bob at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\.", lost.text)
     assert console.rig.op(op).state == "succeeded"
     with console.rig.sessions() as s:
         refused = s.scalars(
@@ -392,7 +505,11 @@ def _console_gets(console: Console) -> list[str]:
     op, item = in_review(console.rig)
     tenant, op_id = console.rig.op(op).tenant, console.rig.op(op).op_id
     values = {"item_id": str(item), "tenant": tenant, "op_id": op_id, "proposal_id": "1"}
-    paths = ["/console/static/console.css", "/console/static/htmx.min.js"]
+    paths = [
+        "/console/static/console.css",
+        "/console/static/htmx.min.js",
+        "/console/static/times.js",
+    ]
     for route in [*pages.router.routes, *auth.router.routes]:
         path = getattr(route, "path", "")
         if path.startswith("/console") and "GET" in getattr(route, "methods", ()):
