@@ -91,7 +91,8 @@ def test_two_partial_refunds_on_one_order_are_told_apart(console: Console) -> No
     assert found[0]["status"] == "Uncertain"
     assert found[1]["status"] == f"Done receipt {rig.op(paid).downstream_ref}"
     assert all(f["payee"] == "P-7" and f["order"] == "A1042" for f in found)
-    assert all(f["matched"] == "order id" and re.fullmatch(r"just now|\d+ s ago", f["age"]) for f in found)
+    assert all(f["matched"] == "order id" for f in found)
+    assert all(re.fullmatch(r"just now|\d+ s ago", f["age"]) for f in found)
     assert 'href="/console/operations/acme/op-paid"' in page
     created = rig.op(paid).created_at.strftime("%Y-%m-%dT%H:%M:%SZ")  # no microseconds
     shown = rig.op(paid).created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
