@@ -285,6 +285,20 @@ def test_no_time_on_the_pages_has_microseconds_and_each_is_a_time_element(
         assert stamps  # times are there, to the second
 
 
+def test_no_other_page_shows_a_fraction_of_a_second(console: Console) -> None:
+    """The queue, the overview (with a reconcile pass), the search and the find by one key."""
+    _op, _item = in_review(console.rig)
+    pages = [
+        console.as_(ANN).get("/console/review").text,
+        console.get("/console/overview").text,
+        console.get("/console/find", q="A1042").text,
+        console.get("/console/find", key="order_id", value="A1042").text,
+    ]
+    for page in pages:
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d", page) and "+00:00" not in page
+    assert '<time datetime="' in pages[1] and '<time datetime="' in pages[3]
+
+
 def test_raw_json_is_only_inside_details(console: Console) -> None:
     for page in _item_and_operation_pages(console):
         main = page.split("<main>")[1]

@@ -181,6 +181,20 @@ def test_decline_sends_nothing(rig: Rig, service: Proposals, client: TestClient)
     assert operations(rig) == [] and listed(client.get("/console/proposals").text) == []
 
 
+def test_proposal_times_are_time_elements_to_the_second(
+    rig: Rig, service: Proposals, client: TestClient
+) -> None:
+    pid = propose(rig, service)
+    add_staff(rig, "ann", "support")
+    csrf = sign_in(client, "ann")
+    post(client, f"/console/proposals/{pid}/decline", csrf)
+    page = client.get(f"/console/proposals/{pid}").text
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d", page) and "+00:00" not in page
+    times = re.findall(r'<time(?: class="exact")? datetime="([^"]+)"', page)
+    assert len(times) == 2  # made, decided
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", t) for t in times)
+
+
 def test_a_viewer_sees_proposals_but_no_action_and_is_refused(
     rig: Rig, service: Proposals, client: TestClient
 ) -> None:
