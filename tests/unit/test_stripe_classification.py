@@ -65,14 +65,23 @@ def _refund(**changes: Any) -> dict[str, Any]:
     return {**refund, **changes}
 
 
+#: the payment intent the gateway reads before each create (``INTENT``'s, in its currency)
+PAYMENT_INTENT = {"id": "pi_3Nx", "object": "payment_intent", "amount": 1500, "currency": "eur"}
+
+
 class Served:
-    """An in-memory Stripe: answers every request with one status and body, counting them."""
+    """An in-memory Stripe: answers every request with one status and body, counting them;
+    the payment intent read before a create (counted apart) answers ``PAYMENT_INTENT``."""
 
     def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None):
         self.status, self.body, self.headers = status, body, headers or {}
         self.requests: list[httpx.Request] = []
+        self.intent_reads: list[httpx.Request] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.startswith("/v1/payment_intents/"):
+            self.intent_reads.append(request)
+            return httpx.Response(200, json=PAYMENT_INTENT)
         self.requests.append(request)
         return httpx.Response(self.status, json=self.body, headers=self.headers)
 
@@ -212,6 +221,8 @@ def test_connection_errors_are_split_by_phase_and_sent_once(
     calls: list[httpx.Request] = []
 
     def fail(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # the payment intent, read before the create
+            return httpx.Response(200, json=PAYMENT_INTENT)
         calls.append(request)
         raise error
 
