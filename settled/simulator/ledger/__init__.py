@@ -126,6 +126,13 @@ class Ledger:
                 st=status,
             )
 
+    def order(self, tenant: str, order_id: str) -> tuple[int, str] | None:
+        """The amount and currency ``order_id`` was charged (None: no such order)."""
+        db = self._db
+        with db.transaction() as cur:
+            row = run(cur, db.sql.order, tenant=tenant, order_id=order_id).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
     def order_currency(self, tenant: str, order_id: str) -> str | None:
         """The currency ``order_id`` was charged in (None: no such order)."""
         db = self._db
