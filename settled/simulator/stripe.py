@@ -63,6 +63,8 @@ MOVES = {
     "pending": frozenset({"succeeded", "failed"}),
     "requires_action": frozenset({"pending", "succeeded", "failed", "canceled"}),
 }
+#: statuses of a refund whose money went back: no business effect (the ledger's effect undone)
+UNMADE = frozenset({"failed", "canceled"})
 #: a failed refund's ``failure_reason`` where none is named
 DEFAULT_FAILURE = "declined"
 #: the parameters each route takes (anything else: 400 ``parameter_unknown``); ``metadata``
@@ -102,9 +104,16 @@ def respond(sim: Simulator, request: Request, connection: Connection) -> Respons
         version = _version(request)
         headers["Stripe-Version"] = version
         response = _route(sim, request, connection)
+    except Refusal as refusal:
+        response = refusal.response  # in Stripe's shape already
     except Answer as answer:
         response = as_stripe(answer.response)
     return replace(response, headers={**headers, **response.headers})
+
+
+class Refusal(Answer):
+    """Ends a request with an answer already in Stripe's shape (``stripe_error``), where
+    ``Answer`` carries one of the documented protocol's, mapped by ``as_stripe``."""
 
 
 def _route(sim: Simulator, request: Request, connection: Connection) -> Response:
@@ -156,7 +165,7 @@ def _version(request: Request) -> str:
             valid = False
     if not valid:
         message = f"Invalid Stripe API version: {named.strip()[:40]}"
-        raise Answer(stripe_error(400, "invalid_request_error", "", message))
+        raise Refusal(stripe_error(400, "invalid_request_error", "", message))
     return named.strip()
 
 
@@ -165,12 +174,13 @@ def _params(pairs: list[tuple[str, str]], allowed: frozenset[str]) -> dict[str, 
     does not take."""
     for name, _ in pairs:
         base = name.split("[", 1)[0]
-        if base not in allowed or ("[" in name and base not in ("metadata", "expand")):
+        nested = base in ("metadata", "expand")  # metadata[...], expand[]: never bare
+        if base not in allowed or ("[" in name) != nested:
             message = f"Received unknown parameter: {name}"
             error = stripe_error(
                 400, "invalid_request_error", "parameter_unknown", message, param=name
             )
-            raise Answer(error)
+            raise Refusal(error)
     return dict(pairs)
 
 
@@ -180,7 +190,7 @@ def create_refund(sim: Simulator, request: Request, connection: Connection) -> R
     key = (request.fields.get(_IDEMPOTENCY_KEY) or "").strip()
     if not key or len(key) > 255:
         # Stripe executes a request without a key; Settled never sends one, so refuse it.
-        raise Answer(stripe_error(400, "invalid_request_error", "parameter_missing", "no key"))
+        raise Refusal(stripe_error(400, "invalid_request_error", "parameter_missing", "no key"))
     pairs = parse_qsl(request.body.decode("utf-8", "replace"), keep_blank_values=True)
     form = _params(pairs, CREATE_PARAMS)
     number = sim.count_request("submit", tenant, key, None)
@@ -205,11 +215,14 @@ def create_refund(sim: Simulator, request: Request, connection: Connection) -> R
         )
     made = rule.code if rule is not None and rule.fault is Fault.REFUND_STATUS else None
     if made in MADE_AS and execution.response.status == 200:
-        sim.stripe_refunds[str(execution.outcome["id"])] = {
+        reference = str(execution.outcome["id"])
+        sim.stripe_refunds[reference] = {
             "first": made,
             "status": made,
             "failure_reason": DEFAULT_FAILURE if made == "failed" else None,
         }
+        if made in UNMADE:
+            sim.ledger.unmake_refund(tenant, reference)
         sim.note_injected(Fault.REFUND_STATUS)
     answer = as_stripe(faults.on_answer(execution.response), sim)
     return _saved(sim, tenant, key, answer, replayed=False)
@@ -239,6 +252,8 @@ def move_refund(sim: Simulator, tenant: str, key: str, status: str, reason: str 
         raise ValueError(f"no refund for the key that may move to {status!r}")
     state["status"] = status
     state["failure_reason"] = (reason or DEFAULT_FAILURE) if status == "failed" else None
+    if status in UNMADE:
+        sim.ledger.unmake_refund(tenant, refund_id)
 
 
 def retrieve_refund(sim: Simulator, request: Request, refund_id: str) -> Response:
@@ -347,15 +362,15 @@ def _listed_intent(sim: Simulator, tenant: str, query: Mapping[str, str]) -> str
     if query.get("charge"):
         intent = _intent_of(sim, tenant, query["charge"])
         if intent is None:
-            raise Answer(_no_such("charge", query["charge"], "charge"))
+            raise Refusal(_no_such("charge", query["charge"], "charge"))
         if query.get("payment_intent") not in (None, intent):
-            raise Answer(_invalid("parameter_invalid", "charge"))
+            raise Refusal(_invalid("parameter_invalid", "charge"))
         return intent
     intent = query.get("payment_intent") or ""
     if not intent:
-        raise Answer(_missing("payment_intent"))
+        raise Refusal(_missing("payment_intent"))
     if sim.ledger.order_currency(tenant, intent) is None:
-        raise Answer(_no_such("payment_intent", intent, "payment_intent"))
+        raise Refusal(_no_such("payment_intent", intent, "payment_intent"))
     return intent
 
 
@@ -379,22 +394,22 @@ def _intent(sim: Simulator, tenant: str, form: Mapping[str, str]) -> dict[str, A
     if form.get("charge"):
         by_charge = _intent_of(sim, tenant, form["charge"])
         if by_charge is None:
-            raise Answer(_no_such("charge", form["charge"], "charge"))
+            raise Refusal(_no_such("charge", form["charge"], "charge"))
         if intent not in (None, "", by_charge):
-            raise Answer(_invalid("parameter_invalid", "charge"))
+            raise Refusal(_invalid("parameter_invalid", "charge"))
         intent = by_charge
     if not intent:
-        raise Answer(_missing("payment_intent"))
+        raise Refusal(_missing("payment_intent"))
     amount = form.get("amount", "")
     if not amount.isascii() or not amount.isdigit() or int(amount) <= 0:
-        raise Answer(
+        raise Refusal(
             stripe_error(400, "invalid_request_error", "parameter_invalid_integer", "amount")
         )
     currency = sim.ledger.order_currency(tenant, intent)
     if currency is None:
-        raise Answer(_refused("order_not_found"))
+        raise Refusal(_refused("order_not_found"))
     if form.get("currency") and form["currency"].upper() != currency:
-        raise Answer(stripe_error(400, "invalid_request_error", "parameter_invalid", "currency"))
+        raise Refusal(stripe_error(400, "invalid_request_error", "parameter_invalid", "currency"))
     metadata = {
         name[len("metadata[") : -1]: value
         for name, value in form.items()
@@ -414,10 +429,10 @@ def _check_metadata(metadata: Mapping[str, str]) -> None:
     """Stripe's limits on metadata: 50 keys, a key of up to 40 characters, a value of up to
     500; its 400 otherwise (nothing is saved for the key)."""
     if len(metadata) > METADATA_KEYS:
-        raise Answer(_invalid("parameter_invalid", "metadata"))
+        raise Refusal(_invalid("parameter_invalid", "metadata"))
     for name, value in metadata.items():
         if not name or len(name) > METADATA_KEY_LENGTH or len(value) > METADATA_VALUE_LENGTH:
-            raise Answer(_invalid("parameter_invalid", f"metadata[{name[:60]}]"))
+            raise Refusal(_invalid("parameter_invalid", f"metadata[{name[:60]}]"))
 
 
 def refund_object(
