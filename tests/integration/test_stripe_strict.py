@@ -443,3 +443,11 @@ def test_a_slow_body_ends_at_the_deadline_as_unknown_with_the_refund_made(
     outcome = gateway.submit(request, deadline=datetime.now(UTC) + timedelta(seconds=1))
     assert outcome.proof.value == "unknown", outcome
     assert stripe_rig.effects(op) == 1
+
+
+def test_a_success_over_the_wire_protocol_is_stored_with_its_status_code(rig: Rig) -> None:
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    assert rig.op(op).state == "succeeded"
+    (attempt,) = rig.attempts(op)
+    assert attempt.status_code == 200
