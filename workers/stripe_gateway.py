@@ -13,8 +13,11 @@ maybe sent).
 
 A refund is created with the stored idempotency key as Stripe's ``Idempotency-Key`` and the
 tenant, the op id, the key and the payee in ``metadata``; the refund intent's ``order_id`` is
-the Stripe PaymentIntent. A lookup never sends again: it lists the payment intent's refunds and
-finds the one whose metadata names the operation (tenant and op id).
+the Stripe PaymentIntent, read before each create (Stripe refunds in the charge's currency: an
+intent in another currency is refused, nothing sent). A lookup never sends again: it lists the
+payment intent's refunds and finds the one whose metadata names the operation (tenant and op
+id); Stripe's 404 for a payment intent it does not know is a "not found". Every outcome keeps
+Stripe's ``Request-Id`` of the answer it was read from, and a success its status code.
 """
 
 from __future__ import annotations
