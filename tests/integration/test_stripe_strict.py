@@ -451,3 +451,13 @@ def test_a_success_over_the_wire_protocol_is_stored_with_its_status_code(rig: Ri
     assert rig.op(op).state == "succeeded"
     (attempt,) = rig.attempts(op)
     assert attempt.status_code == 200
+
+
+def test_a_slow_body_over_the_wire_protocol_ends_at_the_deadline_as_unknown(rig: Rig) -> None:
+    rig.control.add_rule("slow_body", times=1, hold_seconds=HOLD)
+    op = rig.enqueue()
+    gateway = rig.gateway(timeout=1.0)
+    request = DownstreamRequest.of(rig.op(op), REFUND)
+    outcome = gateway.submit(request, deadline=datetime.now(UTC) + timedelta(seconds=1))
+    assert outcome.proof.value == "unknown", outcome
+    assert rig.effects(op) == 1
