@@ -19,6 +19,7 @@ import pytest
 from outbox.downstream import DownstreamRequest, LookupNotFound
 from outbox.kinds import default_registry
 from settled.simulator import SimulatorControl, SimulatorHandle
+from tests.integration.test_review import in_review
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.simtools import SimTenant
 from workers.stripe_gateway import API_VERSION, StripeGateway
@@ -461,3 +462,11 @@ def test_a_slow_body_over_the_wire_protocol_ends_at_the_deadline_as_unknown(rig:
     outcome = gateway.submit(request, deadline=datetime.now(UTC) + timedelta(seconds=1))
     assert outcome.proof.value == "unknown", outcome
     assert rig.effects(op) == 1
+
+
+def test_a_review_item_the_reconciler_opens_names_each_attempts_request(stripe_rig: Rig) -> None:
+    op, _ = in_review(stripe_rig, "503_after_commit")
+    (item,) = stripe_rig.reviews(op)
+    (attempt,) = item.evidence["attempts"]
+    assert attempt["status_code"] == 500
+    assert attempt["detail"]["request_id"].startswith("req_")
