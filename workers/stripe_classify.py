@@ -9,6 +9,7 @@ split for httpx, whose errors the Stripe gateway's HTTP client chains as the cau
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -69,6 +70,8 @@ PENDING = "pending"
 INTENT_PARAMS = frozenset({"payment_intent", "charge"})
 
 Outcome = TypeVar("Outcome", bound=SubmitOutcome)
+#: a ``failure_reason`` kept in a refusal's code (Stripe's are short snake_case words)
+_FAILURE_REASON = re.compile(r"[a-z][a-z_]{0,59}", re.ASCII)
 
 
 def classify_error(error: stripe.StripeError, *, now: datetime) -> SubmitOutcome:
@@ -163,8 +166,19 @@ def classify_refund(
         # Taken on, not made yet: the reconciler looks it up until it settles.
         return Unknown(f"the refund is {refund.get('status')} at Stripe", 200)
     if receipt.status != "succeeded":
-        return Refused(RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}", 200)
+        return Refused(RejectReason.BUSINESS_REJECTED, refusal_code(refund), 200)
     return Accepted(receipt)
+
+
+def refusal_code(refund: Mapping[str, Any]) -> str:
+    """Why a ``failed`` or ``canceled`` refund is not done: ``refund_failed`` or
+    ``refund_canceled``, with Stripe's ``failure_reason`` after a colon where it names one
+    (``refund_failed:expired_or_canceled_card``)."""
+    code = f"refund_{refund.get('status')}"
+    reason = refund.get("failure_reason")
+    if isinstance(reason, str) and _FAILURE_REASON.fullmatch(reason):
+        return f"{code}:{reason}"
+    return code
 
 
 def answered(outcome: Outcome, request_id: str | None) -> Outcome:

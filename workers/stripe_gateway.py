@@ -64,6 +64,7 @@ from workers.stripe_classify import (
     intent_missing,
     misfit,
     receipt_of,
+    refusal_code,
 )
 from workers.transport import BoundedTransport, bound_request
 
@@ -327,7 +328,7 @@ def _find(
             return Unavailable(f"the refund is {refund.get('status')} at Stripe", pending=True)
         if receipt.status == "succeeded":
             return Found(receipt)
-        return Found(receipt, RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}")
+        return Found(receipt, RejectReason.BUSINESS_REJECTED, refusal_code(refund))
     return None
 
 

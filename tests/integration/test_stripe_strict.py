@@ -15,9 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from outbox.downstream import DownstreamRequest, LookupNotFound
 from outbox.kinds import default_registry
+from outbox.models import OperationEvent
 from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.integration.test_review import in_review
 from tests.support.rig import GOOD, HOLD, Rig
@@ -410,6 +412,13 @@ def test_a_refund_stripe_fails_later_is_rejected_never_sent_again(
     row = stripe_rig.op(op)
     assert (row.state, row.reason) == ("rejected", "business_rejected")
     assert stripe_rig.sends(op) == 1
+    with stripe_rig.sessions() as s:
+        last = s.scalars(
+            select(OperationEvent.evidence)
+            .where(OperationEvent.operation_id == op)
+            .order_by(OperationEvent.id.desc())
+        ).first()
+    assert last is not None and last["code"] == "refund_failed:expired_or_canceled_card"
 
 
 def test_a_refund_failed_at_once_is_rejected_with_its_reason(stripe_rig: Rig) -> None:
@@ -419,7 +428,7 @@ def test_a_refund_failed_at_once_is_rejected_with_its_reason(stripe_rig: Rig) ->
     row = stripe_rig.op(op)
     assert (row.state, row.reason) == ("rejected", "business_rejected")
     (attempt,) = stripe_rig.attempts(op)
-    assert attempt.detail is not None and attempt.detail["code"] == "refund_failed"
+    assert attempt.detail is not None and attempt.detail["code"] == "refund_failed:declined"
 
 
 def test_a_saved_500_with_no_refund_is_unknown_and_never_read_as_not_done(

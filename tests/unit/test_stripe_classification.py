@@ -502,3 +502,35 @@ def test_a_create_answer_keeps_stripes_request_id() -> None:
     got = _submit(gateway)
     gateway.close()
     assert isinstance(got, Unknown) and got.request_id == "req_lost"
+
+
+@pytest.mark.parametrize(
+    ("refund", "code"),
+    [
+        (
+            _refund(status="failed", failure_reason="expired_or_canceled_card"),
+            "refund_failed:expired_or_canceled_card",
+        ),
+        (
+            _refund(status="failed", failure_reason="insufficient_funds"),
+            "refund_failed:insufficient_funds",
+        ),
+        (_refund(status="failed"), "refund_failed"),
+        (_refund(status="failed", failure_reason="Not <a> reason"), "refund_failed"),
+        (_refund(status="canceled"), "refund_canceled"),
+    ],
+    ids=["expired_card", "insufficient_funds", "no_reason", "unreadable_reason", "canceled"],
+)
+def test_a_refund_not_made_is_refused_with_stripes_failure_reason(
+    refund: dict[str, Any], code: str
+) -> None:
+    gateway = _gateway(Served(200, refund))
+    made = _submit(gateway)
+    found = _lookup(_gateway(Served(200, {"object": "list", "has_more": False, "data": [refund]})))
+    gateway.close()
+    assert isinstance(made, Refused) and made.code == code
+    assert made.reason is RejectReason.BUSINESS_REJECTED
+    assert isinstance(found, Found) and (found.reason, found.code) == (
+        RejectReason.BUSINESS_REJECTED,
+        code,
+    )
