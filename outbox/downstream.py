@@ -54,7 +54,11 @@ class Accepted:
     """2xx with a receipt that matches the intent: done."""
 
     receipt: Receipt
+    #: the HTTP status of the answer (None: not an HTTP answer, e.g. a fake's)
+    status: int | None = None
     proof: Proof = Proof.DONE
+    #: the downstream's id for the request (Stripe's ``Request-Id``), for support to quote
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class Refused:
     code: str  # the downstream's machine-readable code
     status: int
     proof: Proof = Proof.NOT_DONE
+    request_id: str | None = None
 
 
 class SendPhase(enum.StrEnum):
@@ -103,6 +108,7 @@ class NotExecuted:
     status: int
     retry_after: float | None = None  # seconds, already parsed
     proof: Proof = Proof.NOT_EXECUTED
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class Unknown:
     detail: str
     status: int | None = None
     proof: Proof = Proof.UNKNOWN
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ class Misuse:
     detail: str
     status: int | None = None
     proof: Proof = Proof.MISUSE
+    request_id: str | None = None
 
 
 SubmitOutcome = Accepted | Refused | NotSent | NotExecuted | Unknown | Misuse

@@ -68,7 +68,7 @@ def classify_submit(
         )
         if misfit is not None:
             return Misuse(misfit, _MISFITS[misfit], status)
-        return Accepted(receipt)
+        return Accepted(receipt, status)
     error_type, code = _error(body)
     if status in (401, 403):
         return Refused(RejectReason.PERMISSION_DENIED, code or f"http_{status}", status)

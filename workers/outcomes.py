@@ -196,7 +196,10 @@ def _status(outcome: SubmitOutcome) -> int | None:
 
 def _detail(outcome: SubmitOutcome) -> dict[str, Any]:
     if isinstance(outcome, Accepted):
-        return {"reference": outcome.receipt.reference}
+        detail: dict[str, Any] = {"reference": outcome.receipt.reference}
+        if outcome.request_id is not None:
+            detail["request_id"] = outcome.request_id
+        return detail
     detail = {
         k: v
         for k, v in vars(outcome).items()

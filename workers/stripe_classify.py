@@ -9,9 +9,11 @@ split for httpx, whose errors the Stripe gateway's HTTP client chains as the cau
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import stripe
 
@@ -19,8 +21,10 @@ from outbox.downstream import (
     Accepted,
     Misuse,
     NotExecuted,
+    NotSent,
     Receipt,
     Refused,
+    SendPhase,
     SubmitOutcome,
     Unknown,
     receipt_misfit,
@@ -61,6 +65,13 @@ NOT_DONE_STATUSES = frozenset({"failed", "canceled"})
 PENDING_STATUSES = frozenset({"pending", "requires_action"})
 #: ``Receipt.status`` of a refund not settled yet (never stored: it settles nothing).
 PENDING = "pending"
+#: The parameters a refunds list is filtered by: a 404 ``resource_missing`` on one of them is
+#: Stripe saying it knows no such payment intent (or charge) in this account.
+INTENT_PARAMS = frozenset({"payment_intent", "charge"})
+
+Outcome = TypeVar("Outcome", bound=SubmitOutcome)
+#: a ``failure_reason`` kept in a refusal's code (Stripe's are short snake_case words)
+_FAILURE_REASON = re.compile(r"[a-z][a-z_]{0,59}", re.ASCII)
 
 
 def classify_error(error: stripe.StripeError, *, now: datetime) -> SubmitOutcome:
@@ -155,5 +166,85 @@ def classify_refund(
         # Taken on, not made yet: the reconciler looks it up until it settles.
         return Unknown(f"the refund is {refund.get('status')} at Stripe", 200)
     if receipt.status != "succeeded":
-        return Refused(RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}", 200)
+        return Refused(RejectReason.BUSINESS_REJECTED, refusal_code(refund), 200)
     return Accepted(receipt)
+
+
+def refusal_code(refund: Mapping[str, Any]) -> str:
+    """Why a ``failed`` or ``canceled`` refund is not done: ``refund_failed`` or
+    ``refund_canceled``, with Stripe's ``failure_reason`` after a colon where it names one
+    (``refund_failed:expired_or_canceled_card``)."""
+    code = f"refund_{refund.get('status')}"
+    reason = refund.get("failure_reason")
+    if isinstance(reason, str) and _FAILURE_REASON.fullmatch(reason):
+        return f"{code}:{reason}"
+    return code
+
+
+def answered(outcome: Outcome, request_id: str | None) -> Outcome:
+    """``outcome`` with Stripe's ``Request-Id`` of the answer it was read from (a connection
+    error or a check before sending has none)."""
+    if request_id is None or isinstance(outcome, NotSent):
+        return outcome
+    return replace(outcome, request_id=request_id)
+
+
+def intent_missing(error: stripe.StripeError) -> bool:
+    """Stripe's 404 ``resource_missing`` for the payment intent (or charge) a request named:
+    it knows no such intent in the account the key belongs to."""
+    kind, code = error_of(error)
+    return (
+        error.http_status == 404
+        and kind == "invalid_request_error"
+        and code == "resource_missing"
+        and param_of(error) in INTENT_PARAMS
+    )
+
+
+def param_of(error: stripe.StripeError) -> str | None:
+    """The error object's ``param`` (None where absent)."""
+    body = error.json_body if isinstance(error.json_body, dict) else {}
+    obj = body.get("error")
+    param = obj.get("param") if isinstance(obj, dict) else None
+    return param if isinstance(param, str) else None
+
+
+def classify_intent_error(error: stripe.StripeError, *, now: datetime) -> SubmitOutcome:
+    """What an error reading the payment intent (before the refund's create) proves: the
+    refund was not sent, whatever the read's fate. Refused where Stripe refuses our key (401,
+    403) or knows no such intent (404: no refund of it can be made, the intent is the caller's
+    to fix); not executed on a 429; otherwise not sent (tried again by time)."""
+    status = error.http_status or 0
+    kind, code = error_of(error)
+    if isinstance(error, stripe.APIConnectionError) and error.__cause__ is not None:
+        unsent = not_sent(error.__cause__)
+        if unsent is not None:  # nothing left the client: where it stopped
+            return unsent
+    if isinstance(error, stripe.APIConnectionError) or status >= 500:
+        # The read may have reached Stripe; the refund's create was never sent.
+        detail = f"the payment intent could not be read ({type(error).__name__}): not sent"
+        return NotSent(detail, SendPhase.BEFORE)
+    if status == 429 or (status == 400 and code == "rate_limit"):
+        retry_after = parse_retry_after((error.headers or {}).get("Retry-After"), now)
+        return NotExecuted(429, retry_after)
+    if status in (401, 403):
+        return Refused(RejectReason.PERMISSION_DENIED, code or f"http_{status}", status)
+    if status in (400, 404) and kind == "invalid_request_error":
+        return Refused(RejectReason.INVALID_PARAMS, code or "invalid_request", status)
+    detail = f"the payment intent could not be read (HTTP {status}): not sent"
+    return NotSent(detail, SendPhase.BEFORE)
+
+
+def classify_intent(
+    intent: Mapping[str, Any], params: Mapping[str, Any]
+) -> Refused | NotSent | None:
+    """Why the refund may not be sent against ``intent`` (Stripe's payment intent object), or
+    None where it may: a refund is made in the charge's currency whatever the intent says, so
+    an intent in another currency is refused (``invalid_params``: the caller's to fix with a
+    new operation) before anything is sent."""
+    currency = intent.get("currency")
+    if not isinstance(currency, str) or intent.get("id") != params.get("order_id"):
+        return NotSent("the payment intent is not readable: not sent", SendPhase.BEFORE)
+    if currency.upper() != str(params.get("currency", "")).upper():
+        return Refused(RejectReason.INVALID_PARAMS, "currency_mismatch", 200)
+    return None

@@ -13,8 +13,11 @@ maybe sent).
 
 A refund is created with the stored idempotency key as Stripe's ``Idempotency-Key`` and the
 tenant, the op id, the key and the payee in ``metadata``; the refund intent's ``order_id`` is
-the Stripe PaymentIntent. A lookup never sends again: it lists the payment intent's refunds and
-finds the one whose metadata names the operation (tenant and op id).
+the Stripe PaymentIntent, read before each create (Stripe refunds in the charge's currency: an
+intent in another currency is refused, nothing sent). A lookup never sends again: it lists the
+payment intent's refunds and finds the one whose metadata names the operation (tenant and op
+id); Stripe's 404 for a payment intent it does not know is a "not found". Every outcome keeps
+Stripe's ``Request-Id`` of the answer it was read from, and a success its status code.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,6 +36,7 @@ from pydantic import SecretStr
 
 from outbox.clock import Deadline
 from outbox.downstream import (
+    Accepted,
     DownstreamRequest,
     Found,
     LookupMisuse,
@@ -51,10 +56,15 @@ from workers.stripe_classify import (
     PAYEE_FIELD,
     PENDING,
     TENANT_FIELD,
+    answered,
     classify_error,
+    classify_intent,
+    classify_intent_error,
     classify_refund,
+    intent_missing,
     misfit,
     receipt_of,
+    refusal_code,
 )
 from workers.transport import BoundedTransport, bound_request
 
@@ -194,14 +204,42 @@ class StripeGateway:
             "idempotency_key": idempotency_key,
             "max_network_retries": 0,
         }
+        checked = self._check_intent(client, params)
+        if checked is not None:
+            log.info("stripe submit refused before sending", extra={**fields, "proof": "not_sent"})
+            return checked
         try:
             refund = client.v1.refunds.create(form, options)  # type: ignore[arg-type]
         except stripe.StripeError as exc:
-            outcome = classify_error(exc, now=datetime.now(UTC))
+            outcome = answered(classify_error(exc, now=datetime.now(UTC)), exc.request_id)
         else:
+            response = refund.last_response
             outcome = classify_refund(refund.to_dict(), params, idempotency_key)
+            if isinstance(outcome, Accepted) and response is not None:
+                outcome = replace(outcome, status=response.code)
+            outcome = answered(outcome, response.request_id if response is not None else None)
         log.info("stripe submit answered", extra={**fields, "proof": outcome.proof.value})
         return outcome
+
+    def _check_intent(
+        self, client: stripe.StripeClient, params: Mapping[str, Any]
+    ) -> SubmitOutcome | None:
+        """The payment intent as Stripe holds it, read before the refund is sent: None where the
+        refund may be sent; otherwise why it is not (``classify_intent``). A refund names no
+        currency of its own: Stripe refunds in the charge's, so an intent in EUR against a USD
+        charge would make a real USD refund. Checked on every send (the first one included):
+        a read has no effect, and the refund is never sent unless the intent fits."""
+        try:
+            intent = client.v1.payment_intents.retrieve(
+                params["order_id"], options={"max_network_retries": 0}
+            )
+        except stripe.StripeError as exc:
+            return answered(classify_intent_error(exc, now=datetime.now(UTC)), exc.request_id)
+        response = intent.last_response
+        refused = classify_intent(intent.to_dict(), params)
+        if refused is None:
+            return None
+        return answered(refused, response.request_id if response is not None else None)
 
     @old_keywords
     def lookup(
@@ -221,6 +259,18 @@ class StripeGateway:
             try:
                 page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
             except stripe.StripeError as exc:
+                if intent_missing(exc):
+                    # Stripe knows no such payment intent in this account: no refund of it
+                    # exists there, nor can one be made (a refund needs its payment intent;
+                    # Stripe deletes none and reuses no id). A "not found", so the reconciler's
+                    # rules for one apply (asked after quiescence, inside the key retention,
+                    # then sent again with the same key), never a verdict by itself: the next
+                    # send reads the intent first and is refused without a refund being sent.
+                    log.info(
+                        "stripe lookup: no such payment intent",
+                        extra={"tenant": tenant, "key": idempotency_key},
+                    )
+                    return LookupNotFound()
                 log.info(
                     "stripe lookup unavailable",
                     extra={"tenant": tenant, "key": idempotency_key, "error": type(exc).__name__},
@@ -278,7 +328,7 @@ def _find(
             return Unavailable(f"the refund is {refund.get('status')} at Stripe", pending=True)
         if receipt.status == "succeeded":
             return Found(receipt)
-        return Found(receipt, RejectReason.BUSINESS_REJECTED, f"refund_{refund.get('status')}")
+        return Found(receipt, RejectReason.BUSINESS_REJECTED, refusal_code(refund))
     return None
 
 

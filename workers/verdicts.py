@@ -59,7 +59,7 @@ def judge_submit(
         case Accepted(receipt=receipt):
             return Change(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
         case Refused(reason=reason, code=code, status=status):
-            evidence: dict[str, object] = {"code": code, "status": status}
+            evidence = _answered({"code": code, "status": status}, outcome.request_id)
             # A 401/403 (or no API key here) refuses our credentials, not the customer: the
             # fault is ours, and it is said so (docs/observability.md, "Alerts").
             ours = reason is RejectReason.PERMISSION_DENIED
@@ -105,16 +105,22 @@ def judge_submit(
                 Event.LOSE,
                 State.UNKNOWN,
                 review=review,
-                evidence={"detail": detail, "status": status},
+                evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
             )
         case Misuse(code=code, detail=detail, status=status):
             return Change(
                 Event.LOSE,
                 State.UNKNOWN,
                 review=code,
-                evidence={"detail": detail, "status": status},
+                evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
             )
     raise TypeError(f"not a submit outcome: {outcome!r}")  # pragma: no cover
+
+
+def _answered(evidence: dict[str, object], request_id: str | None) -> dict[str, object]:
+    """``evidence`` with the downstream's id for the request, where it gave one (support quotes
+    it to the downstream: Stripe's ``Request-Id``)."""
+    return {**evidence, "request_id": request_id} if request_id is not None else evidence
 
 
 def retry_policy(contract: DownstreamContract, max_tries: int = DEFAULT_MAX_TRIES) -> RetryPolicy:

@@ -51,5 +51,8 @@ class Application:
             return answer.response
 
     def route_of(self, path: str) -> str:
-        """``path`` as the request log shows it: the lookup's route, not the key in it."""
+        """``path`` as the request log shows it: the lookup's route, not the key in it; the
+        Stripe mode's route, not the payment intent or refund named in it."""
+        if path.startswith(stripe.PREFIX + "/"):
+            return stripe.route_of(path)
         return wire.LOOKUP_PATH if path.startswith(LOOKUP_PREFIX) else path

@@ -181,6 +181,15 @@ class SimulatorControl:
     def switches(self) -> Switches:
         return Switches(**self._call("GET", "switches"))
 
+    def move_stripe_refund(
+        self, tenant: str, key: str, status: str, failure_reason: str | None = None
+    ) -> None:
+        """Move the Stripe mode's refund made for ``key`` (by the ``refund_status`` fault) on
+        to ``status``, as Stripe would later: ``pending`` to ``succeeded`` or ``failed``;
+        ``requires_action`` to those, ``pending`` or ``canceled``."""
+        body = {"tenant": tenant, "key": key, "status": status, "failure_reason": failure_reason}
+        self._call("POST", "stripe_refunds", body)
+
     def advance_clock(self, seconds: float) -> None:
         """Move the simulator's clock forward (key retention, lookup visibility)."""
         self._call("POST", "clock", {"advance_seconds": seconds})

@@ -16,6 +16,7 @@ from outbox import wire
 from settled.simulator.faults import Fault, Rule, Schedule
 from settled.simulator.messages import NO_SUCH_ROUTE, Response, error, parse_json
 from settled.simulator.state import Simulator, Switches
+from settled.simulator.stripe import move_refund
 
 Handler = Callable[[Simulator, Mapping[str, Any]], dict[str, Any]]
 
@@ -95,6 +96,12 @@ def _release(sim: Simulator, data: Mapping[str, Any]) -> dict[str, Any]:
     return _OK
 
 
+def _move_stripe_refund(sim: Simulator, data: Mapping[str, Any]) -> dict[str, Any]:
+    reason = _opt(data, "failure_reason", str)
+    move_refund(sim, _str(data, "tenant"), _str(data, "key"), _str(data, "status"), reason)
+    return _OK
+
+
 # -- switches and clock ---------------------------------------------------------------------
 
 
@@ -133,6 +140,7 @@ ROUTES: Mapping[tuple[str, str], Handler] = {
     ("DELETE", "schedule"): _clear_schedule,
     ("GET", "faults"): _faults,
     ("POST", "release"): _release,
+    ("POST", "stripe_refunds"): _move_stripe_refund,
     ("GET", "switches"): _switches,
     ("POST", "switches"): _change_switches,
     ("POST", "clock"): _advance_clock,

@@ -19,6 +19,9 @@ class Fault(enum.StrEnum):
     RESET_BEFORE = "reset_before"  # TCP RST, nothing executed
     UNAVAILABLE_BEFORE = "503_before"  # 503 not_processed, nothing saved
     UNAVAILABLE_AFTER_COMMIT = "503_after_commit"  # execute, answer 503 (saved, replayed)
+    SAVED_500 = "500_saved"  # fail before executing, answer 500 (saved, replayed): no effect
+    SLOW_BODY = "slow_body"  # answer, the body one byte per hold_seconds (replays too)
+    REFUND_STATUS = "refund_status"  # Stripe mode: the refund is made with status ``code``
     RATE_LIMITED = "429"  # 429 with Retry-After, before the idempotency layer
     FORBIDDEN = "403"  # 403 permission_error (a key not allowed to do this), nothing saved
     BUSINESS_REJECT = "business_reject"  # execute as a business refusal (saved, replayed)

@@ -292,9 +292,29 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.request_version == "HTTP/1.0":
             head.append("Connection: keep-alive\r\n")
         head.append("\r\n")
-        self.wfile.write("".join(head).encode("latin-1") + payload)
+        if response.pace is None:
+            self.wfile.write("".join(head).encode("latin-1") + payload)
+        else:
+            self._trickle("".join(head).encode("latin-1"), payload, response.pace)
         if log.isEnabledFor(logging.DEBUG):
             self.log_request(status, len(payload))
+
+    def _trickle(self, head: bytes, payload: bytes, pace: float) -> None:
+        """The ``slow_body`` fault: the head at once, then the body a byte at a time, a pause of
+        ``pace`` seconds before each, until it is written, the client goes or the server stops
+        (a client that went ends the connection)."""
+        self.wfile.write(head)
+        self.wfile.flush()
+        for i in range(len(payload)):
+            if self.server.stopping.wait(pace) or self.peer_closed():
+                self.close_connection = True
+                return
+            try:
+                self.wfile.write(payload[i : i + 1])
+                self.wfile.flush()
+            except OSError:
+                self.close_connection = True
+                return
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug(format, *args)  # http.server's own notes (errors); never the client address

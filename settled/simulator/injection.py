@@ -5,7 +5,9 @@
 - with the key in flight, before executing: ``hold_before_commit``;
 - in the execution, saved and replayed: ``business_reject``, ``mismatched_receipt``,
   ``503_after_commit``;
-- on the answer, replays too: ``commit_then_timeout``, ``commit_then_reset``;
+- in the execution, saved and replayed, with no effect: ``500_saved``;
+- on the answer, replays too: ``commit_then_timeout``, ``commit_then_reset``, ``slow_body``
+  (the body written one byte per ``hold_seconds``);
 - on a lookup: ``lookup_unavailable``.
 
 A fault is counted as injected (``GET /_control/faults`` "injected") when it acts, never when it
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 from outbox import wire
 from outbox.kinds import Kind
@@ -25,6 +28,8 @@ from settled.simulator.messages import Answer, Connection, Response, error
 from settled.simulator.state import Simulator
 
 DEFAULT_HOLD_SECONDS = 30.0
+#: ``slow_body``: the pause before each byte of the body where the rule names none.
+DEFAULT_PACE_SECONDS = 0.5
 #: ``code`` of the ``403`` fault's permission error.
 PERMISSION_DENIED = "permission_denied"
 
@@ -94,6 +99,7 @@ class Injection:
             if fault is Fault.MISMATCHED_RECEIPT
             else None,
             answer_503=fault is Fault.UNAVAILABLE_AFTER_COMMIT,
+            error_before_effect=fault is Fault.SAVED_500,
         )
         self._sim.note_injected(rule.fault)
 
@@ -110,6 +116,8 @@ class Injection:
                 self._connection.reset()
         if rule.fault is Fault.COMMIT_THEN_RESET:
             self._connection.reset()
+        if rule.fault is Fault.SLOW_BODY:
+            return replace(response, pace=rule.hold_seconds or DEFAULT_PACE_SECONDS)
         return response
 
     def on_lookup(self) -> None:
@@ -121,9 +129,14 @@ class Injection:
 
 
 _IN_EXECUTION = frozenset(
-    {Fault.BUSINESS_REJECT, Fault.MISMATCHED_RECEIPT, Fault.UNAVAILABLE_AFTER_COMMIT}
+    {
+        Fault.BUSINESS_REJECT,
+        Fault.MISMATCHED_RECEIPT,
+        Fault.UNAVAILABLE_AFTER_COMMIT,
+        Fault.SAVED_500,
+    }
 )
-_ON_ANSWER = frozenset({Fault.COMMIT_THEN_TIMEOUT, Fault.COMMIT_THEN_RESET})
+_ON_ANSWER = frozenset({Fault.COMMIT_THEN_TIMEOUT, Fault.COMMIT_THEN_RESET, Fault.SLOW_BODY})
 
 
 def _default_field(kind: Kind) -> str:

@@ -35,6 +35,8 @@ class Response:
     status: int
     body: Mapping[str, Any]
     headers: Mapping[str, str]
+    #: the pause before each byte of the body (the ``slow_body`` fault); None: one write
+    pace: float | None = None
 
 
 class Answer(Exception):

@@ -47,6 +47,9 @@ class Simulator:
         #: to act on, e.g. ``503_after_commit`` on a replay, is not counted)
         self._injected: Counter[str] = Counter()
         self._deadlines: dict[tuple[str, str], str] = {}
+        #: the Stripe mode's refunds made other than ``succeeded`` (the ``refund_status``
+        #: fault), by refund id: the status it was made with and the one it has now
+        self.stripe_refunds: dict[str, dict[str, str | None]] = {}
         self._lock = threading.Lock()
         self._release = threading.Condition()
         self._release_generation = 0
@@ -130,4 +133,5 @@ class Simulator:
             self._requests.clear()
             self._injected.clear()
             self._deadlines.clear()
+            self.stripe_refunds.clear()
         self.release_holds()

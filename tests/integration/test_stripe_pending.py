@@ -60,6 +60,11 @@ class PendingStripe:
                 },
             )
             return httpx.Response(200, json=refund)
+        if request.url.path.startswith("/v1/payment_intents/"):  # read before each create
+            intent = request.url.path.rsplit("/", 1)[-1]
+            return httpx.Response(
+                200, json={"id": intent, "object": "payment_intent", "currency": "eur"}
+            )
         listed = list(self.refunds.values())
         return httpx.Response(200, json={"object": "list", "has_more": False, "data": listed})
 

@@ -404,9 +404,10 @@ def test_a_stripe_answer_trickling_a_byte_at_a_time_ends_at_the_deadline_as_unkn
     sim_control: SimulatorControl,
     sim_tenant: SimTenant,
 ) -> None:
-    # One byte every 0.5 s, and the connection reset after 20 of them: a per-read timeout
-    # (1.5 s) would wait for all 20 (10 s); the bound ends the attempt at 1.5 s.
-    sim_proxy.trickle(0.5, cut_after_bytes=20)
+    # The refund's answer one byte every 0.5 s (the simulator's ``slow_body``, on the create
+    # alone: the payment intent read before it answers at once): a per-read timeout (1.5 s)
+    # would wait for every byte; the bound ends the attempt at 1.5 s.
+    sim_control.add_rule("slow_body", "k1", times=1, hold_seconds=0.5)
     api_base = sim_proxy.url + STRIPE_PREFIX
     keys = {sim_tenant.name: sim_tenant.api_key}
     gateway = StripeGateway(keys, api_base=api_base, timeout=10.0)
@@ -417,12 +418,34 @@ def test_a_stripe_answer_trickling_a_byte_at_a_time_ends_at_the_deadline_as_unkn
         assert isinstance(outcome, Unknown)  # the request left: maybe made
         assert ended < deadline.expires + SLACK
         assert sim_control.effects("acme", "k1") == 1  # it was: unknown, never "not sent"
+        # One byte every 0.5 s, and the connection reset after 20 of them.
+        sim_proxy.trickle(0.5, cut_after_bytes=20)
         lookup_deadline = Deadline(in_seconds(1.5), time.monotonic() + 1.5)
         found = gateway.lookup(
             DownstreamRequest("acme", "op-1", REFUND, "k1", PARAMS), deadline=lookup_deadline
         )
         assert isinstance(found, Unavailable)
         assert time.monotonic() < lookup_deadline.expires + SLACK
+    finally:
+        gateway.close()
+
+
+def test_a_payment_intent_read_trickling_ends_at_the_deadline_with_no_refund_asked_for(
+    stripe_order: None,
+    sim_proxy: FaultProxy,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+) -> None:
+    sim_proxy.trickle(0.5, cut_after_bytes=20)  # every answer, the intent read's first
+    keys = {sim_tenant.name: sim_tenant.api_key}
+    gateway = StripeGateway(keys, api_base=sim_proxy.url + STRIPE_PREFIX, timeout=10.0)
+    try:
+        deadline = Deadline(in_seconds(1.5), time.monotonic() + 1.5)
+        outcome = submit(gateway, deadline)
+        assert isinstance(outcome, NotSent), outcome  # the create was never sent
+        assert time.monotonic() < deadline.expires + SLACK
+        assert sim_control.requests("acme", "k1") == 0
+        assert sim_control.effects("acme", "k1") == 0
     finally:
         gateway.close()
 

@@ -37,6 +37,7 @@ CONTROL_METHODS = [
     "in_flight",
     "injected",
     "ledger",
+    "move_stripe_refund",
     "refunded",
     "release_holds",
     "requests",
@@ -76,4 +77,4 @@ def _documented_routes() -> set[tuple[str, str]]:
 
 def test_the_control_api_serves_the_routes_the_wire_protocol_documents() -> None:
     assert set(ROUTES) == _documented_routes()
-    assert len(ROUTES) == 13
+    assert len(ROUTES) == 14

@@ -65,14 +65,23 @@ def _refund(**changes: Any) -> dict[str, Any]:
     return {**refund, **changes}
 
 
+#: the payment intent the gateway reads before each create (``INTENT``'s, in its currency)
+PAYMENT_INTENT = {"id": "pi_3Nx", "object": "payment_intent", "amount": 1500, "currency": "eur"}
+
+
 class Served:
-    """An in-memory Stripe: answers every request with one status and body, counting them."""
+    """An in-memory Stripe: answers every request with one status and body, counting them;
+    the payment intent read before a create (counted apart) answers ``PAYMENT_INTENT``."""
 
     def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None):
         self.status, self.body, self.headers = status, body, headers or {}
         self.requests: list[httpx.Request] = []
+        self.intent_reads: list[httpx.Request] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.startswith("/v1/payment_intents/"):
+            self.intent_reads.append(request)
+            return httpx.Response(200, json=PAYMENT_INTENT)
         self.requests.append(request)
         return httpx.Response(self.status, json=self.body, headers=self.headers)
 
@@ -212,6 +221,8 @@ def test_connection_errors_are_split_by_phase_and_sent_once(
     calls: list[httpx.Request] = []
 
     def fail(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # the payment intent, read before the create
+            return httpx.Response(200, json=PAYMENT_INTENT)
         calls.append(request)
         raise error
 
@@ -389,3 +400,137 @@ def test_the_secret_key_is_in_no_repr_of_the_gateway() -> None:
     gateway = _gateway(Served(200, _refund()))
     assert "sk_test_abc" not in repr(gateway) and "sk_test_abc" not in repr(vars(gateway))
     gateway.close()
+
+
+# -- the payment intent, read before each create ------------------------------------------
+
+
+class IntentServed:
+    """An in-memory Stripe whose payment intent read answers ``status`` and ``body``; a create
+    answers the intent's refund (counted in ``creates``)."""
+
+    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None):
+        self.status, self.body, self.headers = status, body, headers or {}
+        self.creates: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(self.status, json=self.body, headers=self.headers)
+        self.creates.append(request)
+        return httpx.Response(200, json=_refund(), headers={"Request-Id": "req_create"})
+
+
+# (status, body of the intent read) -> the outcome's type, and its reason and code if refused
+INTENT_TABLE: list[tuple[str, int, dict[str, Any], type, Any, Any]] = [
+    ("same_currency", 200, PAYMENT_INTENT, Accepted, None, None),
+    ("currency_case", 200, {**PAYMENT_INTENT, "currency": "EUR"}, Accepted, None, None),
+    ("other_currency", 200, {**PAYMENT_INTENT, "currency": "usd"},
+     Refused, RejectReason.INVALID_PARAMS, "currency_mismatch"),
+    ("no_currency", 200, {"id": "pi_3Nx", "object": "payment_intent"}, NotSent, None, None),
+    ("another_intent", 200, {**PAYMENT_INTENT, "id": "pi_other"}, NotSent, None, None),
+    ("no_such_intent", 404, _error("invalid_request_error", "resource_missing", "intent"),
+     Refused, RejectReason.INVALID_PARAMS, "resource_missing"),
+    ("authentication", 401, _error("invalid_request_error", "api_key_invalid"),
+     Refused, RejectReason.PERMISSION_DENIED, "api_key_invalid"),
+    ("restricted_key", 403, _error("invalid_request_error"),
+     Refused, RejectReason.PERMISSION_DENIED, "http_403"),
+    ("rate_limit", 429, _error("invalid_request_error", "rate_limit"), NotExecuted, None, None),
+    ("api_error", 500, _error("api_error"), NotSent, None, None),
+    ("unavailable", 503, _error("api_error"), NotSent, None, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "outcome", "reason", "code"),
+    [row[1:] for row in INTENT_TABLE],
+    ids=[row[0] for row in INTENT_TABLE],
+)
+def test_the_payment_intent_is_read_before_the_refund_and_decides_whether_it_is_sent(
+    status: int, body: dict[str, Any], outcome: type, reason: RejectReason | None, code: Any
+) -> None:
+    served = IntentServed(status, body, {"Request-Id": "req_intent"})
+    gateway = _gateway(served)
+    got = _submit(gateway)
+    gateway.close()
+    assert type(got) is outcome, got
+    assert len(served.creates) == (1 if outcome is Accepted else 0)  # never sent otherwise
+    if isinstance(got, Refused):
+        assert (got.reason, got.code) == (reason, code)
+        assert got.request_id == "req_intent"  # the answer that refused it, for support
+    if isinstance(got, Accepted):
+        assert (got.status, got.request_id) == (200, "req_create")
+
+
+def test_a_connection_error_reading_the_intent_is_not_sent_by_its_phase() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    gateway = _gateway(refuse)
+    got = _submit(gateway)
+    gateway.close()
+    assert isinstance(got, NotSent) and got.phase.value == "connect", got
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "outcome"),
+    [
+        (
+            404,
+            _error("invalid_request_error", "resource_missing", "payment_intent"),
+            LookupNotFound,
+        ),
+        (404, _error("invalid_request_error", "resource_missing", "charge"), LookupNotFound),
+        (404, _error("invalid_request_error", "resource_missing"), Unavailable),  # a route?
+        (404, _error("invalid_request_error", "resource_missing", "starting_after"), Unavailable),
+        (404, {}, Unavailable),
+        (400, _error("invalid_request_error", "parameter_unknown", "payment_intent"), Unavailable),
+    ],
+    ids=["no_such_intent", "no_such_charge", "no_param", "other_param", "bare_404", "400"],
+)
+def test_only_stripes_404_for_the_payment_intent_is_a_lookups_not_found(
+    status: int, body: dict[str, Any], outcome: type
+) -> None:
+    gateway = _gateway(Served(status, body))
+    got = _lookup(gateway)
+    gateway.close()
+    assert type(got) is outcome, got
+
+
+def test_a_create_answer_keeps_stripes_request_id() -> None:
+    served = Served(500, _error("api_error"), {"Request-Id": "req_lost"})
+    gateway = _gateway(served)
+    got = _submit(gateway)
+    gateway.close()
+    assert isinstance(got, Unknown) and got.request_id == "req_lost"
+
+
+@pytest.mark.parametrize(
+    ("refund", "code"),
+    [
+        (
+            _refund(status="failed", failure_reason="expired_or_canceled_card"),
+            "refund_failed:expired_or_canceled_card",
+        ),
+        (
+            _refund(status="failed", failure_reason="insufficient_funds"),
+            "refund_failed:insufficient_funds",
+        ),
+        (_refund(status="failed"), "refund_failed"),
+        (_refund(status="failed", failure_reason="Not <a> reason"), "refund_failed"),
+        (_refund(status="canceled"), "refund_canceled"),
+    ],
+    ids=["expired_card", "insufficient_funds", "no_reason", "unreadable_reason", "canceled"],
+)
+def test_a_refund_not_made_is_refused_with_stripes_failure_reason(
+    refund: dict[str, Any], code: str
+) -> None:
+    gateway = _gateway(Served(200, refund))
+    made = _submit(gateway)
+    found = _lookup(_gateway(Served(200, {"object": "list", "has_more": False, "data": [refund]})))
+    gateway.close()
+    assert isinstance(made, Refused) and made.code == code
+    assert made.reason is RejectReason.BUSINESS_REJECTED
+    assert isinstance(found, Found) and (found.reason, found.code) == (
+        RejectReason.BUSINESS_REJECTED,
+        code,
+    )

@@ -126,6 +126,29 @@ class Ledger:
                 st=status,
             )
 
+    def order(self, tenant: str, order_id: str) -> tuple[int, str] | None:
+        """The amount and currency ``order_id`` was charged (None: no such order)."""
+        db = self._db
+        with db.transaction() as cur:
+            row = run(cur, db.sql.order, tenant=tenant, order_id=order_id).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def unmake_refund(self, tenant: str, reference: str) -> None:
+        """Undo refund ``reference``'s effect: the provider failed or canceled it and the money
+        went back (the Stripe mode's ``failed`` and ``canceled``); its record stays."""
+        db = self._db
+        with db.transaction() as cur:
+            row = run(cur, db.sql.effect_of, tenant=tenant, reference=reference).fetchone()
+            if row is None:
+                return
+            params = json.loads(row[0])
+            order_id = params["order_id"]
+            order = run(cur, db.sql.order, tenant=tenant, order_id=order_id).fetchone()
+            if order is not None:
+                left = max(int(order[3]) - int(params["amount_minor"]), 0)
+                run(cur, db.sql.order_refunded, tenant=tenant, order_id=order_id, r=left)
+            run(cur, db.sql.effect_delete, tenant=tenant, reference=reference)
+
     def order_currency(self, tenant: str, order_id: str) -> str | None:
         """The currency ``order_id`` was charged in (None: no such order)."""
         db = self._db

@@ -29,6 +29,8 @@ class Scripted:
     refusal_code: str | None = None  # business_reject: a business refusal with this code
     wrong_field: str | None = None  # mismatched_receipt: the receipt echoes this field wrong
     answer_503: bool = False  # 503_after_commit: answer 503 (saved and replayed as such)
+    #: 500_saved: fail before any effect, answer 500 and save it (replayed), nothing executed
+    error_before_effect: bool = False
 
 
 UNSCRIPTED = Scripted()
@@ -53,6 +55,9 @@ class BusinessRefusal(Exception):
 
 _INTERNAL_ERROR = error(
     503, wire.API_ERROR, "internal_error", "an internal error happened after processing"
+)
+_FAILED_BEFORE_EFFECT = error(
+    500, wire.API_ERROR, "internal_error", "an internal error happened; the answer is saved"
 )
 
 
@@ -83,6 +88,14 @@ class Business:
         outcome: dict[str, Any]
         try:
             with db.transaction() as cur:
+                if scripted.error_before_effect:
+                    # Began executing, failed before any effect: the 500 is saved for the key
+                    # (replayed as is), and no record says anything was done.
+                    self._records.save(
+                        cur, tenant=tenant, key=key, fingerprint=fingerprint, now=now,
+                        response=_FAILED_BEFORE_EFFECT, outcome=None,
+                    )  # fmt: skip
+                    return Execution(_FAILED_BEFORE_EFFECT, {})
                 try:
                     if scripted.refusal_code is not None:
                         raise BusinessRefusal(scripted.refusal_code, "declined by a scripted fault")

@@ -91,10 +91,11 @@ class Records:
         fingerprint: str,
         now: float,
         response: Response,
-        outcome: Mapping[str, Any],
+        outcome: Mapping[str, Any] | None,
     ) -> None:
-        """Save the result of ``key`` in the transaction of ``cur`` (one record per key)."""
-        saved = json.dumps(outcome)
+        """Save the result of ``key`` in the transaction of ``cur`` (one record per key);
+        ``outcome`` None: an answer saved with nothing executed (no record to look up)."""
+        saved = json.dumps(outcome) if outcome is not None else None
         values = {
             "tenant": tenant,
             "key": key,

@@ -108,6 +108,9 @@ class Statements:
                 created=b("now"),
             )
         )
+        at_effect = (effects.c.tenant == b("tenant"), effects.c.reference == b("reference"))
+        self.effect_of = sql(sa.select(effects.c.params).where(*at_effect))
+        self.effect_delete = sql(effects.delete().where(*at_effect))
         # idempotency records
         self.record = sql(
             sa.select(
