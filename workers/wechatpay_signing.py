@@ -119,19 +119,6 @@ def parse_authorization(value: str) -> dict[str, str] | None:
     return fields if wanted <= set(fields) else None
 
 
-def answer_headers(
-    key: rsa.RSAPrivateKey, serial: str, body: bytes, *, timestamp: int, nonce: str
-) -> dict[str, str]:
-    """The header fields that sign an answer (the platform's side: the simulator's)."""
-    return {
-        TIMESTAMP: str(timestamp),
-        NONCE: nonce,
-        SIGNATURE: sign(key, message(str(timestamp), nonce, body)),
-        SERIAL: serial,
-        SIGNATURE_TYPE: SCHEMA,
-    }
-
-
 def answer_unverified(
     keys: MerchantKeys, headers: Mapping[str, str], body: bytes, *, now: float
 ) -> str | None:

@@ -53,12 +53,14 @@ from settled.simulator.injection import Injection
 from settled.simulator.ledger import Scripted
 from settled.simulator.messages import Answer, Connection, Request, Response, parse_json
 from settled.simulator.state import Simulator
-from workers.wechatpay_signing import (
+from settled.simulator.wechatpay_signatures import (
     MAX_SKEW_SECONDS,
-    answer_headers,
-    message,
-    parse_authorization,
-    verify,
+    SCHEMA,
+    answer_text,
+    authorization_fields,
+    request_text,
+    sign,
+    verified,
 )
 
 PREFIX = "/wechatpay"
@@ -156,20 +158,24 @@ def signed(mode: WechatPayMode, response: Response) -> Response:
     """``response`` with the platform's signature over its body (the bytes the HTTP layer
     writes: ``json.dumps`` of the body, as ``httpserver`` writes it)."""
     body = json.dumps(response.body).encode()
-    signature = answer_headers(
-        mode.platform_key,
-        mode.platform_serial,
-        body,
-        timestamp=int(time.time()),  # the wire's time, not the simulated clock
-        nonce=secrets.token_hex(16),
-    )
+    stamp, nonce = (
+        str(int(time.time())),
+        secrets.token_hex(16),
+    )  # the wire's time, not the simulated clock
+    signature = {
+        "Wechatpay-Timestamp": stamp,
+        "Wechatpay-Nonce": nonce,
+        "Wechatpay-Signature": sign(mode.platform_key, answer_text(stamp, nonce, body)),
+        "Wechatpay-Serial": mode.platform_serial,
+        "Wechatpay-Signature-Type": SCHEMA,
+    }
     request_id = {"Request-ID": secrets.token_hex(16)}
     return Response(response.status, response.body, {**response.headers, **signature, **request_id})
 
 
 def authenticate(mode: WechatPayMode, request: Request) -> str:
     """The tenant whose merchant signed ``request``; answers 401 ``SIGN_ERROR`` otherwise."""
-    fields = parse_authorization(request.fields.get("authorization") or "")
+    fields = authorization_fields(request.fields.get("authorization") or "")
     merchant = mode.merchants.get(fields["mchid"]) if fields else None
     if fields is None or merchant is None or fields["serial_no"] != merchant.serial_no:
         raise Answer(wechat_error(401, "SIGN_ERROR", "签名错误"))
@@ -181,8 +187,8 @@ def authenticate(mode: WechatPayMode, request: Request) -> str:
     ):
         raise Answer(wechat_error(401, "SIGN_ERROR", "签名错误: timestamp"))
     url = request.path + (f"?{request.query}" if request.query else "")
-    signed_text = message(request.method, url, stamp, fields["nonce_str"], request.body)
-    if not verify(merchant.public_key, signed_text, fields["signature"]):
+    signed_text = request_text(request.method, url, stamp, fields["nonce_str"], request.body)
+    if not verified(merchant.public_key, signed_text, fields["signature"]):
         raise Answer(wechat_error(401, "SIGN_ERROR", "签名错误"))
     return merchant.tenant
 
