@@ -1,0 +1,156 @@
+"""The executor's, the reconciler's and the review queue's guarantee tests, run again against the
+simulator's WeChat Pay mode through the WeChat Pay gateway (API v3: signed JSON, the refund's
+``out_refund_no`` the stored key, queried by it): one effect per key and truthful states, with
+the same faults and the same ledger as the wire protocol's runs; what nobody can settle goes to
+review, and staff resolve it. And what only WeChat Pay answers: its business refusals, a refund
+``PROCESSING`` that later succeeds, closes or turns abnormal.
+
+Each guarantee here is an existing test, run on ``wechatpay_rig`` (a rig whose gateways speak
+WeChat Pay), so the guarantees are stated once and checked in every mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from outbox.models import Operation
+from tests.integration import test_executor as executor_tests
+from tests.integration import test_reconciler as reconciler_tests
+from tests.integration import test_review as review_tests
+from tests.integration import test_review_reasons as reason_tests
+from tests.support.rig import GOOD, Rig
+from tests.support.wechatpay import control
+
+GUARANTEES: list[Callable[[Rig], None]] = [
+    executor_tests.test_happy_path_records_the_receipt,
+    executor_tests.test_one_hint_delivered_five_times_sends_once,
+    executor_tests.test_commit_then_timeout_marks_unknown_with_one_effect,
+    executor_tests.test_commit_then_reset_marks_unknown,
+    executor_tests.test_reset_before_processing_is_still_unknown_to_us,
+    executor_tests.test_503_after_commit_is_unknown_under_the_default_contract,
+    executor_tests.test_429_retry_after_inside_the_deadline_schedules_the_retry,
+    executor_tests.test_wrong_api_key_is_permission_denied_and_never_retried,
+    executor_tests.test_403_permission_error_is_permission_denied_and_never_retried,
+    executor_tests.test_mismatched_receipt_is_unknown_with_a_review_item,
+    executor_tests.test_past_key_retention_nothing_is_sent,
+    executor_tests.test_abandoned_send_is_queried_never_resent,
+    reconciler_tests.test_commit_then_timeout_is_reconciled_to_succeeded_with_one_effect,
+    reconciler_tests.test_lookup_unavailable_past_the_threshold_goes_to_review_and_stays_unknown,
+    reconciler_tests.test_not_found_after_quiescence_is_sent_again_with_the_same_key,
+    reconciler_tests.test_past_key_retention_nothing_is_sent_again,
+    reconciler_tests.test_mismatched_lookup_stays_in_review,
+    reconciler_tests.test_worker_died_mid_send_is_found_by_the_reconciler,
+]
+
+
+@pytest.mark.parametrize("guarantee", GUARANTEES, ids=lambda test: test.__name__[5:])
+def test_guarantee_holds_in_wechatpay_mode(
+    wechatpay_rig: Rig, guarantee: Callable[[Rig], None]
+) -> None:
+    guarantee(wechatpay_rig)
+
+
+@pytest.mark.parametrize("fault", ["commit_then_timeout", "reset_before"])
+def test_unknown_from_either_side_of_the_commit_ends_succeeded_once(
+    wechatpay_rig: Rig, fault: str
+) -> None:
+    reconciler_tests.test_unknown_from_either_side_of_the_commit_ends_succeeded_once(
+        wechatpay_rig, fault
+    )
+
+
+#: The review queue's tests that ask the downstream (lookups behind staff's resolutions and
+#: requeries): an operation nobody can settle lands in review, a mismatched receipt does too,
+#: and staff resolve them against WeChat Pay's record.
+REVIEWS: list[Callable[[Rig], None]] = [
+    review_tests.test_resolve_as_succeeded_is_verified_by_lookup_and_recorded,
+    review_tests.test_a_resolution_that_contradicts_the_lookup_is_refused,
+    review_tests.test_rejected_needs_a_justification_and_not_found_evidence,
+    review_tests.test_requery_settles_when_the_lookup_is_back,
+    reason_tests.test_a_receipt_mismatch_is_stored_as_what_the_downstream_did,
+]
+
+
+# Once, on PostgreSQL: the wire format is what differs here, not the database.
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("review", REVIEWS, ids=lambda test: test.__name__[5:])
+def test_review_works_in_wechatpay_mode(wechatpay_rig: Rig, review: Callable[[Rig], None]) -> None:
+    review(wechatpay_rig)
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize(
+    "reason", ["receipt_mismatch", "past_key_retention", "no_lookup_replay_cannot_settle"]
+)
+def test_review_reason_has_a_way_out_in_wechatpay_mode(wechatpay_rig: Rig, reason: str) -> None:
+    reason_tests.way_out(wechatpay_rig, reason)
+
+
+# -- what WeChat Pay answers of its own ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", ["NOT_ENOUGH", "USER_ACCOUNT_ABNORMAL"])
+def test_a_business_refusal_is_rejected_with_wechat_pays_code(
+    wechatpay_rig: Rig, code: str
+) -> None:
+    rig = wechatpay_rig
+    rig.control.add_rule("business_reject", times=1, code=code)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    row = rig.op(op)
+    assert (row.state, row.reason) == ("rejected", "business_rejected")
+    assert rig.attempts(op)[-1].detail["code"] == code
+    assert rig.control.refunded("acme", "A1042") == 0 and rig.sends(op) == 1
+
+
+def test_a_refund_over_what_is_left_is_refused_as_the_callers_to_fix(wechatpay_rig: Rig) -> None:
+    """WeChat Pay answers ``400 INVALID_REQUEST`` (申请退款金额超过订单可退金额): not done, and
+    the caller may create a corrected operation."""
+    rig = wechatpay_rig
+    op = rig.enqueue(params={**GOOD, "amount_minor": 999999})  # beyond the charged amount
+    rig.executor().execute([op])
+    row = rig.op(op)
+    assert (row.state, row.reason) == ("rejected", "invalid_params")
+    assert rig.control.refunded("acme", "A1042") == 0
+
+
+def _processing(rig: Rig) -> tuple[int, Operation]:
+    """An operation whose refund WeChat Pay took on and has not made (``PROCESSING``)."""
+    op = rig.enqueue()
+    row = rig.op(op)
+    control(rig.url, "processing", {"tenant": "acme", "pattern": row.idempotency_key})
+    rig.executor().execute([op])
+    row = rig.op(op)
+    assert row.state == "unknown" and rig.effects(op) == 0
+    assert rig.executor().execute([op]) == {}  # uncertain blocks every new send
+    # looked up, never sent again, while it is processing: still uncertain
+    rig.make_due(op)
+    assert rig.reconciler().run_once().outcomes == {"lookup_unavailable": 1}
+    assert rig.op(op).state == "unknown" and rig.op(op).lookups == 1
+    assert rig.sends(op) == 1 and rig.effects(op) == 0
+    rig.make_due(op)
+    return op, row
+
+
+@pytest.mark.parametrize(
+    ("status", "state", "code"),
+    [
+        ("SUCCESS", "succeeded", None),
+        ("CLOSED", "rejected", "refund_closed"),
+        ("ABNORMAL", "rejected", "refund_abnormal"),
+    ],
+)
+def test_a_processing_refund_settles_as_wechat_pay_ends_it(
+    wechatpay_rig: Rig, status: str, state: str, code: str | None
+) -> None:
+    rig = wechatpay_rig
+    op, row = _processing(rig)
+    control(rig.url, "settle", {"tenant": "acme", "key": row.idempotency_key, "status": status})
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    settled = rig.op(op)
+    assert settled.state == state
+    assert settled.reason == (None if code is None else "business_rejected")
+    assert rig.effects(op) == (1 if status == "SUCCESS" else 0)
+    assert rig.sends(op) == 1  # settled by queries, never by a second create
