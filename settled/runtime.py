@@ -39,7 +39,7 @@ from workers.http_client import HttpGateway
 from workers.routing import GatewayByKind
 from workers.stripe_gateway import StripeGateway
 from workers.wechatpay_gateway import OrderTotals, WechatPayGateway
-from workers.wechatpay_signing import UnreadableKey, merchant_keys
+from workers.wechatpay_signing import MerchantKeys, UnreadableKey, merchant_keys
 
 if TYPE_CHECKING:
     from settled.mcp_server import AgentDesk
@@ -291,9 +291,9 @@ def order_totals_of(path: str) -> OrderTotals:
     return found  # type: ignore[no-any-return]
 
 
-def build_wechatpay_gateway(settings: Settings) -> WechatPayGateway:
-    """The WeChat Pay gateway of the settings: each tenant's keys read (InvalidSetting naming
-    the tenant, never the key, where one cannot be)."""
+def wechatpay_parts(settings: Settings) -> tuple[dict[str, MerchantKeys], OrderTotals]:
+    """Each tenant's WeChat Pay keys, read, and the order totals function, imported:
+    InvalidSetting naming the setting (and the tenant, never the key) where one cannot be."""
     try:
         keys = {
             tenant: merchant_keys(tenant, merchant)
@@ -301,9 +301,15 @@ def build_wechatpay_gateway(settings: Settings) -> WechatPayGateway:
         }
     except UnreadableKey as exc:
         raise InvalidSetting(str(exc), setting="SETTLED_WECHATPAY_MERCHANTS") from None
+    return keys, order_totals_of(settings.wechatpay_order_totals or "")
+
+
+def build_wechatpay_gateway(settings: Settings) -> WechatPayGateway:
+    """The WeChat Pay gateway of the settings (``wechatpay_parts``)."""
+    keys, totals = wechatpay_parts(settings)
     return WechatPayGateway(
         keys,
-        order_totals=order_totals_of(settings.wechatpay_order_totals or ""),
+        order_totals=totals,
         api_base=settings.wechatpay_api_base,
         timeout=settings.downstream_timeout,
     )

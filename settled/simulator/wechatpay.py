@@ -81,7 +81,7 @@ _REFUSALS = {
 }
 #: refusal codes kept as a refund WeChat Pay made and ended unpaid: code -> refund status
 _ENDED = {"refund_closed": "CLOSED", "refund_abnormal": "ABNORMAL"}
-SETTLED_STATUSES = ("SUCCESS", "CLOSED", "ABNORMAL")
+FINAL_STATUSES = ("SUCCESS", "CLOSED", "ABNORMAL")
 
 
 @dataclass(frozen=True)
@@ -441,8 +441,8 @@ def _add_merchant(mode: WechatPayMode, data: Mapping[str, Any]) -> dict[str, Any
 
 def _settle(mode: WechatPayMode, sim: Simulator, data: Mapping[str, Any]) -> dict[str, Any]:
     tenant, key, status = str(data["tenant"]), str(data["key"]), str(data["status"])
-    if status not in SETTLED_STATUSES:
-        raise ValueError(f"status must be one of {SETTLED_STATUSES}")
+    if status not in FINAL_STATUSES:
+        raise ValueError(f"status must be one of {FINAL_STATUSES}")
     with mode.lock:
         pending = mode.pending.pop((tenant, key), None)
     if pending is None:

@@ -138,3 +138,8 @@ def control(url: str, route: str, body: Mapping[str, Any]) -> Any:
     answer = httpx.post(url.rstrip("/") + "/_control/wechatpay/" + route, json=body, timeout=5.0)
     answer.raise_for_status()
     return answer.json()
+
+
+def order_total(tenant: str, order_id: str) -> int | None:
+    """An ``SETTLED_WECHATPAY_ORDER_TOTALS`` function for settings tests: every order 100 yuan."""
+    return 10000
