@@ -15,7 +15,10 @@ from collections.abc import Callable
 
 import pytest
 
+from outbox.errors import ReviewConflict
 from outbox.models import Operation
+from support.review import ReviewQueue
+from support.staff import Staff
 from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_review as review_tests
@@ -154,3 +157,35 @@ def test_a_processing_refund_settles_as_wechat_pay_ends_it(
     assert settled.reason == (None if code is None else "business_rejected")
     assert rig.effects(op) == (1 if status == "SUCCESS" else 0)
     assert rig.sends(op) == 1  # settled by queries, never by a second create
+
+
+BOSS = Staff.parse("bob", "supervisor")
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_refund_processing_past_the_review_time_cannot_be_resolved_until_it_settles(
+    wechatpay_rig: Rig,
+) -> None:
+    """Staff who marked a processing refund rejected would let the app refund again, and then
+    WeChat Pay completes the first: review offers nothing and refuses even a supervisor's
+    override until WeChat Pay has settled it; then a requery settles it by its record."""
+    rig = wechatpay_rig
+    op, row = _processing(rig)
+    rig.reconciler(review_after=0.001).run_once()
+    (item,) = rig.reviews(op)
+    queue = ReviewQueue(rig.sessions, rig.gateway(), rig.outbox.registry)
+    shown = queue.show(BOSS, item.id)
+    assert (shown["last_lookup"], shown["choices"]) == ("pending", [])
+    for outcome in ("rejected", "succeeded"):
+        with pytest.raises(ReviewConflict) as refused:
+            queue.resolve(
+                BOSS, item.id, outcome=outcome, version=shown["item"]["version"],
+                reference="re_1", justification="the customer says it never arrived",
+                override=True,
+            )  # fmt: skip
+        assert refused.value.code == "downstream_pending"
+    assert rig.op(op).state == "unknown"
+    control(rig.url, "settle", {"tenant": "acme", "key": row.idempotency_key, "status": "SUCCESS"})
+    assert queue.requery(BOSS, item.id)["lookup"] == "found"
+    assert rig.op(op).state == "succeeded"
+    assert rig.effects(op) == 1 and rig.sends(op) == 1
