@@ -11,10 +11,12 @@ WeChat Pay), so the guarantees are stated once and checked in every mode.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from outbox import logs
 from outbox.errors import ReviewConflict
 from outbox.models import Operation
 from support.review import ReviewQueue
@@ -23,7 +25,7 @@ from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_review as review_tests
 from tests.integration import test_review_reasons as reason_tests
-from tests.support.rig import GOOD, Rig
+from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.wechatpay import control
 
 GUARANTEES: list[Callable[[Rig], None]] = [
@@ -65,13 +67,14 @@ def test_unknown_from_either_side_of_the_commit_ends_succeeded_once(
 
 
 #: The review queue's tests that ask the downstream (lookups behind staff's resolutions and
-#: requeries): an operation nobody can settle lands in review, a mismatched receipt does too,
-#: and staff resolve them against WeChat Pay's record.
+#: requeries, the CLI built from settings): an operation nobody can settle lands in review, a
+#: mismatched receipt does too, and staff resolve them against WeChat Pay's record.
 REVIEWS: list[Callable[[Rig], None]] = [
     review_tests.test_resolve_as_succeeded_is_verified_by_lookup_and_recorded,
     review_tests.test_a_resolution_that_contradicts_the_lookup_is_refused,
     review_tests.test_rejected_needs_a_justification_and_not_found_evidence,
     review_tests.test_requery_settles_when_the_lookup_is_back,
+    review_tests.test_review_cli_end_to_end,
     reason_tests.test_a_receipt_mismatch_is_stored_as_what_the_downstream_did,
 ]
 
@@ -189,3 +192,47 @@ def test_a_refund_processing_past_the_review_time_cannot_be_resolved_until_it_se
     assert queue.requery(BOSS, item.id)["lookup"] == "found"
     assert rig.op(op).state == "succeeded"
     assert rig.effects(op) == 1 and rig.sends(op) == 1
+
+
+@pytest.fixture
+def settled_logging() -> Iterator[None]:
+    """``logs.configure`` changes process-wide loggers: put them back afterwards."""
+    names = ["", *logs.QUIETED, *logs.SILENCED]
+    saved = [(logging.getLogger(n), logging.getLogger(n).handlers[:]) for n in names]
+    levels = [lg.level for lg, _ in saved]
+    try:
+        yield
+    finally:
+        for (lg, handlers), level in zip(saved, levels, strict=True):
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+
+
+@pytest.mark.usefixtures("settled_logging")
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_no_order_amount_payee_or_key_reaches_the_log_in_wechatpay_mode(
+    wechatpay_rig: Rig, level: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refund, a refusal, a lost answer settled by a query and an answer whose signature
+    does not verify, with Settled's logging at ``level``: no order, amount, payee or byte of
+    the merchant's private key may be heard."""
+    rig = wechatpay_rig
+    logs.configure(level, "json")
+    capsys.readouterr()
+    executor_tests.test_happy_path_records_the_receipt(rig)
+    refused = rig.enqueue("op-refused", params={**GOOD, "amount_minor": 987654})
+    rig.executor().execute([refused])
+    assert rig.op(refused).state == "rejected"
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    lost = rig.enqueue("op-lost", params={**GOOD, "amount_minor": 4321})
+    rig.executor().execute([lost])
+    assert rig.op(lost).state == "unknown"
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    written = capsys.readouterr()
+    text = written.out + written.err
+    assert '"logger": "workers.wechatpay_gateway"' in written.err  # the capture works
+    assert rig.wechatpay is not None
+    key_lines = rig.wechatpay.private_key_pem().decode().splitlines()[1:-1]
+    for secret in ("A1042", "P-7", "10000", "100.00", "987654", "4321", *key_lines):
+        assert secret not in text, secret
