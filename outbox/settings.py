@@ -336,7 +336,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, SecretStr):
         return value.get_secret_value()
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
+        plain = value.model_dump(mode="json", exclude_none=True)
+        for name in plain:  # a model's secrets too (a WeChat Pay merchant's inline key)
+            inner = getattr(value, name)
+            if isinstance(inner, SecretStr):
+                plain[name] = inner.get_secret_value()
+        return plain
     return value
 
 

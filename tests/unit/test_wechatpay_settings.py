@@ -27,7 +27,7 @@ from tests.support.wechatpay import (
 )
 from workers.http_client import HttpGateway
 from workers.routing import GatewayByKind
-from workers.wechatpay_gateway import WechatPayGateway
+from workers.wechatpay_gateway import CONTRACT, WechatPayGateway
 
 REGISTRY = default_registry()
 TOTALS = "tests.support.wechatpay:order_total"
@@ -170,3 +170,32 @@ def test_preflight_reads_every_key_and_the_totals_function_before_a_start(tmp_pa
     no_base = good.model_copy(update={"wechatpay_api_base": "api.mch.weixin.qq.com"})
     with pytest.raises(InvalidInput, match="SETTLED_WECHATPAY_API_BASE"):
         check_configuration(no_base)
+
+
+def test_a_child_process_gets_the_inline_private_key_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Settings.as_environment`` (how ``settled run`` and the demo configure their children)
+    carries the key, not its mask: a worker given ``**********`` could sign nothing."""
+    pem = private_pem(rsa_key("merchant"))
+    merchant = WechatPayMerchant(
+        mchid=MCHID,
+        serial_no=SERIAL,
+        private_key=pem,  # type: ignore[arg-type]
+        platform_serial=PLATFORM_SERIAL,
+        platform_public_key=public_pem(rsa_key("platform")),
+    )
+    env = Settings(wechatpay_merchants={"acme": merchant}).as_environment()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    child = Settings().wechatpay_merchants["acme"]
+    assert child.private_key_pem() == pem.encode()
+    assert child == merchant
+
+
+def test_the_refund_kind_declares_what_wechat_pay_promises() -> None:
+    """Key retention, no deadline fence, the delay bound, the statuses that prove "not
+    executed": the refund kind's contract as a deployment with WeChat Pay applies it."""
+    settings = Settings(downstream_providers={"refund": "wechatpay"})
+    contract = settings.apply_contracts(default_registry()).get("refund").contract
+    assert {name: getattr(contract, name) for name in CONTRACT} == CONTRACT
