@@ -357,8 +357,8 @@ TICKET_CANCEL_PROFILE = AgentProfile(
 
 
 def default_registry() -> KindRegistry:
-    """Refunds (served by the wire protocol, Stripe or WeChat Pay), after-sales tickets, pickups and
-    ticket cancellations, with their agent profiles."""
+    """Refunds (served by the wire protocol, Stripe or WeChat Pay), after-sales tickets,
+    pickups and ticket cancellations, with their agent profiles."""
     return KindRegistry(
         [
             Kind(
