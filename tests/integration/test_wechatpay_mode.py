@@ -12,21 +12,34 @@ WeChat Pay), so the guarantees are stated once and checked in every mode.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from outbox import logs
 from outbox.errors import ReviewConflict
 from outbox.models import Operation
+from outbox.settings import Settings
+from settled.console.auth import ConsoleUser, current_user, require_csrf
+from settled.simulator import SimulatorControl, start_in_thread
+from settled.simulator.wechatpay import PREFIX as WECHATPAY_PREFIX
+from settled.web import create_web_app
 from support.review import ReviewQueue
 from support.staff import Staff
 from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_review as review_tests
 from tests.integration import test_review_reasons as reason_tests
+from tests.integration.test_console_pages import ANN, CSRF
+from tests.integration.test_review import in_review
 from tests.support.rig import GOOD, HOLD, Rig
 from tests.support.wechatpay import control
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from fastapi.testclient import TestClient
 
 GUARANTEES: list[Callable[[Rig], None]] = [
     executor_tests.test_happy_path_records_the_receipt,
@@ -236,3 +249,47 @@ def test_no_order_amount_payee_or_key_reaches_the_log_in_wechatpay_mode(
     key_lines = rig.wechatpay.private_key_pem().decode().splitlines()[1:-1]
     for secret in ("A1042", "P-7", "10000", "100.00", "987654", "4321", *key_lines):
         assert secret not in text, secret
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_console_requery_of_a_refund_asks_wechat_pay_not_the_wire_protocol_service(
+    wechatpay_rig: Rig, tmp_path: Path
+) -> None:
+    """Refunds go to WeChat Pay (``SETTLED_DOWNSTREAM_PROVIDERS``), other kinds to a wire-protocol
+    service of their own (a second simulator, which never saw the refund). The console that
+    ``settled web`` builds from these settings requeries a refund in review at WeChat Pay: it
+    finds the refund and settles the item, asking the other service nothing."""
+    rig = wechatpay_rig
+    assert rig.wechatpay is not None
+    op, item = in_review(rig)  # refunded at WeChat Pay, the answer lost, the query down
+    key = rig.op(op).idempotency_key
+    api_key = rig.tenant.api_key.get_secret_value()
+    wire = start_in_thread(ledger=str(tmp_path / "wire-protocol.sqlite3"), test_mode=True)
+    try:
+        with SimulatorControl(wire.url) as elsewhere:
+            elsewhere.add_tenant("acme", api_key)
+            settings = Settings(
+                database_url=rig.engine.url.render_as_string(hide_password=False),
+                development=True,
+                downstream_url=wire.url,
+                downstream_api_keys={"acme": api_key},
+                downstream_providers={"refund": "wechatpay"},
+                wechatpay_merchants={"acme": rig.wechatpay},
+                wechatpay_api_base=rig.url + WECHATPAY_PREFIX,
+                wechatpay_order_totals="tests.support.wechatpay:order_total",
+            )
+            app = create_web_app(settings)
+            app.dependency_overrides[current_user] = lambda: ConsoleUser(ANN, CSRF)
+            app.dependency_overrides[require_csrf] = lambda: None
+            with TestClient(app) as client:
+                r = client.post(f"/console/review/{item}/requery", data={"csrf_token": CSRF})
+                assert r.status_code == 200
+                assert "The lookup found it: the operation is now succeeded." in r.text, r.text
+                app.state.console.review.gateway.close()
+            assert rig.op(op).state == "succeeded"
+            assert rig.reviews(op)[0].resolved_by == "staff:ann"
+            assert elsewhere.requests("acme", key, phase="lookup") == 0
+            assert elsewhere.ledger()["requests"] == []  # nothing at all asked of it
+            assert rig.effects(op) == 1 and rig.sends(op) == 1
+    finally:
+        wire.stop()
