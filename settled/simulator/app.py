@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 from outbox import wire
 from outbox.kinds import Kind, default_registry
-from settled.simulator import control_api, stripe, wechatpay
+from settled.simulator import control_api, stripe, wechatpay, wechatpay_control
 from settled.simulator.lookup import lookup
 from settled.simulator.messages import NO_SUCH_ROUTE, Answer, Connection, Request, Response
 from settled.simulator.state import Simulator
@@ -52,10 +52,10 @@ class Application:
                 if not sim.test_mode:
                     return NO_SUCH_ROUTE
                 route = path[len(CONTROL_PREFIX) :]
-                if route.startswith(wechatpay.CONTROL):
-                    mode = self.wechatpay
-                    return wechatpay.control(
-                        mode, sim, method, route[len(wechatpay.CONTROL) :], request.body
+                if route.startswith(wechatpay_control.PREFIX):
+                    rest = route[len(wechatpay_control.PREFIX) :]
+                    return wechatpay_control.control(
+                        self.wechatpay, sim, method, rest, request.body
                     )
                 return control_api.respond(sim, method, route, request.body)
             if path.startswith(stripe.PREFIX + "/"):

@@ -24,10 +24,11 @@ says (``claim``). The faults answer in WeChat Pay's shape: ``429`` as ``FREQUENC
 (``NOT_ENOUGH``, ``USER_ACCOUNT_ABNORMAL``; ``refund_closed`` and ``refund_abnormal`` make a
 ``CLOSED`` or ``ABNORMAL`` refund; any other code ``NOT_ENOUGH``).
 
-``PROCESSING``: ``POST /_control/wechatpay/processing`` makes the next create of a key take the
-refund on without making it (answered and queried ``PROCESSING``, nothing in the ledger), and
-``POST /_control/wechatpay/settle`` ends it as WeChat Pay would: ``SUCCESS`` (executed in the
-ledger then), ``CLOSED`` or ``ABNORMAL`` (kept as refused, no effect).
+``PROCESSING``: ``POST /_control/wechatpay/processing`` (``wechatpay_control``) makes the next
+create of a key take the refund on without making it (answered and queried ``PROCESSING``,
+nothing in the ledger), and ``POST /_control/wechatpay/settle`` ends it as WeChat Pay would:
+``SUCCESS`` (executed in the ledger then), ``CLOSED`` or ``ABNORMAL`` (kept as refused, no
+effect).
 """
 
 from __future__ import annotations
@@ -65,9 +66,7 @@ from settled.simulator.wechatpay_signatures import (
 
 PREFIX = "/wechatpay"
 REFUNDS = PREFIX + "/v3/refund/domestic/refunds"
-#: The control routes of this mode (test mode only), under ``/_control/``.
-CONTROL = "wechatpay/"
-_REFUND: Kind = default_registry().get("refund")
+REFUND: Kind = default_registry().get("refund")
 _NUMBER = re.compile(r"^[0-9A-Za-z_\-|*@]{1,64}$")
 _CHINA = timezone(timedelta(hours=8))
 #: the ledger's refusal codes -> (HTTP status, WeChat Pay's code, its message)
@@ -206,9 +205,7 @@ def create_refund(
     if not isinstance(key, str) or not _NUMBER.fullmatch(key):
         raise Answer(wechat_error(400, "PARAM_ERROR", "out_refund_no 格式错误"))
     number = sim.count_request("submit", tenant, key, None)
-    faults = Injection(
-        sim, sim.faults.pick("submit", tenant, _REFUND.name, key, number), connection
-    )
+    faults = Injection(sim, sim.faults.pick("submit", tenant, REFUND.name, key, number), connection)
     faults.before_idempotency()
     params = _intent(sim, tenant, body)
     fp = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
@@ -223,10 +220,10 @@ def create_refund(
             mode.pending[(tenant, key)] = taken
         return _pending_refund(key, taken)
     faults.before_commit()
-    with faults.in_execution(_REFUND) as scripted:
+    with faults.in_execution(REFUND) as scripted:
         execution = sim.ledger.execute(
             tenant=tenant,
-            kind=_REFUND.name,
+            kind=REFUND.name,
             key=key,
             fingerprint=fp,
             params=params,
@@ -266,7 +263,7 @@ def query_refund(
     key = request.path[len(REFUNDS) + 1 :]
     number = sim.count_request("lookup", tenant, key, None)
     Injection(
-        sim, sim.faults.pick("lookup", tenant, _REFUND.name, key, number), connection
+        sim, sim.faults.pick("lookup", tenant, REFUND.name, key, number), connection
     ).on_lookup()
     with mode.lock:
         pending = mode.pending.get((tenant, key))
@@ -400,62 +397,3 @@ def wechat_error(
 ) -> Response:
     """An error answer in WeChat Pay's shape."""
     return Response(status, {"code": code, "message": text}, headers or {})
-
-
-# -- control (test mode only) ----------------------------------------------------------------
-
-
-def control(mode: WechatPayMode, sim: Simulator, method: str, route: str, raw: bytes) -> Response:
-    """``/_control/wechatpay/...``: register a merchant, script and settle ``PROCESSING``."""
-    try:
-        data = parse_json(raw) if raw else {}
-        if not isinstance(data, dict):
-            raise ValueError("body must be a JSON object")
-        if method == "POST" and route == "merchants":
-            return Response(200, _add_merchant(mode, data), {})
-        if method == "POST" and route == "processing":
-            pattern = str(data.get("pattern", "*"))
-            times = int(data.get("times", 1))
-            with mode.lock:
-                mode.processing.append([str(data["tenant"]), pattern, max(1, times)])
-            return Response(200, {"ok": True}, {})
-        if method == "POST" and route == "settle":
-            return Response(200, _settle(mode, sim, data), {})
-    except (ValueError, TypeError, KeyError) as exc:
-        return wechat_error(400, "PARAM_ERROR", f"bad control request: {exc}")
-    return wechat_error(404, "RESOURCE_NOT_EXISTS", "no such control route")
-
-
-def _add_merchant(mode: WechatPayMode, data: Mapping[str, Any]) -> dict[str, Any]:
-    key = serialization.load_pem_public_key(str(data["public_key"]).encode())
-    if not isinstance(key, rsa.RSAPublicKey):
-        raise ValueError("public_key must be an RSA public key")
-    merchant = Merchant(str(data["tenant"]), str(data["mchid"]), str(data["serial_no"]), key)
-    with mode.lock:
-        mode.merchants[merchant.mchid] = merchant
-    return {
-        "platform_serial": mode.platform_serial,
-        "platform_public_key": mode.platform_public_pem(),
-    }
-
-
-def _settle(mode: WechatPayMode, sim: Simulator, data: Mapping[str, Any]) -> dict[str, Any]:
-    tenant, key, status = str(data["tenant"]), str(data["key"]), str(data["status"])
-    if status not in FINAL_STATUSES:
-        raise ValueError(f"status must be one of {FINAL_STATUSES}")
-    with mode.lock:
-        pending = mode.pending.pop((tenant, key), None)
-    if pending is None:
-        raise KeyError(f"no refund PROCESSING with out_refund_no {key}")
-    code = {"CLOSED": "refund_closed", "ABNORMAL": "refund_abnormal"}.get(status)
-    sim.ledger.begin(tenant, key, pending.fingerprint, sim.now())
-    execution = sim.ledger.execute(
-        tenant=tenant,
-        kind=_REFUND.name,
-        key=key,
-        fingerprint=pending.fingerprint,
-        params=pending.params,
-        now=sim.now(),
-        scripted=Scripted(refusal_code=code),
-    )
-    return {"ok": True, "refund_id": execution.outcome.get("id")}
