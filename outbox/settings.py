@@ -26,6 +26,7 @@ from outbox.kinds import KindRegistry
 from outbox.retry import DEFAULT_CAP_SECONDS, DEFAULT_MAX_TRIES
 from outbox.settings_contracts import ContractSettings, apply_contracts
 from outbox.settings_variables import OTHER_VARIABLES, TEST_VARIABLES
+from outbox.settings_wechatpay import WechatPayMerchant
 
 __all__ = [
     "DEV_FINGERPRINT_KEY",
@@ -99,12 +100,22 @@ class Settings(BaseSettings):
     #: Longest a single HTTP attempt may take, before the operation's deadline bounds it further.
     downstream_timeout: float = Field(default=10.0, gt=0)
     #: Per kind, which downstream serves it: ``http`` (the wire protocol at
-    #: ``downstream_url``, the default) or ``stripe`` (refunds only), e.g. ``{"refund": "stripe"}``.
-    downstream_providers: dict[str, Literal["http", "stripe"]] = Field(default_factory=dict)
+    #: ``downstream_url``, the default), ``stripe`` or ``wechatpay`` (refunds only), e.g.
+    #: ``{"refund": "stripe"}``.
+    downstream_providers: dict[str, Literal["http", "stripe", "wechatpay"]] = Field(
+        default_factory=dict
+    )
     #: Stripe secret key per tenant, e.g. ``{"acme": "sk_test_..."}`` (never logged).
     stripe_api_keys: dict[str, SecretStr] = Field(default_factory=dict)
     #: Stripe's API base URL (the simulator's Stripe mode: its URL + ``/stripe``).
     stripe_api_base: str = "https://api.stripe.com"
+    #: WeChat Pay merchant per tenant (``outbox.settings_wechatpay``; keys never logged).
+    wechatpay_merchants: dict[str, WechatPayMerchant] = Field(default_factory=dict)
+    #: WeChat Pay's API base URL (the simulator's WeChat Pay mode: its URL + ``/wechatpay``).
+    wechatpay_api_base: str = "https://api.mch.weixin.qq.com"
+    #: ``module:function`` giving an order's total in fen, ``function(tenant, order_id)``
+    #: (None where unknown): WeChat Pay's refunds name it, refund intents do not carry it.
+    wechatpay_order_totals: str | None = None
 
     #: Budget given to a new operation: its deadline, and how many of its attempts may reach
     #: the downstream (one whose request never left, a refused connection, costs none of them).
@@ -327,7 +338,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, SecretStr):
         return value.get_secret_value()
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
+        plain = value.model_dump(mode="json", exclude_none=True)
+        for name in plain:  # a model's secrets too (a WeChat Pay merchant's inline key)
+            inner = getattr(value, name)
+            if isinstance(inner, SecretStr):
+                plain[name] = inner.get_secret_value()
+        return plain
     return value
 
 

@@ -68,6 +68,10 @@ class ContractSettings(BaseModel):
         return changes
 
 
+#: Providers that do not refuse a request arriving past its ``Settled-Deadline``, by name.
+UNFENCED_PROVIDERS = {"stripe": "Stripe", "wechatpay": "WeChat Pay"}
+
+
 def apply_contracts(
     registry: KindRegistry,
     contracts: Mapping[str, ContractSettings],
@@ -80,7 +84,8 @@ def apply_contracts(
     the retry cap) applied; ``providers``: which downstream serves a kind.
 
     Raises InvalidInput (code ``invalid_setting``) naming the setting for a kind that is not
-    registered, or a contract promising a deadline fence of a kind Stripe serves.
+    registered, or a contract promising a deadline fence of a kind Stripe or WeChat Pay
+    serves.
     """
     unknown = sorted(set(contracts) - set(registry.names()))
     if unknown:
@@ -90,17 +95,19 @@ def apply_contracts(
             code="invalid_setting",
             setting="SETTLED_DOWNSTREAM_CONTRACTS",
         )
-    # Stripe ignores the Settled-Deadline header: a contract saying otherwise would let a
-    # "not found" be trusted before a late request could still land.
-    fenced_stripe = sorted(
+    # Stripe and WeChat Pay ignore the Settled-Deadline header: a contract saying otherwise
+    # would let a "not found" be trusted before a late request could still land.
+    fenced = sorted(
         name
         for name, contract in contracts.items()
-        if contract.enforces_deadline and providers.get(name) == "stripe"
+        if contract.enforces_deadline and providers.get(name) in UNFENCED_PROVIDERS
     )
-    if fenced_stripe:
+    if fenced:
+        names = sorted({UNFENCED_PROVIDERS[providers[name]] for name in fenced})
         raise InvalidInput(
-            f"SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline for {fenced_stripe}, "
-            "served by Stripe (SETTLED_DOWNSTREAM_PROVIDERS), which ignores the deadline",
+            f"SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline for {fenced}, "
+            f"served by {' and '.join(names)} (SETTLED_DOWNSTREAM_PROVIDERS), which ignores "
+            "the deadline",
             code="invalid_setting",
             setting="SETTLED_DOWNSTREAM_CONTRACTS",
         )

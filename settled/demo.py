@@ -7,6 +7,7 @@ team meets, prints the report of every run, and the simulator's ledger beside it
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 
 from outbox import relay
@@ -31,6 +34,7 @@ from outbox.report import render
 from outbox.report_text import Lang, check_lang
 from outbox.runs import cancel_run, compensate, find_run, open_run, run_report
 from outbox.settings import ContractSettings, Settings
+from outbox.settings_wechatpay import WechatPayMerchant
 from outbox.storage.events import states_passed
 from outbox.storage.operations import all_operations, find_operation
 from outbox.storage.reviews import review_reason
@@ -40,6 +44,10 @@ from settled.simulator import SimulatorControl, start_in_thread
 
 TENANT = "acme"
 API_KEY = "sk_test_demo_acme"
+#: The demo's WeChat Pay merchant (its key pair is made at each start).
+MCHID, MERCHANT_SERIAL = "1900000109", "DEMO0000000000000000000000000000000001"
+#: Where the demo's order totals are read (its simulator), in this process.
+_simulator_url: str | None = None
 TERMINAL = ("succeeded", "rejected", "cancelled")
 
 Echo = Callable[[str], None]
@@ -310,16 +318,71 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
 
 
+def simulator_order_total(tenant: str, order_id: str) -> int | None:
+    """The demo's ``SETTLED_WECHATPAY_ORDER_TOTALS``: an order's total as the simulator's
+    ledger holds it (the demo's orders are the simulator's; its worker finds the simulator by
+    its WeChat Pay API base)."""
+    base = os.environ.get("SETTLED_WECHATPAY_API_BASE", "").removesuffix("/wechatpay")
+    with SimulatorControl(base or _simulator_url or "") as control:
+        for order in control.ledger()["orders"]:
+            if (order["tenant"], order["order_id"]) == (tenant, order_id):
+                return int(order["amount_minor"])
+    return None
+
+
+def _wechatpay_merchant(control: SimulatorControl) -> WechatPayMerchant:
+    """The demo's merchant, its key pair made now, registered with the simulator."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    serial, platform = control.add_wechatpay_merchant(
+        TENANT, MCHID, MERCHANT_SERIAL, public.decode()
+    )
+    return WechatPayMerchant(
+        mchid=MCHID,
+        serial_no=MERCHANT_SERIAL,
+        private_key=SecretStr(private.decode()),
+        platform_serial=serial,
+        platform_public_key=platform,
+    )
+
+
+#: What each provider's refunds go through, as the demo says it.
+PROVIDERS = {
+    "stripe": ("Stripe", "/stripe"),
+    "wechatpay": ("WeChat Pay", "/wechatpay"),
+}
+
+
 def run_demo(
-    *, lang: str = "en", keep: str | None = None, echo: Echo = print, stripe: bool = False
+    *,
+    lang: str = "en",
+    keep: str | None = None,
+    echo: Echo = print,
+    stripe: bool = False,
+    provider: str = "http",
 ) -> int:
-    """Play every case; return 0 when the reports match the simulator's ledger. ``stripe``:
-    refunds go through the Stripe gateway to the simulator's Stripe mode."""
+    """Play every case; return 0 when the reports match the simulator's ledger. ``provider``
+    (``stripe``: the same as ``provider="stripe"``): refunds go through that provider's
+    gateway to the simulator's mode of it (``http``: the wire protocol)."""
+    global _simulator_url
+    provider = "stripe" if stripe else provider
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="settled-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     sim = start_in_thread(
         ledger=str(folder / "simulator.sqlite3"), test_mode=True, tenants={TENANT: API_KEY}
     )
+    _simulator_url = sim.url
+    merchants: dict[str, WechatPayMerchant] = {}
+    if provider == "wechatpay":
+        with SimulatorControl(sim.url) as control:
+            merchants[TENANT] = _wechatpay_merchant(control)
     db_url = f"sqlite:///{folder / 'settled.sqlite3'}"
     settings = Settings(
         database_url=db_url,
@@ -337,21 +400,26 @@ def run_demo(
         # operation per hint below, the worker takes a run's refunds one at a time, so the stop
         # button (case 5) finds the later ones still planned.
         claim_batch=0,
-        downstream_providers={"refund": "stripe"} if stripe else {},
-        # The simulator refuses requests that arrive past their deadline; Stripe (and the
-        # simulator's Stripe mode) does not, so refunds sent there wait out the delay bound.
+        downstream_providers={"refund": provider} if provider != "http" else {},
+        # The simulator refuses requests that arrive past their deadline; Stripe and WeChat
+        # Pay (and the simulator's modes of them) do not, so refunds sent there wait out the
+        # delay bound.
         downstream_contracts={
             name: ContractSettings(enforces_deadline=True)
             for name in default_registry().names()
-            if not (stripe and name == "refund")
+            if not (provider != "http" and name == "refund")
         },
         stripe_api_keys={TENANT: SecretStr(API_KEY)},
         stripe_api_base=sim.url + "/stripe",
+        wechatpay_merchants=merchants,
+        wechatpay_api_base=sim.url + "/wechatpay",
+        wechatpay_order_totals="settled.demo:simulator_order_total",
     )
     echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")
-    if stripe:
-        mode = f"{sim.url}/stripe"
-        echo(f"Refunds go through the Stripe gateway to the simulator's Stripe mode: {mode}")
+    if provider in PROVIDERS:
+        name, prefix = PROVIDERS[provider]
+        mode = f"{sim.url}{prefix}"
+        echo(f"Refunds go through the {name} gateway to the simulator's {name} mode: {mode}")
     try:
         upgrade(db_url)
         rt = build_runtime(settings)

@@ -11,7 +11,10 @@ against PostgreSQL itself. In order:
     development secrets against PostgreSQL  SETTLED_FINGERPRINT_KEYS, SETTLED_IDEMPOTENCY_SECRET
     contracts for unknown kinds              SETTLED_DOWNSTREAM_CONTRACTS
     providers, Stripe without keys           SETTLED_DOWNSTREAM_PROVIDERS, SETTLED_STRIPE_API_KEYS
-    downstream URLs without http(s), host    SETTLED_DOWNSTREAM_URL, SETTLED_STRIPE_API_BASE
+    WeChat Pay without merchants, unreadable SETTLED_WECHATPAY_MERCHANTS,
+      keys, no order totals function         SETTLED_WECHATPAY_ORDER_TOTALS
+    downstream URLs without http(s), host    SETTLED_DOWNSTREAM_URL, SETTLED_STRIPE_API_BASE,
+                                             SETTLED_WECHATPAY_API_BASE
     a lease a send does not fit in           SETTLED_LEASE_SECONDS
     a broker URL of no known transport       SETTLED_BROKER_URL
     the database: answers, at the newest migration
@@ -29,7 +32,7 @@ from urllib.parse import urlsplit
 from outbox.errors import InvalidSetting
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings, masked
-from settled.runtime import check_providers
+from settled.runtime import check_providers, wechatpay_parts
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ def check_configuration(settings: Settings, registry: KindRegistry | None = None
     _check_url(settings.downstream_url, "SETTLED_DOWNSTREAM_URL")
     if "stripe" in settings.downstream_providers.values():
         _check_url(settings.stripe_api_base, "SETTLED_STRIPE_API_BASE")
+    if "wechatpay" in settings.downstream_providers.values():
+        wechatpay_parts(settings)  # every key readable, the totals function importable
+        _check_url(settings.wechatpay_api_base, "SETTLED_WECHATPAY_API_BASE")
     _check_lease(settings)
     _check_broker_url(settings.broker_url)
     return registry

@@ -7,6 +7,7 @@ downstream of each kind (``build_gateway``) with the same rules.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import threading
@@ -37,6 +38,8 @@ from workers.executor import Executor
 from workers.http_client import HttpGateway
 from workers.routing import GatewayByKind
 from workers.stripe_gateway import StripeGateway
+from workers.wechatpay_gateway import OrderTotals, WechatPayGateway
+from workers.wechatpay_signing import MerchantKeys, UnreadableKey, merchant_keys
 
 if TYPE_CHECKING:
     from settled.mcp_server import AgentDesk
@@ -257,11 +260,64 @@ def check_providers(settings: Settings, registry: KindRegistry) -> None:
             "SETTLED_STRIPE_API_KEYS is empty: set each tenant's Stripe secret key",
             setting="SETTLED_STRIPE_API_KEYS",
         )
+    wechat_kinds = sorted(k for k, p in settings.downstream_providers.items() if p == "wechatpay")
+    if wechat_kinds and not settings.wechatpay_merchants:
+        raise InvalidSetting(
+            f"SETTLED_DOWNSTREAM_PROVIDERS sends {wechat_kinds} to WeChat Pay, but "
+            "SETTLED_WECHATPAY_MERCHANTS is empty: set each tenant's merchant and keys",
+            setting="SETTLED_WECHATPAY_MERCHANTS",
+        )
+    if wechat_kinds and not settings.wechatpay_order_totals:
+        raise InvalidSetting(
+            f"SETTLED_DOWNSTREAM_PROVIDERS sends {wechat_kinds} to WeChat Pay, but "
+            "SETTLED_WECHATPAY_ORDER_TOTALS is not set: name the function (module:function) "
+            "that gives an order's total in fen",
+            setting="SETTLED_WECHATPAY_ORDER_TOTALS",
+        )
+
+
+def order_totals_of(path: str) -> OrderTotals:
+    """The function ``SETTLED_WECHATPAY_ORDER_TOTALS`` names (``module:function``)."""
+    module, _, name = path.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), name) if module and name else None
+    except (ImportError, AttributeError):
+        found = None
+    if not callable(found):
+        raise InvalidSetting(
+            f"SETTLED_WECHATPAY_ORDER_TOTALS={path!r} names no function (module:function)",
+            setting="SETTLED_WECHATPAY_ORDER_TOTALS",
+        )
+    return found  # type: ignore[no-any-return]
+
+
+def wechatpay_parts(settings: Settings) -> tuple[dict[str, MerchantKeys], OrderTotals]:
+    """Each tenant's WeChat Pay keys, read, and the order totals function, imported:
+    InvalidSetting naming the setting (and the tenant, never the key) where one cannot be."""
+    try:
+        keys = {
+            tenant: merchant_keys(tenant, merchant)
+            for tenant, merchant in settings.wechatpay_merchants.items()
+        }
+    except UnreadableKey as exc:
+        raise InvalidSetting(str(exc), setting="SETTLED_WECHATPAY_MERCHANTS") from None
+    return keys, order_totals_of(settings.wechatpay_order_totals or "")
+
+
+def build_wechatpay_gateway(settings: Settings) -> WechatPayGateway:
+    """The WeChat Pay gateway of the settings (``wechatpay_parts``)."""
+    keys, totals = wechatpay_parts(settings)
+    return WechatPayGateway(
+        keys,
+        order_totals=totals,
+        api_base=settings.wechatpay_api_base,
+        timeout=settings.downstream_timeout,
+    )
 
 
 def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
     """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
-    protocol's ``HttpGateway`` unless a kind names ``stripe``.
+    protocol's ``HttpGateway`` unless a kind names ``stripe`` or ``wechatpay``.
 
     Raises InvalidSetting as ``check_providers`` does.
     """
@@ -270,14 +326,20 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
         settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
     )
     stripe_kinds = [k for k, p in settings.downstream_providers.items() if p == "stripe"]
-    if not stripe_kinds:
+    wechat_kinds = [k for k, p in settings.downstream_providers.items() if p == "wechatpay"]
+    if not stripe_kinds and not wechat_kinds:
         return http
-    stripe = StripeGateway(
-        settings.stripe_api_keys,
-        api_base=settings.stripe_api_base,
-        timeout=settings.downstream_timeout,
-    )
-    return GatewayByKind(http, dict.fromkeys(stripe_kinds, stripe))
+    by_kind: dict[str, Gateway] = {}
+    if stripe_kinds:
+        stripe = StripeGateway(
+            settings.stripe_api_keys,
+            api_base=settings.stripe_api_base,
+            timeout=settings.downstream_timeout,
+        )
+        by_kind.update(dict.fromkeys(stripe_kinds, stripe))
+    if wechat_kinds:
+        by_kind.update(dict.fromkeys(wechat_kinds, build_wechatpay_gateway(settings)))
+    return GatewayByKind(http, by_kind)
 
 
 def build_runtime(

@@ -2,16 +2,18 @@
 
 Routes: ``/_control/...`` to the control API (test mode only; else 404), ``POST`` on a kind's
 endpoint to a submit, ``GET /v1/lookup/{key}`` to a lookup, ``/stripe/...`` to the Stripe mode
-(``stripe``); anything else answers 404.
+(``stripe``), ``/wechatpay/...`` to the WeChat Pay mode (``wechatpay``, its control routes under
+``/_control/wechatpay/``); anything else answers 404.
 """
 
 from __future__ import annotations
 
+import threading
 from urllib.parse import unquote
 
 from outbox import wire
 from outbox.kinds import Kind, default_registry
-from settled.simulator import control_api, stripe
+from settled.simulator import control_api, stripe, wechatpay, wechatpay_control
 from settled.simulator.lookup import lookup
 from settled.simulator.messages import NO_SUCH_ROUTE, Answer, Connection, Request, Response
 from settled.simulator.state import Simulator
@@ -31,6 +33,16 @@ class Application:
         self.kinds: dict[str, Kind] = {
             kind.endpoint: kind for kind in map(registry.get, registry.names())
         }
+        self._wechatpay: wechatpay.WechatPayMode | None = None
+        self._wechatpay_lock = threading.Lock()
+
+    @property
+    def wechatpay(self) -> wechatpay.WechatPayMode:
+        """The WeChat Pay mode's state, its platform key made when it is first used."""
+        with self._wechatpay_lock:
+            if self._wechatpay is None:
+                self._wechatpay = wechatpay.WechatPayMode()
+            return self._wechatpay
 
     def respond(self, request: Request, connection: Connection) -> Response:
         """The answer to ``request`` (or a reset of ``connection``, by a fault)."""
@@ -39,9 +51,17 @@ class Application:
             if path.startswith(CONTROL_PREFIX):
                 if not sim.test_mode:
                     return NO_SUCH_ROUTE
-                return control_api.respond(sim, method, path[len(CONTROL_PREFIX) :], request.body)
+                route = path[len(CONTROL_PREFIX) :]
+                if route.startswith(wechatpay_control.PREFIX):
+                    rest = route[len(wechatpay_control.PREFIX) :]
+                    return wechatpay_control.control(
+                        self.wechatpay, sim, method, rest, request.body
+                    )
+                return control_api.respond(sim, method, route, request.body)
             if path.startswith(stripe.PREFIX + "/"):
                 return stripe.respond(sim, request, connection)
+            if path.startswith(wechatpay.PREFIX + "/"):
+                return wechatpay.respond(self.wechatpay, sim, request, connection)
             if method == "POST" and path in self.kinds:
                 return submit(sim, self.kinds[path], request, connection)
             if method == "GET" and path.startswith(LOOKUP_PREFIX):
@@ -52,7 +72,10 @@ class Application:
 
     def route_of(self, path: str) -> str:
         """``path`` as the request log shows it: the lookup's route, not the key in it; the
-        Stripe mode's route, not the payment intent or refund named in it."""
+        Stripe mode's route, not the payment intent or refund named in it; WeChat Pay's query
+        route, not the refund number in it."""
         if path.startswith(stripe.PREFIX + "/"):
             return stripe.route_of(path)
+        if path.startswith(wechatpay.REFUNDS + "/"):
+            return wechatpay.REFUNDS + "/{out_refund_no}"
         return wire.LOOKUP_PATH if path.startswith(LOOKUP_PREFIX) else path

@@ -194,6 +194,21 @@ class SimulatorControl:
         """Move the simulator's clock forward (key retention, lookup visibility)."""
         self._call("POST", "clock", {"advance_seconds": seconds})
 
+    def add_wechatpay_merchant(
+        self, tenant: str, mchid: str, serial_no: str, public_key_pem: str
+    ) -> tuple[str, str]:
+        """Register a WeChat Pay merchant of ``tenant`` with the WeChat Pay mode (requests
+        signed with the private key of ``public_key_pem`` act as it); returns the platform
+        key's id and its public key (PEM), which verify the mode's answers."""
+        body = {
+            "tenant": tenant,
+            "mchid": mchid,
+            "serial_no": serial_no,
+            "public_key": public_key_pem,
+        }
+        answer = self._call("POST", "wechatpay/merchants", body)
+        return str(answer["platform_serial"]), str(answer["platform_public_key"])
+
     # -- ground truth -------------------------------------------------------------------
 
     def ledger(self) -> dict[str, Any]:

@@ -32,15 +32,21 @@ def running_with(path: str) -> list[str]:
     return found
 
 
-# The Chinese run sends its refunds through the Stripe gateway (``--stripe``): the story and
-# its checks are the same, and a third run would cost as much as each of these.
-@pytest.mark.parametrize(("lang", "stripe"), [("en", False), ("zh", True)], ids=["en", "zh-stripe"])
+# The Chinese runs send their refunds through the Stripe gateway (``--stripe``) and the WeChat
+# Pay gateway (``--provider wechatpay``): the story and its checks are the same.
+@pytest.mark.parametrize(
+    ("lang", "provider"),
+    [("en", "http"), ("zh", "stripe"), ("zh", "wechatpay")],
+    ids=["en", "zh-stripe", "zh-wechatpay"],
+)
 def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(
-    tmp_path: Path, lang: str, stripe: bool
+    tmp_path: Path, lang: str, provider: str
 ) -> None:
+    stripe = provider == "stripe"
+    chosen = ["--stripe"] if stripe else ["--provider", provider]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
     result = subprocess.run(
-        [sys.executable, "-m", "settled.cli", "demo", "--lang", lang, *(["--stripe"] * stripe)],
+        [sys.executable, "-m", "settled.cli", "demo", "--lang", lang, *chosen],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -54,6 +60,7 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(
     assert "Nothing happened twice; the report matches the ledger." in out
     assert "MISMATCH" not in out
     assert ("Refunds go through the Stripe gateway" in out) is stripe
+    assert ("Refunds go through the WeChat Pay gateway" in out) is (provider == "wechatpay")
     # The cases, each with its verdict.
     assert "op-9 with 20000 instead of 10000: refused [idempotency_conflict]" in out
     assert "original untouched: amount 10000, state succeeded" in out
@@ -83,8 +90,10 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(
     # gateway lists the payment intent's refunds; the wire protocol asks for the key.
     with closing(sqlite3.connect(kept / "settled.sqlite3")) as db:
         (evidence,) = db.execute("SELECT evidence FROM review_items").fetchone()
-    stripe_lookup = json.loads(evidence)["detail"].startswith("listing refunds failed")
-    assert stripe_lookup is stripe, evidence
+    detail = json.loads(evidence)["detail"]
+    assert detail.startswith("listing refunds failed") is stripe, evidence
+    # the WeChat Pay gateway queries the refund by its out_refund_no
+    assert (detail == "the query answered HTTP 500 SYSTEM_ERROR") is (provider == "wechatpay")
     assert list(tmp_path.iterdir()) == []  # nothing written where it was started
     # ... for the review-queue command it prints, which works as printed.
     hint = re.search(r"SETTLED_DATABASE_URL=(\S+) settled (review list .*)", out)

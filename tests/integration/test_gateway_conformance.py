@@ -1,6 +1,7 @@
 """Every ``Gateway`` Settled ships answers the conformance suite (``outbox.conformance``) the
-same way: ``FakeGateway`` in memory, ``HttpGateway`` against the simulator's wire protocol and
-``StripeGateway`` against its Stripe mode, both through a ``FaultProxy``. An adapter added later
+same way: ``FakeGateway`` in memory, ``HttpGateway`` against the simulator's wire protocol,
+``StripeGateway`` against its Stripe mode and ``WechatPayGateway`` against its WeChat Pay mode,
+each through a ``FaultProxy``. An adapter added later
 gets a class here; a user's adapter a class in the user's tests, as docs/gateway-conformance.md
 shows (its examples are run here as written).
 """
@@ -20,12 +21,15 @@ from outbox.conformance import FakeDownstream, GatewayConformance, Subject
 from outbox.downstream import DownstreamRequest
 from outbox.kinds import default_registry
 from outbox.testing import FakeGateway
-from settled.simulator import SimulatorControl
+from settled.simulator import SimulatorControl, SimulatorHandle
 from settled.simulator.conformance import SimulatorDownstream
 from settled.simulator.proxy import FaultProxy
 from tests.support.simtools import CLIENT_TIMEOUT, SimTenant
+from tests.support.wechatpay import register
 from workers.http_client import HttpGateway
 from workers.stripe_gateway import LIST_LIMIT, StripeGateway
+from workers.wechatpay_gateway import WechatPayGateway
+from workers.wechatpay_signing import merchant_keys
 
 REFUND = default_registry().get("refund")
 ORDER = "pi_conformance"
@@ -95,6 +99,32 @@ class TestStripeGateway(GatewayConformance):
             yield Subject(gateway, downstream, refunds(sim_tenant.name))
         finally:
             gateway.close()
+
+
+class TestWechatPayGateway(GatewayConformance):
+    keeps_refusals = False  # a refused refund is no refund: the query finds none
+
+    @pytest.fixture
+    def gateway_subject(
+        self,
+        simulator: SimulatorHandle,
+        sim_control: SimulatorControl,
+        sim_proxy: FaultProxy,
+        sim_tenant: SimTenant,
+        sim_order: str,
+    ) -> Iterator[Subject]:
+        merchant = register(simulator.url, sim_tenant.name)
+        totals = {sim_order: 10_000_000}
+        gateway = WechatPayGateway(
+            {sim_tenant.name: merchant_keys(sim_tenant.name, merchant)},
+            order_totals=lambda tenant, order: totals.get(order),
+            api_base=sim_proxy.url + "/wechatpay",
+            timeout=CLIENT_TIMEOUT,
+        )
+        with gateway:
+            # WeChat Pay's own business refusal (the balance short), as its mode answers it
+            downstream = SimulatorDownstream(sim_control, sim_proxy, business_code="NOT_ENOUGH")
+            yield Subject(gateway, downstream, refunds(sim_tenant.name))
 
 
 def questions(suite: type[GatewayConformance]) -> int:

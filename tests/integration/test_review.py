@@ -243,6 +243,13 @@ def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> An
         env["SETTLED_DOWNSTREAM_PROVIDERS"] = json.dumps({"refund": "stripe"})
         env["SETTLED_STRIPE_API_KEYS"] = env["SETTLED_DOWNSTREAM_API_KEYS"]
         env["SETTLED_STRIPE_API_BASE"] = rig.url + STRIPE_PREFIX
+    if rig.wechatpay is not None:  # refunds through the WeChat Pay gateway, as configured
+        env["SETTLED_DOWNSTREAM_PROVIDERS"] = json.dumps({"refund": "wechatpay"})
+        merchant = rig.wechatpay.model_dump(mode="json", exclude_none=True)
+        merchant["private_key"] = rig.wechatpay.private_key_pem().decode()
+        env["SETTLED_WECHATPAY_MERCHANTS"] = json.dumps({"acme": merchant})
+        env["SETTLED_WECHATPAY_API_BASE"] = rig.url + "/wechatpay"
+        env["SETTLED_WECHATPAY_ORDER_TOTALS"] = "tests.support.wechatpay:order_total"
     return CliRunner().invoke(main, ["review", *args], env=env, catch_exceptions=False)
 
 

@@ -18,6 +18,7 @@ from outbox.errors import StaleLease
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Attempt, Operation, ReviewItem
+from outbox.settings_wechatpay import WechatPayMerchant
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import start_attempts
 from outbox.storage.claims import Claimed, claim_for_send
@@ -25,11 +26,15 @@ from outbox.storage.connection import Bind
 from reconciler.reconcile import Reconciler
 from settled.simulator import SimulatorControl, SimulatorHandle
 from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
+from settled.simulator.wechatpay import PREFIX as WECHATPAY_PREFIX
 from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
+from tests.support.wechatpay import private_pem, register, rsa_key
 from workers.executor import Executor
 from workers.http_client import HttpGateway
 from workers.stripe_gateway import StripeGateway
+from workers.wechatpay_gateway import WechatPayGateway
+from workers.wechatpay_signing import merchant_keys
 
 #: Client timeout of the rig's gateways: long enough for a loaded machine; faults that hold a
 #: response hold it for longer (HOLD).
@@ -56,12 +61,15 @@ class Rig:
     url: str
     sessions: sessionmaker[Session]
     #: every gateway handed out, closed at teardown (their pools hold keep-alive sockets)
-    gateways: list[HttpGateway | StripeGateway] = field(default_factory=list)
+    gateways: list[HttpGateway | StripeGateway | WechatPayGateway] = field(default_factory=list)
     #: whether the test ends on ``check_truthful`` (off only for tests that write outcomes
     #: into storage by hand, with nothing sent)
     judged_by_ledger: bool = True
     #: the gateways handed out speak Stripe to the simulator's Stripe mode (``stripe_rig``)
     stripe: bool = False
+    #: the gateways handed out speak WeChat Pay to the simulator's WeChat Pay mode as this
+    #: merchant (``wechatpay_rig``)
+    wechatpay: WechatPayMerchant | None = None
 
     @property
     def storage(self) -> Storage:
@@ -104,14 +112,37 @@ class Rig:
         """A gateway to the rig's simulator (or ``url``), closed when the test ends: the
         wire protocol's, or in Stripe mode the Stripe gateway."""
         keys = {self.tenant.name: self.tenant.api_key} if api_keys is None else api_keys
-        gateway: HttpGateway | StripeGateway
-        if self.stripe:
+        gateway: HttpGateway | StripeGateway | WechatPayGateway
+        if self.wechatpay is not None:
+            gateway = self._wechatpay_gateway(url, keys, timeout)
+        elif self.stripe:
             base = (url or self.url) + STRIPE_PREFIX
             gateway = StripeGateway(keys, api_base=base, timeout=timeout)
         else:
             gateway = HttpGateway(url or self.url, keys, timeout=timeout)
         self.gateways.append(gateway)
         return gateway
+
+    def _wechatpay_gateway(
+        self, url: str | None, api_keys: Mapping[str, SecretStr], timeout: float
+    ) -> WechatPayGateway:
+        """The WeChat Pay gateway; given keys other than the tenant's, it signs with a key the
+        simulator does not know (as a wrong API key does elsewhere)."""
+        assert self.wechatpay is not None
+        merchant = self.wechatpay
+        ours = self.tenant.api_key.get_secret_value()
+        if any(key.get_secret_value() != ours for key in api_keys.values()):
+            wrong = SecretStr(private_pem(rsa_key("impostor")))
+            merchant = merchant.model_copy(update={"private_key": wrong})
+        keys = {tenant: merchant_keys(tenant, merchant) for tenant in api_keys}
+
+        def totals(tenant: str, order_id: str) -> int | None:
+            orders = self.control.ledger()["orders"]
+            found = [o for o in orders if (o["tenant"], o["order_id"]) == (tenant, order_id)]
+            return int(found[0]["amount_minor"]) if found else None
+
+        base = (url or self.url) + WECHATPAY_PREFIX
+        return WechatPayGateway(keys, order_totals=totals, api_base=base, timeout=timeout)
 
     def close(self) -> None:
         for gateway in self.gateways:
@@ -212,6 +243,16 @@ def stripe_rig(rig: Rig) -> Rig:
     ignores ``Settled-Deadline``: its contracts declare no fence (a "not found" waits out the
     delay bound)."""
     rig.stripe = True
+    rig.outbox = replace(rig.outbox, registry=default_registry())
+    return rig
+
+
+@pytest.fixture
+def wechatpay_rig(rig: Rig) -> Rig:
+    """The rig whose gateways are WeChat Pay gateways to the simulator's WeChat Pay mode (the
+    tenant registered as a merchant). WeChat Pay ignores ``Settled-Deadline``: its contracts
+    declare no fence (a "not found" waits out the delay bound)."""
+    rig.wechatpay = register(rig.url, rig.tenant.name)
     rig.outbox = replace(rig.outbox, registry=default_registry())
     return rig
 

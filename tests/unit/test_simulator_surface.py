@@ -27,6 +27,7 @@ EXPORTS = [
 CONTROL_METHODS = [
     "add_rule",
     "add_tenant",
+    "add_wechatpay_merchant",
     "advance_clock",
     "clear_rules",
     "clear_schedule",

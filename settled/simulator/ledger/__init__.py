@@ -156,6 +156,13 @@ class Ledger:
             row = run(cur, db.sql.order, tenant=tenant, order_id=order_id).fetchone()
         return None if row is None else str(row[1])
 
+    def order_amount(self, tenant: str, order_id: str) -> int | None:
+        """The amount ``order_id`` was charged, in minor units (None: no such order)."""
+        db = self._db
+        with db.transaction() as cur:
+            row = run(cur, db.sql.order, tenant=tenant, order_id=order_id).fetchone()
+        return None if row is None else int(row[0])
+
     def outcomes(self, tenant: str) -> list[tuple[float, dict[str, Any]]]:
         """Every saved outcome of ``tenant`` (what lookups answer), newest first, with its
         creation time: the Stripe mode's list of refunds is made from them."""
