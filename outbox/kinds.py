@@ -357,7 +357,7 @@ TICKET_CANCEL_PROFILE = AgentProfile(
 
 
 def default_registry() -> KindRegistry:
-    """Refunds (served by the wire protocol or Stripe), after-sales tickets, pickups and
+    """Refunds (served by the wire protocol, Stripe or Alipay), after-sales tickets, pickups and
     ticket cancellations, with their agent profiles."""
     return KindRegistry(
         [
@@ -366,7 +366,7 @@ def default_registry() -> KindRegistry:
                 RefundIntent,
                 "/v1/refunds",
                 agent=REFUND_PROFILE,
-                providers=frozenset({"http", "stripe"}),
+                providers=frozenset({"http", "stripe", "alipay"}),
             ),
             Kind("after_sales_ticket", TicketIntent, "/v1/tickets", agent=TICKET_PROFILE),
             Kind("pickup", PickupIntent, "/v1/pickups"),

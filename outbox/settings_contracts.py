@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from outbox.errors import InvalidInput
 from outbox.kinds import KindRegistry
+from outbox.provider_contracts import PROVIDER_CONTRACTS, UNFENCED
 
 
 class ContractSettings(BaseModel):
@@ -80,7 +81,8 @@ def apply_contracts(
     the retry cap) applied; ``providers``: which downstream serves a kind.
 
     Raises InvalidInput (code ``invalid_setting``) naming the setting for a kind that is not
-    registered, or a contract promising a deadline fence of a kind Stripe serves.
+    registered, or a contract promising a deadline fence of a kind Stripe or Alipay serves.
+    A kind served by a provider of ``outbox.provider_contracts`` starts from its contract.
     """
     unknown = sorted(set(contracts) - set(registry.names()))
     if unknown:
@@ -95,17 +97,19 @@ def apply_contracts(
     fenced_stripe = sorted(
         name
         for name, contract in contracts.items()
-        if contract.enforces_deadline and providers.get(name) == "stripe"
+        if contract.enforces_deadline and providers.get(name) in UNFENCED
     )
     if fenced_stripe:
         raise InvalidInput(
             f"SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline for {fenced_stripe}, "
-            "served by Stripe (SETTLED_DOWNSTREAM_PROVIDERS), which ignores the deadline",
+            "served by a provider that ignores the deadline (SETTLED_DOWNSTREAM_PROVIDERS: "
+            f"{sorted({providers[name] for name in fenced_stripe})})",
             code="invalid_setting",
             setting="SETTLED_DOWNSTREAM_CONTRACTS",
         )
     defaults = {"retention_margin": retention_margin, "retry_cap": retry_cap}
     for name in registry.names():
         changes = contracts.get(name, ContractSettings()).changes()
-        registry = registry.with_contract(name, **{**defaults, **changes})
+        provider = PROVIDER_CONTRACTS.get(providers.get(name, ""), {})
+        registry = registry.with_contract(name, **{**defaults, **provider, **changes})
     return registry

@@ -11,7 +11,9 @@ against PostgreSQL itself. In order:
     development secrets against PostgreSQL  SETTLED_FINGERPRINT_KEYS, SETTLED_IDEMPOTENCY_SECRET
     contracts for unknown kinds              SETTLED_DOWNSTREAM_CONTRACTS
     providers, Stripe without keys           SETTLED_DOWNSTREAM_PROVIDERS, SETTLED_STRIPE_API_KEYS
-    downstream URLs without http(s), host    SETTLED_DOWNSTREAM_URL, SETTLED_STRIPE_API_BASE
+    Alipay without a whole app per tenant    SETTLED_ALIPAY_APP_IDS, SETTLED_ALIPAY_*_KEYS
+    downstream URLs without http(s), host    SETTLED_DOWNSTREAM_URL, SETTLED_STRIPE_API_BASE,
+                                             SETTLED_ALIPAY_GATEWAY_URL
     a lease a send does not fit in           SETTLED_LEASE_SECONDS
     a broker URL of no known transport       SETTLED_BROKER_URL
     the database: answers, at the newest migration
@@ -83,6 +85,8 @@ def check_configuration(settings: Settings, registry: KindRegistry | None = None
     _check_url(settings.downstream_url, "SETTLED_DOWNSTREAM_URL")
     if "stripe" in settings.downstream_providers.values():
         _check_url(settings.stripe_api_base, "SETTLED_STRIPE_API_BASE")
+    if "alipay" in settings.downstream_providers.values():
+        _check_url(settings.alipay_gateway_url, "SETTLED_ALIPAY_GATEWAY_URL")
     _check_lease(settings)
     _check_broker_url(settings.broker_url)
     return registry
