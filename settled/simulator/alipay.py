@@ -5,9 +5,9 @@ A request is a form POST (the common parameters in the body or the query string,
 send them): ``app_id``, ``method``, ``charset``, ``sign_type`` ``RSA2``, ``timestamp``,
 ``version`` ``1.0``, ``biz_content`` (JSON) and ``sign``, RSA-SHA256 by the app's private key
 over the other non-empty parameters sorted by name as ``name=value&...``. An app is registered
-with its public key through the control API (``alipay/apps``); the mode's own key pair is made
+with its public key through the control API (``alipay_apps``); the mode's own key pair is made
 at its first use and signs every answer: ``{"<method>_response": {...}, "sign": "..."}``, the
-signature over the node's exact text (``GET /_control/alipay/keys`` gives the public key).
+signature over the node's exact text (``GET /_control/alipay_keys`` gives the public key).
 
 - ``alipay.trade.refund`` (``out_trade_no``, ``refund_amount`` in yuan, ``out_request_no``):
   the same steps, fault rules and ledger as a submit of the documented protocol (``submit``),

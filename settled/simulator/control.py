@@ -83,11 +83,11 @@ class SimulatorControl:
         """Register (or re-key) an Alipay app of ``tenant`` with its RSA public key (PEM):
         requests to the Alipay mode signed by its private key act as the tenant."""
         body = {"tenant": tenant, "app_id": app_id, "app_public_key": app_public_key}
-        self._call("POST", "alipay/apps", body)
+        self._call("POST", "alipay_apps", body)
 
     def alipay_public_key(self) -> str:
         """The Alipay mode's public key (PEM), made at its first use: its answers' signer."""
-        return str(self._call("GET", "alipay/keys")["alipay_public_key"])
+        return str(self._call("GET", "alipay_keys")["alipay_public_key"])
 
     # -- faults -------------------------------------------------------------------------
 

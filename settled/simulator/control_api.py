@@ -147,8 +147,8 @@ ROUTES: Mapping[tuple[str, str], Handler] = {
     ("POST", "switches"): _change_switches,
     ("POST", "clock"): _advance_clock,
     ("GET", "ledger"): _ledger,
-    ("POST", "alipay/apps"): _add_alipay_app,
-    ("GET", "alipay/keys"): _alipay_keys,
+    ("POST", "alipay_apps"): _add_alipay_app,
+    ("GET", "alipay_keys"): _alipay_keys,
 }
 
 
