@@ -16,13 +16,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from outbox import logs
 from outbox.downstream import DownstreamRequest, Unknown
 from outbox.states import State
+from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_review as review_tests
 from tests.integration import test_review_reasons as reason_tests
-from tests.integration.test_stripe_mode import GUARANTEES, REASONS, REVIEWS
-from tests.support.rig import Rig
+from tests.integration.test_stripe_mode import (  # noqa: F401 (settled_logging: a fixture)
+    GUARANTEES,
+    REASONS,
+    REVIEWS,
+    settled_logging,
+)
+from tests.support.rig import GOOD, HOLD, Rig
 
 
 @pytest.mark.parametrize("guarantee", GUARANTEES, ids=lambda test: test.__name__[5:])
@@ -105,3 +112,32 @@ def test_a_refund_alipay_does_not_show_past_quiescence_is_sent_again_with_the_sa
 
 def test_the_review_queue_sees_alipay_refusals_as_the_wire_protocol_does(alipay_rig: Rig) -> None:
     review_tests.test_requery_settles_when_the_lookup_is_back(alipay_rig)
+
+
+@pytest.mark.usefixtures("settled_logging")
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_no_key_order_amount_or_payee_reaches_the_log_in_alipay_mode(
+    alipay_rig: Rig, level: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refund, a refusal and a lost answer settled by the query, with Settled's logging at
+    ``level``: the app's private key, the order, the amounts and the payee are never heard."""
+    rig = alipay_rig
+    assert rig.alipay is not None
+    logs.configure(level, "json")
+    capsys.readouterr()
+    executor_tests.test_happy_path_records_the_receipt(rig)
+    refused = rig.enqueue("op-refused", params={**GOOD, "amount_minor": 987654})
+    rig.executor().execute([refused])
+    assert rig.op(refused).state == "rejected"
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    lost = rig.enqueue("op-lost", params={**GOOD, "amount_minor": 4321})
+    rig.executor().execute([lost])
+    assert rig.op(lost).state == "unknown"
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    written = capsys.readouterr()
+    text = written.out + written.err
+    assert '"logger": "workers.alipay_gateway"' in written.err  # the capture works
+    key_lines = rig.alipay.private_key.get_secret_value().splitlines()[1:4]
+    for secret in ("A1042", "P-7", "10000", "100.00", "987654", "9876.54", "43.21", *key_lines):
+        assert secret not in text, secret
