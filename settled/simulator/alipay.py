@@ -22,8 +22,10 @@ signature over the node's exact text (``GET /_control/alipay_keys`` gives the pu
 
 Faults answer in Alipay's shape: ``business_reject`` a ``40004`` business refusal, ``403``
 ``40006 isv.insufficient-isv-permissions``, ``503_after_commit`` ``20000 isp.unknow-error``,
-``lookup_unavailable`` a query's ``20000``; ``429`` and ``503_before`` are answered as HTTP
-429 (with ``Retry-After``) and 503 by the edge in front of the gateway, unsigned.
+``lookup_unavailable`` a query's ``20000``; ``business_reject`` with the code
+``refund_closed`` a refund taken on (``fund_change`` ``N``) and then closed unmade; ``429``
+and ``503_before`` are answered as HTTP 429 (with ``Retry-After``) and 503 by the edge in
+front of the gateway, unsigned.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ _REFUSALS = {
     "currency_mismatch": "ACQ.INVALID_PARAMETER",
 }
 _BALANCE = "ACQ.SELLER_BALANCE_NOT_ENOUGH"
+#: ``business_reject`` with this code: Alipay takes the refund on (``10000``, ``fund_change``
+#: ``N``: no money moved) and then closes it without making it; the query never shows it
+TAKEN_ON_THEN_CLOSED = "refund_closed"
 _MESSAGES = {
     "20000": "Service Currently Unavailable",
     "40001": "Missing Required Arguments",
@@ -235,6 +240,16 @@ def _as_alipay(
         return Response(503, {"error": "service unavailable"}, headers)
     if response.status >= 500:  # processed, then failed: Alipay's "unknown"
         return _failed(sim, node, "20000", "isp.unknow-error", headers)
+    if kind == wire.BUSINESS_ERROR and code == TAKEN_ON_THEN_CLOSED:
+        taken_on = {
+            "code": "10000",
+            "msg": "Success",
+            "trade_no": trade_no(tenant, order_id),
+            "out_trade_no": order_id,
+            "fund_change": "N",
+            "refund_fee": _yuan(_refunded(sim, tenant, order_id)),
+        }
+        return signed(sim, node, taken_on, headers)
     if response.status == 402 or kind == wire.BUSINESS_ERROR:
         return _failed(sim, node, "40004", _REFUSALS.get(code, _BALANCE), headers)
     if kind == wire.IDEMPOTENCY_ERROR:

@@ -19,6 +19,7 @@ import pytest
 from outbox import logs
 from outbox.downstream import DownstreamRequest, Unknown
 from outbox.states import State
+from settled.simulator.alipay import TAKEN_ON_THEN_CLOSED
 from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_review as review_tests
@@ -141,3 +142,27 @@ def test_no_key_order_amount_or_payee_reaches_the_log_in_alipay_mode(
     key_lines = rig.alipay.private_key.get_secret_value().splitlines()[1:4]
     for secret in ("A1042", "P-7", "10000", "100.00", "987654", "9876.54", "43.21", *key_lines):
         assert secret not in text, secret
+
+
+def test_a_refund_taken_on_then_closed_is_never_read_as_done_or_as_refused(
+    alipay_rig: Rig,
+) -> None:
+    """Alipay takes the refund on (``fund_change`` ``N``: no money moved) and then closes it
+    unmade: the query never shows it. Nothing proves either outcome: the operation stays
+    uncertain, is sent again with the same number only past quiescence, and no money moves."""
+    rig = alipay_rig
+    rig.control.add_rule("business_reject", times=1, code=TAKEN_ON_THEN_CLOSED)
+    op = rig.enqueue()
+    key = rig.op(op).idempotency_key
+    rig.executor().execute([op])
+    assert rig.op(op).state == "unknown"
+    assert "requeued" not in rig.reconciler().run_once().outcomes  # inside quiescence
+    assert rig.sends(op) == 1 and rig.op(op).state == "unknown"
+    rig.make_quiet(op)
+    rig.make_due(op)
+    assert rig.reconciler().run_once().outcomes == {"requeued": 1}
+    assert rig.op(op).state == "planned" and rig.op(op).idempotency_key == key
+    rig.executor().execute([op])  # the same number: Alipay answers it as before
+    assert rig.op(op).state == "unknown"
+    assert rig.effects(op) == 0 and rig.sends(op) == 2
+    assert rig.control.refunded("acme", "A1042") == 0
