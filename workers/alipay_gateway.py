@@ -273,8 +273,7 @@ class AlipayGateway:
         biz = {"out_trade_no": params["order_id"], "out_request_no": key}
         answer = self._call(keys, QUERY, biz, until)
         if not isinstance(answer, httpx.Response):
-            detail = getattr(answer, "detail", None) or f"HTTP {getattr(answer, 'status', '')}"
-            return Unavailable(f"the refund query failed ({detail})")
+            return Unavailable(f"the refund query failed ({answer.detail})")
         if answer.status_code != 200:
             return Unavailable(f"the refund query answered HTTP {answer.status_code}")
         node = verified_node(answer.content, QUERY_NODE, keys.alipay)
