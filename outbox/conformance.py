@@ -161,17 +161,23 @@ class GatewayConformance:
     lookup of a refused request must find nothing.
     ``scripts_references``: whether the ``Downstream`` can answer a receipt with a given
     reference (``answer_reference(request, reference)``), for the bounds on references.
+    ``replays_prove``: whether a replay answers the first receipt (most do); where it answers
+    only that nothing new was done (Alipay's ``fund_change`` ``N``), the replay must be
+    uncertain, never a refusal, and the lookup finds the first receipt.
     """
 
     pages: ClassVar[int | None] = None
     keeps_refusals: ClassVar[bool] = True
     scripts_references: ClassVar[bool] = False
+    replays_prove: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Only the questions the adapter can be asked are tests of it: none is skipped.
         refusal = _refusal_found if cls.keeps_refusals else _refusal_not_found
         cls.test_a_lookup_of_a_business_refusal = refusal  # type: ignore[attr-defined]
+        if not cls.replays_prove:
+            cls.test_a_replay_answers_the_first_receipt_and_does_nothing_again = _replay_unproven  # type: ignore[method-assign]
         if cls.pages:
             cls.test_a_lookup_reads_the_pages_until_it_finds_the_operation = _paging  # type: ignore[attr-defined]
         if cls.scripts_references:
@@ -327,6 +333,20 @@ class GatewayConformance:
         assert isinstance(looked, LookupMisuse) and looked.code == "receipt_mismatch", looked
         # what the downstream actually did, for a person to settle it by
         assert looked.record is not None and looked.record.reference == sent.receipt.reference
+
+
+def _replay_unproven(self: GatewayConformance, gateway_subject: Subject) -> None:
+    """A replay that proves only that nothing new was done is uncertain (never "not done"),
+    does nothing again, and the lookup finds the first receipt."""
+    s = gateway_subject
+    request = s.request("cf-replay")
+    first = s.gateway.submit(request, deadline=_deadline())
+    again = s.gateway.submit(request, deadline=_deadline())
+    assert isinstance(first, Accepted) and isinstance(again, Unknown), (first, again)
+    assert s.downstream.effects(request) == 1
+    found = s.gateway.lookup(request, deadline=_deadline())
+    assert isinstance(found, Found), found
+    assert found.receipt.reference == first.receipt.reference
 
 
 def _refusal_found(self: GatewayConformance, gateway_subject: Subject) -> None:

@@ -357,8 +357,8 @@ TICKET_CANCEL_PROFILE = AgentProfile(
 
 
 def default_registry() -> KindRegistry:
-    """Refunds (served by the wire protocol, Stripe or WeChat Pay), after-sales tickets,
-    pickups and ticket cancellations, with their agent profiles."""
+    """Refunds (served by the wire protocol, Stripe, WeChat Pay or Alipay), after-sales
+    tickets, pickups and ticket cancellations, with their agent profiles."""
     return KindRegistry(
         [
             Kind(
@@ -366,7 +366,7 @@ def default_registry() -> KindRegistry:
                 RefundIntent,
                 "/v1/refunds",
                 agent=REFUND_PROFILE,
-                providers=frozenset({"http", "stripe", "wechatpay"}),
+                providers=frozenset({"http", "stripe", "wechatpay", "alipay"}),
             ),
             Kind("after_sales_ticket", TicketIntent, "/v1/tickets", agent=TICKET_PROFILE),
             Kind("pickup", PickupIntent, "/v1/pickups"),

@@ -100,9 +100,9 @@ class Settings(BaseSettings):
     #: Longest a single HTTP attempt may take, before the operation's deadline bounds it further.
     downstream_timeout: float = Field(default=10.0, gt=0)
     #: Per kind, which downstream serves it: ``http`` (the wire protocol at
-    #: ``downstream_url``, the default), ``stripe`` or ``wechatpay`` (refunds only), e.g.
-    #: ``{"refund": "stripe"}``.
-    downstream_providers: dict[str, Literal["http", "stripe", "wechatpay"]] = Field(
+    #: ``downstream_url``, the default), ``stripe``, ``wechatpay`` or ``alipay`` (refunds
+    #: only), e.g. ``{"refund": "stripe"}``.
+    downstream_providers: dict[str, Literal["http", "stripe", "wechatpay", "alipay"]] = Field(
         default_factory=dict
     )
     #: Stripe secret key per tenant, e.g. ``{"acme": "sk_test_..."}`` (never logged).
@@ -116,6 +116,14 @@ class Settings(BaseSettings):
     #: ``module:function`` giving an order's total in fen, ``function(tenant, order_id)``
     #: (None where unknown): WeChat Pay's refunds name it, refund intents do not carry it.
     wechatpay_order_totals: str | None = None
+    #: Alipay app per tenant: its app id, its RSA2 private key (PEM or Alipay's bare base64;
+    #: never logged) and Alipay's public key for the app, e.g. ``{"acme": "2021000000000001"}``.
+    alipay_app_ids: dict[str, str] = Field(default_factory=dict)
+    alipay_private_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    alipay_public_keys: dict[str, str] = Field(default_factory=dict)
+    #: Alipay's OpenAPI gateway (its sandbox: https://openapi-sandbox.dl.alipaydev.com/gateway.do;
+    #: the simulator's Alipay mode: its URL + ``/alipay/gateway.do``).
+    alipay_gateway_url: str = "https://openapi.alipay.com/gateway.do"
 
     #: Budget given to a new operation: its deadline, and how many of its attempts may reach
     #: the downstream (one whose request never left, a refused connection, costs none of them).

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from outbox.errors import InvalidInput
 from outbox.kinds import KindRegistry
+from outbox.provider_contracts import PROVIDER_CONTRACTS, UNFENCED
 
 
 class ContractSettings(BaseModel):
@@ -68,10 +69,6 @@ class ContractSettings(BaseModel):
         return changes
 
 
-#: Providers that do not refuse a request arriving past its ``Settled-Deadline``, by name.
-UNFENCED_PROVIDERS = {"stripe": "Stripe", "wechatpay": "WeChat Pay"}
-
-
 def apply_contracts(
     registry: KindRegistry,
     contracts: Mapping[str, ContractSettings],
@@ -84,8 +81,9 @@ def apply_contracts(
     the retry cap) applied; ``providers``: which downstream serves a kind.
 
     Raises InvalidInput (code ``invalid_setting``) naming the setting for a kind that is not
-    registered, or a contract promising a deadline fence of a kind Stripe or WeChat Pay
-    serves.
+    registered, or a contract promising a deadline fence of a kind Stripe, WeChat Pay or
+    Alipay serves. A kind served by a provider of ``outbox.provider_contracts`` starts from
+    its contract.
     """
     unknown = sorted(set(contracts) - set(registry.names()))
     if unknown:
@@ -95,15 +93,15 @@ def apply_contracts(
             code="invalid_setting",
             setting="SETTLED_DOWNSTREAM_CONTRACTS",
         )
-    # Stripe and WeChat Pay ignore the Settled-Deadline header: a contract saying otherwise
+    # Stripe, WeChat Pay and Alipay ignore the Settled-Deadline header: a contract saying otherwise
     # would let a "not found" be trusted before a late request could still land.
     fenced = sorted(
         name
         for name, contract in contracts.items()
-        if contract.enforces_deadline and providers.get(name) in UNFENCED_PROVIDERS
+        if contract.enforces_deadline and providers.get(name) in UNFENCED
     )
     if fenced:
-        names = sorted({UNFENCED_PROVIDERS[providers[name]] for name in fenced})
+        names = sorted({UNFENCED[providers[name]] for name in fenced})
         raise InvalidInput(
             f"SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline for {fenced}, "
             f"served by {' and '.join(names)} (SETTLED_DOWNSTREAM_PROVIDERS), which ignores "
@@ -114,5 +112,6 @@ def apply_contracts(
     defaults = {"retention_margin": retention_margin, "retry_cap": retry_cap}
     for name in registry.names():
         changes = contracts.get(name, ContractSettings()).changes()
-        registry = registry.with_contract(name, **{**defaults, **changes})
+        provider = PROVIDER_CONTRACTS.get(providers.get(name, ""), {})
+        registry = registry.with_contract(name, **{**defaults, **provider, **changes})
     return registry

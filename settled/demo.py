@@ -41,6 +41,7 @@ from outbox.storage.reviews import review_reason
 from settled.celery_app import create_app, hint_publisher
 from settled.runtime import Runtime, build_runtime
 from settled.simulator import SimulatorControl, start_in_thread
+from settled.simulator.alipay import GATEWAY as ALIPAY_GATEWAY
 
 TENANT = "acme"
 API_KEY = "sk_test_demo_acme"
@@ -357,6 +358,7 @@ def _wechatpay_merchant(control: SimulatorControl) -> WechatPayMerchant:
 PROVIDERS = {
     "stripe": ("Stripe", "/stripe"),
     "wechatpay": ("WeChat Pay", "/wechatpay"),
+    "alipay": ("Alipay", ALIPAY_GATEWAY),
 }
 
 
@@ -373,6 +375,7 @@ def run_demo(
     gateway to the simulator's mode of it (``http``: the wire protocol)."""
     global _simulator_url
     provider = "stripe" if stripe else provider
+    alipay = _demo_alipay_app() if provider == "alipay" else None
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="settled-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     sim = start_in_thread(
@@ -401,8 +404,8 @@ def run_demo(
         # button (case 5) finds the later ones still planned.
         claim_batch=0,
         downstream_providers={"refund": provider} if provider != "http" else {},
-        # The simulator refuses requests that arrive past their deadline; Stripe and WeChat
-        # Pay (and the simulator's modes of them) do not, so refunds sent there wait out the
+        # The simulator refuses requests that arrive past their deadline; Stripe, WeChat Pay
+        # and Alipay (and the simulator's modes of them) do not, so refunds sent there wait out the
         # delay bound.
         downstream_contracts={
             name: ContractSettings(enforces_deadline=True)
@@ -414,6 +417,7 @@ def run_demo(
         wechatpay_merchants=merchants,
         wechatpay_api_base=sim.url + "/wechatpay",
         wechatpay_order_totals="settled.demo:simulator_order_total",
+        **(_alipay_settings(alipay, sim.url) if alipay is not None else {}),
     )
     echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")
     if provider in PROVIDERS:
@@ -428,6 +432,8 @@ def run_demo(
         # refunds one at a time, so the stop button (case 5) finds the later ones still planned.
         relay.install(rt.sessions, hint_publisher(celery), per_message=1, observer=rt.observer)
         control = SimulatorControl(sim.url)
+        if alipay is not None:  # the app's public key, as a merchant uploads it to Alipay
+            control.add_alipay_app(TENANT, ALIPAY_APP_ID, alipay[1])
         try:
             with _worker(settings, folder):
                 demo = Demo(rt, control, hint_publisher(celery), echo, lang=check_lang(lang))
@@ -452,6 +458,38 @@ def run_demo(
         f"  SETTLED_DATABASE_URL={db_url} settled review list --staff you --role viewer"
     )
     return 0 if agree else 1
+
+
+#: The demo's Alipay app id (the simulator's Alipay mode knows it once registered).
+ALIPAY_APP_ID = "2021000000000001"
+
+
+def _demo_alipay_app() -> tuple[str, str]:
+    """A fresh RSA key pair for the demo's Alipay app: (private PEM, public PEM)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return private.decode("ascii"), public.decode("ascii")
+
+
+def _alipay_settings(app: tuple[str, str], sim_url: str) -> dict[str, Any]:
+    """The demo tenant's Alipay app as settings: its keys, the simulator's Alipay public key
+    (asked of the simulator: its key pair is made at first use) and the mode's gateway."""
+    with SimulatorControl(sim_url) as control:
+        alipay_public = control.alipay_public_key()
+    return {
+        "alipay_app_ids": {TENANT: ALIPAY_APP_ID},
+        "alipay_private_keys": {TENANT: SecretStr(app[0])},
+        "alipay_public_keys": {TENANT: alipay_public},
+        "alipay_gateway_url": sim_url + ALIPAY_GATEWAY,
+    }
 
 
 def _keep_only_the_database(folder: Path) -> None:

@@ -13,8 +13,10 @@ against PostgreSQL itself. In order:
     providers, Stripe without keys           SETTLED_DOWNSTREAM_PROVIDERS, SETTLED_STRIPE_API_KEYS
     WeChat Pay without merchants, unreadable SETTLED_WECHATPAY_MERCHANTS,
       keys, no order totals function         SETTLED_WECHATPAY_ORDER_TOTALS
+    Alipay without a whole app per tenant    SETTLED_ALIPAY_APP_IDS, SETTLED_ALIPAY_*_KEYS
     downstream URLs without http(s), host    SETTLED_DOWNSTREAM_URL, SETTLED_STRIPE_API_BASE,
-                                             SETTLED_WECHATPAY_API_BASE
+                                             SETTLED_WECHATPAY_API_BASE,
+                                             SETTLED_ALIPAY_GATEWAY_URL
     a lease a send does not fit in           SETTLED_LEASE_SECONDS
     a broker URL of no known transport       SETTLED_BROKER_URL
     the database: answers, at the newest migration
@@ -89,6 +91,8 @@ def check_configuration(settings: Settings, registry: KindRegistry | None = None
     if "wechatpay" in settings.downstream_providers.values():
         wechatpay_parts(settings)  # every key readable, the totals function importable
         _check_url(settings.wechatpay_api_base, "SETTLED_WECHATPAY_API_BASE")
+    if "alipay" in settings.downstream_providers.values():
+        _check_url(settings.alipay_gateway_url, "SETTLED_ALIPAY_GATEWAY_URL")
     _check_lease(settings)
     _check_broker_url(settings.broker_url)
     return registry

@@ -33,6 +33,7 @@ from support.approvals import Approvals
 from support.find import Finder
 from support.overview import Overview
 from support.review import ReviewQueue
+from workers.alipay_gateway import AlipayApp, AlipayGateway, load_private_key, load_public_key
 from workers.coalesce import Coalescer
 from workers.executor import Executor
 from workers.http_client import HttpGateway
@@ -242,7 +243,8 @@ def worker_name() -> str:
 def check_providers(settings: Settings, registry: KindRegistry) -> None:
     """Raise InvalidSetting for a kind not registered or one its provider cannot serve (the
     kind's ``providers``), and
-    for Stripe with no keys (every refund would be refused for want of one)."""
+    for Stripe with no keys (every refund would be refused for want of one), and for Alipay
+    without an app, or with a tenant's app id, private key or Alipay public key missing."""
     wrong = sorted(
         name
         for name, provider in settings.downstream_providers.items()
@@ -274,6 +276,9 @@ def check_providers(settings: Settings, registry: KindRegistry) -> None:
             "that gives an order's total in fen",
             setting="SETTLED_WECHATPAY_ORDER_TOTALS",
         )
+    alipay_kinds = sorted(k for k, p in settings.downstream_providers.items() if p == "alipay")
+    if alipay_kinds:
+        _check_alipay_apps(settings, alipay_kinds)
 
 
 def order_totals_of(path: str) -> OrderTotals:
@@ -315,9 +320,54 @@ def build_wechatpay_gateway(settings: Settings) -> WechatPayGateway:
     )
 
 
+def _check_alipay_apps(settings: Settings, kinds: list[str]) -> None:
+    """Every tenant with an Alipay app id has its private key and Alipay's public key, and
+    there is at least one (every refund would be refused for want of one)."""
+    ids, private, public = (
+        settings.alipay_app_ids,
+        settings.alipay_private_keys,
+        settings.alipay_public_keys,
+    )
+    if not ids:
+        raise InvalidSetting(
+            f"SETTLED_DOWNSTREAM_PROVIDERS sends {kinds} to Alipay, but SETTLED_ALIPAY_APP_IDS "
+            "is empty: set each tenant's app id, private key and Alipay public key",
+            setting="SETTLED_ALIPAY_APP_IDS",
+        )
+    for name, keys in (
+        ("SETTLED_ALIPAY_PRIVATE_KEYS", set(private)),
+        ("SETTLED_ALIPAY_PUBLIC_KEYS", set(public)),
+    ):
+        if keys != set(ids):
+            raise InvalidSetting(
+                f"{name} must name the tenants of SETTLED_ALIPAY_APP_IDS, "
+                f"{sorted(ids)}, not {sorted(keys)}",
+                setting=name,
+            )
+    for tenant in sorted(ids):
+        for name, load, text in (
+            ("SETTLED_ALIPAY_PRIVATE_KEYS", load_private_key, private[tenant].get_secret_value()),
+            ("SETTLED_ALIPAY_PUBLIC_KEYS", load_public_key, public[tenant]),
+        ):
+            try:
+                load(text)
+            except ValueError as exc:  # its text names no part of the key
+                raise InvalidSetting(f"{name}: tenant {tenant!r}: {exc}", setting=name) from None
+
+
+def alipay_apps(settings: Settings) -> dict[str, AlipayApp]:
+    """Each tenant's Alipay app, from the three settings ``check_providers`` checked."""
+    return {
+        tenant: AlipayApp(
+            app_id, settings.alipay_private_keys[tenant], settings.alipay_public_keys[tenant]
+        )
+        for tenant, app_id in settings.alipay_app_ids.items()
+    }
+
+
 def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
     """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
-    protocol's ``HttpGateway`` unless a kind names ``stripe`` or ``wechatpay``.
+    protocol's ``HttpGateway`` unless a kind names ``stripe``, ``wechatpay`` or ``alipay``.
 
     Raises InvalidSetting as ``check_providers`` does.
     """
@@ -327,7 +377,8 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
     )
     stripe_kinds = [k for k, p in settings.downstream_providers.items() if p == "stripe"]
     wechat_kinds = [k for k, p in settings.downstream_providers.items() if p == "wechatpay"]
-    if not stripe_kinds and not wechat_kinds:
+    alipay_kinds = [k for k, p in settings.downstream_providers.items() if p == "alipay"]
+    if not stripe_kinds and not wechat_kinds and not alipay_kinds:
         return http
     by_kind: dict[str, Gateway] = {}
     if stripe_kinds:
@@ -339,6 +390,13 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
         by_kind.update(dict.fromkeys(stripe_kinds, stripe))
     if wechat_kinds:
         by_kind.update(dict.fromkeys(wechat_kinds, build_wechatpay_gateway(settings)))
+    if alipay_kinds:
+        alipay = AlipayGateway(
+            alipay_apps(settings),
+            gateway_url=settings.alipay_gateway_url,
+            timeout=settings.downstream_timeout,
+        )
+        by_kind.update(dict.fromkeys(alipay_kinds, alipay))
     return GatewayByKind(http, by_kind)
 
 

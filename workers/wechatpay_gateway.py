@@ -28,7 +28,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -46,6 +46,7 @@ from outbox.downstream import (
     Unknown,
 )
 from outbox.port_shim import old_keywords
+from outbox.provider_contracts import WECHATPAY
 from outbox.states import RejectReason
 from workers.transport import BoundedTransport, bound_request, error_name, not_sent
 from workers.wechatpay_classify import (
@@ -64,19 +65,9 @@ REFUNDS_PATH = "/v3/refund/domestic/refunds"
 USER_AGENT = "settled-wechatpay"
 #: The order's total in fen, by (tenant, order id); None where the order is not known.
 OrderTotals = Callable[[str, str], int | None]
-#: What WeChat Pay promises for refunds, as the refund kind must declare it (its
-#: ``DownstreamContract`` fields): an ``out_refund_no`` makes one refund and is queryable,
-#: trusted for 24 hours (WeChat Pay keeps it longer; Settled relies on no more); WeChat Pay
-#: ignores ``Settled-Deadline`` (no fence), so a "not found" waits out the 5-minute delay bound;
-#: only ``429 FREQUENCY_LIMITED`` proves "not executed" (``SYSTEM_ERROR`` may have been).
-CONTRACT: dict[str, object] = {
-    "idempotent": True,
-    "queryable": True,
-    "key_retention": timedelta(hours=24),
-    "enforces_deadline": False,
-    "max_request_delay": timedelta(minutes=5),
-    "not_executed_statuses": frozenset({429}),
-}
+#: What WeChat Pay promises for refunds (``outbox.provider_contracts.WECHATPAY``), the
+#: contract a kind it serves starts from.
+CONTRACT = WECHATPAY
 
 
 class WechatPayGateway:

@@ -13,7 +13,7 @@ from settled.cli.common import TEXT
 @click.option("--stripe", is_flag=True, help="send refunds through the Stripe gateway")
 @click.option(
     "--provider",
-    type=click.Choice(["http", "stripe", "wechatpay"]),
+    type=click.Choice(["http", "stripe", "wechatpay", "alipay"]),
     default="http",
     show_default=True,
     help="the gateway refunds go through, to the simulator's mode of it",

@@ -3,7 +3,8 @@
 Routes: ``/_control/...`` to the control API (test mode only; else 404), ``POST`` on a kind's
 endpoint to a submit, ``GET /v1/lookup/{key}`` to a lookup, ``/stripe/...`` to the Stripe mode
 (``stripe``), ``/wechatpay/...`` to the WeChat Pay mode (``wechatpay``, its control routes under
-``/_control/wechatpay/``); anything else answers 404.
+``/_control/wechatpay/``), ``/alipay/...`` to the Alipay mode (``alipay``); anything else
+answers 404.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from urllib.parse import unquote
 
 from outbox import wire
 from outbox.kinds import Kind, default_registry
-from settled.simulator import control_api, stripe, wechatpay, wechatpay_control
+from settled.simulator import alipay, control_api, stripe, wechatpay, wechatpay_control
 from settled.simulator.lookup import lookup
 from settled.simulator.messages import NO_SUCH_ROUTE, Answer, Connection, Request, Response
 from settled.simulator.state import Simulator
@@ -62,6 +63,8 @@ class Application:
                 return stripe.respond(sim, request, connection)
             if path.startswith(wechatpay.PREFIX + "/"):
                 return wechatpay.respond(self.wechatpay, sim, request, connection)
+            if path.startswith(alipay.PREFIX + "/"):
+                return alipay.respond(sim, request, connection)
             if method == "POST" and path in self.kinds:
                 return submit(sim, self.kinds[path], request, connection)
             if method == "GET" and path.startswith(LOOKUP_PREFIX):

@@ -79,6 +79,16 @@ class SimulatorControl:
             },
         )
 
+    def add_alipay_app(self, tenant: str, app_id: str, app_public_key: str) -> None:
+        """Register (or re-key) an Alipay app of ``tenant`` with its RSA public key (PEM):
+        requests to the Alipay mode signed by its private key act as the tenant."""
+        body = {"tenant": tenant, "app_id": app_id, "app_public_key": app_public_key}
+        self._call("POST", "alipay_apps", body)
+
+    def alipay_public_key(self) -> str:
+        """The Alipay mode's public key (PEM), made at its first use: its answers' signer."""
+        return str(self._call("GET", "alipay_keys")["alipay_public_key"])
+
     # -- faults -------------------------------------------------------------------------
 
     def add_rule(

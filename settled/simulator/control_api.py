@@ -129,6 +129,16 @@ def _ledger(sim: Simulator, data: Mapping[str, Any]) -> dict[str, Any]:
     return {**sim.ledger.snapshot(), "requests": sim.requests(), "now": sim.now()}
 
 
+def _add_alipay_app(sim: Simulator, data: Mapping[str, Any]) -> dict[str, Any]:
+    tenant, app_id = _str(data, "tenant"), _str(data, "app_id")
+    sim.alipay.add_app(app_id, tenant, _str(data, "app_public_key"))
+    return _OK
+
+
+def _alipay_keys(sim: Simulator, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {"alipay_public_key": sim.alipay.public_key_pem()}
+
+
 #: (method, route below /_control/) -> handler
 ROUTES: Mapping[tuple[str, str], Handler] = {
     ("POST", "reset"): _reset,
@@ -145,6 +155,8 @@ ROUTES: Mapping[tuple[str, str], Handler] = {
     ("POST", "switches"): _change_switches,
     ("POST", "clock"): _advance_clock,
     ("GET", "ledger"): _ledger,
+    ("POST", "alipay_apps"): _add_alipay_app,
+    ("GET", "alipay_keys"): _alipay_keys,
 }
 
 

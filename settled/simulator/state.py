@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from settled.simulator.alipay_keys import AlipayKeys
 from settled.simulator.faults import Fault, FaultBook
 from settled.simulator.ledger import Ledger
 from settled.simulator.messages import Connection
@@ -35,6 +36,8 @@ class Simulator:
         self.ledger = ledger
         self.test_mode = test_mode
         self.faults = FaultBook()
+        #: the Alipay mode's key pair and apps (``alipay``)
+        self.alipay = AlipayKeys()
         #: the switches it started with (a reset returns to them)
         self.initial_switches = switches or Switches()
         self.switches = self.initial_switches
@@ -127,6 +130,7 @@ class Simulator:
     def reset(self) -> None:
         self.ledger.reset()
         self.faults.clear()
+        self.alipay.clear()
         with self._lock:
             self.switches = self.initial_switches
             self._clock_offset = 0.0

@@ -1,7 +1,7 @@
 """Every ``Gateway`` Settled ships answers the conformance suite (``outbox.conformance``) the
 same way: ``FakeGateway`` in memory, ``HttpGateway`` against the simulator's wire protocol,
-``StripeGateway`` against its Stripe mode and ``WechatPayGateway`` against its WeChat Pay mode,
-each through a ``FaultProxy``. An adapter added later
+``StripeGateway`` against its Stripe mode, ``WechatPayGateway`` against its WeChat Pay mode and
+``AlipayGateway`` against its Alipay mode, each through a ``FaultProxy``. An adapter added later
 gets a class here; a user's adapter a class in the user's tests, as docs/gateway-conformance.md
 shows (its examples are run here as written).
 """
@@ -24,8 +24,10 @@ from outbox.testing import FakeGateway
 from settled.simulator import SimulatorControl, SimulatorHandle
 from settled.simulator.conformance import SimulatorDownstream
 from settled.simulator.proxy import FaultProxy
+from tests.support.alipay import gateway_url, register_app
 from tests.support.simtools import CLIENT_TIMEOUT, SimTenant
 from tests.support.wechatpay import register
+from workers.alipay_gateway import AlipayGateway
 from workers.http_client import HttpGateway
 from workers.stripe_gateway import LIST_LIMIT, StripeGateway
 from workers.wechatpay_gateway import WechatPayGateway
@@ -153,3 +155,26 @@ def test_the_documented_way_runs_the_suite_against_an_adapter_of_ones_own(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{questions(suite)} passed" in result.stdout, result.stdout
+
+
+class TestAlipayGateway(GatewayConformance):
+    keeps_refusals = False  # a refused refund is no refund: the query shows nothing
+    replays_prove = False  # a repeat answers fund_change N: the query settles it
+
+    @pytest.fixture
+    def gateway_subject(
+        self,
+        sim_control: SimulatorControl,
+        sim_proxy: FaultProxy,
+        sim_tenant: SimTenant,
+        sim_order: str,
+    ) -> Iterator[Subject]:
+        app = register_app(sim_control, sim_tenant.name)
+        gateway = AlipayGateway(
+            {sim_tenant.name: app}, gateway_url=gateway_url(sim_proxy.url), timeout=CLIENT_TIMEOUT
+        )
+        try:
+            downstream = SimulatorDownstream(sim_control, sim_proxy)
+            yield Subject(gateway, downstream, refunds(sim_tenant.name))
+        finally:
+            gateway.close()

@@ -21,6 +21,7 @@ from outbox.states import State
 from outbox.storage.clock_steps import record_clock_step
 from outbox.storage.operations import db_time
 from settled.cli import main
+from settled.simulator.alipay import GATEWAY as ALIPAY_GATEWAY
 from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
 from support.review import ReviewQueue
 from support.staff import Staff
@@ -250,6 +251,15 @@ def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> An
         env["SETTLED_WECHATPAY_MERCHANTS"] = json.dumps({"acme": merchant})
         env["SETTLED_WECHATPAY_API_BASE"] = rig.url + "/wechatpay"
         env["SETTLED_WECHATPAY_ORDER_TOTALS"] = "tests.support.wechatpay:order_total"
+    if rig.alipay is not None:  # refunds through the Alipay gateway, as an operator sets it
+        app = rig.alipay
+        env["SETTLED_DOWNSTREAM_PROVIDERS"] = json.dumps({"refund": "alipay"})
+        env["SETTLED_ALIPAY_APP_IDS"] = json.dumps({"acme": app.app_id})
+        env["SETTLED_ALIPAY_PRIVATE_KEYS"] = json.dumps(
+            {"acme": app.private_key.get_secret_value()}
+        )
+        env["SETTLED_ALIPAY_PUBLIC_KEYS"] = json.dumps({"acme": app.alipay_public_key})
+        env["SETTLED_ALIPAY_GATEWAY_URL"] = rig.url + ALIPAY_GATEWAY
     return CliRunner().invoke(main, ["review", *args], env=env, catch_exceptions=False)
 
 

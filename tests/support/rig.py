@@ -18,6 +18,7 @@ from outbox.errors import StaleLease
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Attempt, Operation, ReviewItem
+from outbox.provider_contracts import PROVIDER_CONTRACTS
 from outbox.settings_wechatpay import WechatPayMerchant
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import start_attempts
@@ -27,9 +28,11 @@ from reconciler.reconcile import Reconciler
 from settled.simulator import SimulatorControl, SimulatorHandle
 from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
 from settled.simulator.wechatpay import PREFIX as WECHATPAY_PREFIX
+from tests.support.alipay import gateway_url, register_app, unregistered_key_app
 from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
 from tests.support.wechatpay import private_pem, register, rsa_key
+from workers.alipay_gateway import AlipayApp, AlipayGateway
 from workers.executor import Executor
 from workers.http_client import HttpGateway
 from workers.stripe_gateway import StripeGateway
@@ -61,7 +64,9 @@ class Rig:
     url: str
     sessions: sessionmaker[Session]
     #: every gateway handed out, closed at teardown (their pools hold keep-alive sockets)
-    gateways: list[HttpGateway | StripeGateway | WechatPayGateway] = field(default_factory=list)
+    gateways: list[HttpGateway | StripeGateway | WechatPayGateway | AlipayGateway] = field(
+        default_factory=list
+    )
     #: whether the test ends on ``check_truthful`` (off only for tests that write outcomes
     #: into storage by hand, with nothing sent)
     judged_by_ledger: bool = True
@@ -70,6 +75,9 @@ class Rig:
     #: the gateways handed out speak WeChat Pay to the simulator's WeChat Pay mode as this
     #: merchant (``wechatpay_rig``)
     wechatpay: WechatPayMerchant | None = None
+    #: the tenant's Alipay app: the gateways handed out speak Alipay to the simulator's
+    #: Alipay mode (``alipay_rig``)
+    alipay: AlipayApp | None = None
 
     @property
     def storage(self) -> Storage:
@@ -112,9 +120,16 @@ class Rig:
         """A gateway to the rig's simulator (or ``url``), closed when the test ends: the
         wire protocol's, or in Stripe mode the Stripe gateway."""
         keys = {self.tenant.name: self.tenant.api_key} if api_keys is None else api_keys
-        gateway: HttpGateway | StripeGateway | WechatPayGateway
+        gateway: HttpGateway | StripeGateway | WechatPayGateway | AlipayGateway
         if self.wechatpay is not None:
             gateway = self._wechatpay_gateway(url, keys, timeout)
+        elif self.alipay is not None:
+            # another key than the tenant's: an app signing with a key Alipay was not given
+            wrong = api_keys is not None and api_keys != {self.tenant.name: self.tenant.api_key}
+            app = unregistered_key_app(self.alipay) if wrong else self.alipay
+            apps = {self.tenant.name: app}
+            url_ = gateway_url(url or self.url)
+            gateway = AlipayGateway(apps, gateway_url=url_, timeout=timeout)
         elif self.stripe:
             base = (url or self.url) + STRIPE_PREFIX
             gateway = StripeGateway(keys, api_base=base, timeout=timeout)
@@ -254,6 +269,16 @@ def wechatpay_rig(rig: Rig) -> Rig:
     declare no fence (a "not found" waits out the delay bound)."""
     rig.wechatpay = register(rig.url, rig.tenant.name)
     rig.outbox = replace(rig.outbox, registry=default_registry())
+    return rig
+
+
+def alipay_rig(rig: Rig) -> Rig:
+    """The rig whose gateways are Alipay gateways to the simulator's Alipay mode, the tenant's
+    app registered with it; refunds under Alipay's contract (no fence: a "not found" waits out
+    its processing time and delay bound)."""
+    rig.alipay = register_app(rig.control, rig.tenant.name)
+    registry = default_registry().with_contract("refund", **PROVIDER_CONTRACTS["alipay"])
+    rig.outbox = replace(rig.outbox, registry=registry)
     return rig
 
 

@@ -25,10 +25,12 @@ EXPORTS = [
 ]
 
 CONTROL_METHODS = [
+    "add_alipay_app",
     "add_rule",
     "add_tenant",
     "add_wechatpay_merchant",
     "advance_clock",
+    "alipay_public_key",
     "clear_rules",
     "clear_schedule",
     "close",
@@ -78,4 +80,4 @@ def _documented_routes() -> set[tuple[str, str]]:
 
 def test_the_control_api_serves_the_routes_the_wire_protocol_documents() -> None:
     assert set(ROUTES) == _documented_routes()
-    assert len(ROUTES) == 14
+    assert len(ROUTES) == 16
