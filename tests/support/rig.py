@@ -272,6 +272,7 @@ def wechatpay_rig(rig: Rig) -> Rig:
     return rig
 
 
+@pytest.fixture
 def alipay_rig(rig: Rig) -> Rig:
     """The rig whose gateways are Alipay gateways to the simulator's Alipay mode, the tenant's
     app registered with it; refunds under Alipay's contract (no fence: a "not found" waits out
