@@ -52,9 +52,7 @@ def notification(
     """A notification's headers and body, encrypted and signed as WeChat Pay does."""
     nonce, associated = "fdasflkja484", "refund"
     plain = json.dumps(refund or resource(), ensure_ascii=False).encode()
-    sealed = seal or AESGCM(api_v3_key.encode()).encrypt(
-        nonce.encode(), plain, associated.encode()
-    )
+    sealed = seal or AESGCM(api_v3_key.encode()).encrypt(nonce.encode(), plain, associated.encode())
     body = json.dumps(
         {
             "id": "EV-2018022511223320873",
