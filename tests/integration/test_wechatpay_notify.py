@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -20,6 +21,8 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
+from outbox.downstream import DownstreamRequest
+from outbox.kinds import default_registry
 from outbox.models import OperationEvent
 from outbox.settings import Settings
 from settled.simulator.wechatpay import PREFIX as WECHATPAY_PREFIX
@@ -258,3 +261,23 @@ def test_no_notification_body_or_key_reaches_the_log(
     ciphertext = json.loads(body)["resource"]["ciphertext"]
     for secret in (rig.wechatpay.api_v3_key.get_secret_value(), ciphertext[:40], "A1042"):
         assert secret not in text, secret
+
+
+def test_a_notification_while_the_send_is_in_flight_waits_for_the_executor(
+    notify: Notify,
+) -> None:
+    """The worker has sent and not yet written what came back (``submitted``): the
+    notification settles nothing now (503: WeChat Pay notifies again later) and writes
+    nothing; the executor's own outcome is not raced."""
+    rig = notify.rig
+    op = rig.enqueue()
+    rig.start_send(op)
+    row = rig.op(op)
+    request = DownstreamRequest(
+        "acme", row.op_id, default_registry().get("refund"), row.idempotency_key, row.params
+    )
+    rig.gateway().submit(request, deadline=datetime.now(UTC) + timedelta(seconds=5))
+    events = notify.events(op)
+    answer = notify.send(op)["answer"]
+    assert answer["status"] == 503 and json.loads(answer["body"])["code"] == "FAIL"
+    assert rig.op(op).state == "submitted" and notify.events(op) == events
