@@ -46,9 +46,7 @@ class Notify:
     def send(self, op: int, tenant: str = "acme", **extra: Any) -> dict[str, Any]:
         """The simulator notifies ``tenant``'s ``notify_url`` of ``op``'s refund."""
         key = self.rig.op(op).idempotency_key
-        body = {"tenant": "acme", "key": key, "url": self.url(tenant), **extra}
-        answer: dict[str, Any] = control(self.rig.url, "notify", body)
-        return answer
+        return self.rig.control.notify_wechatpay("acme", key, self.url(tenant), **extra)
 
     def genuine(self, op: int) -> tuple[dict[str, str], bytes]:
         """A genuine notification of ``op``'s refund, delivered nowhere it is taken."""

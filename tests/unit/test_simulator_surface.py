@@ -38,6 +38,7 @@ CONTROL_METHODS = [
     "in_flight",
     "injected",
     "ledger",
+    "notify_wechatpay",
     "refunded",
     "release_holds",
     "requests",
