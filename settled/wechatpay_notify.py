@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 ACTOR = "wechatpay:notification"
 #: The review reason of a notified refund that does not match the intent (a lookup's).
 MISMATCH = "lookup_mismatch"
+#: The longest body read (a refund notification is about a kilobyte).
+MAX_BODY = 64 * 1024
 
 
 class WechatPayNotifications:
@@ -156,6 +158,18 @@ def _fail(refused: NotificationRefused) -> JSONResponse:
     return JSONResponse({"code": "FAIL", "message": refused.message}, status_code=refused.status)
 
 
+async def _body(request: Request) -> bytes | None:
+    """The request's body, read up to ``MAX_BODY`` (None: longer; the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 notify_routes = APIRouter(include_in_schema=False)
 
 
@@ -163,8 +177,10 @@ notify_routes = APIRouter(include_in_schema=False)
 async def wechatpay_notification(tenant: str, request: Request) -> Response:
     """A refund-result notification from WeChat Pay: 204 once taken, else ``FAIL``."""
     notifications: WechatPayNotifications = request.app.state.wechatpay_notifications
-    body = await request.body()
+    body = await _body(request)
     try:
+        if body is None:
+            raise NotificationRefused("too_large", "the notification is too large", 413)
         await run_in_threadpool(notifications.accept, tenant, dict(request.headers), body)
     except NotificationRefused as refused:
         log.warning(

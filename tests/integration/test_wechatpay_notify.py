@@ -27,6 +27,7 @@ from outbox.models import OperationEvent
 from outbox.settings import Settings
 from settled.simulator.wechatpay import PREFIX as WECHATPAY_PREFIX
 from settled.web import create_web_app
+from settled.wechatpay_notify import MAX_BODY
 from tests.integration.test_web import serving
 from tests.integration.test_wechatpay_mode import _processing
 from tests.support.rig import GOOD, HOLD, Rig
@@ -279,3 +280,13 @@ def test_a_notification_while_the_send_is_in_flight_waits_for_the_executor(
     answer = notify.send(op)["answer"]
     assert answer["status"] == 503 and json.loads(answer["body"])["code"] == "FAIL"
     assert rig.op(op).state == "submitted" and notify.events(op) == events
+
+
+def test_a_body_past_the_limit_is_refused_unread(notify: Notify) -> None:
+    rig = notify.rig
+    op = _unknown(rig)
+    headers, body = notify.genuine(op)
+    events = notify.events(op)
+    answer = notify.post(headers, body + b" " * (MAX_BODY + 1))
+    assert answer.status_code == 413 and answer.json()["code"] == "FAIL"
+    assert rig.op(op).state == "unknown" and notify.events(op) == events
