@@ -290,3 +290,31 @@ def test_a_body_past_the_limit_is_refused_unread(notify: Notify) -> None:
     answer = notify.post(headers, body + b" " * (MAX_BODY + 1))
     assert answer.status_code == 413 and answer.json()["code"] == "FAIL"
     assert rig.op(op).state == "unknown" and notify.events(op) == events
+
+
+def test_a_notification_contradicting_a_settled_operation_changes_nothing_and_says_so(
+    notify: Notify,
+) -> None:
+    """WeChat Pay notifies CLOSED for an operation Settled holds as succeeded (rewritten here
+    by hand from the rejected it was settled as: no path of Settled's writes that): it stays
+    as it is, and one event ``notification_contradicts`` tells support what WeChat Pay said."""
+    rig = notify.rig
+    op, row = _processing(rig)
+    control(rig.url, "settle", {"tenant": "acme", "key": row.idempotency_key, "status": "CLOSED"})
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    assert rig.op(op).state == "rejected"
+    rig.set(op, state="succeeded", reason=None)
+    events = notify.events(op)
+    assert notify.send(op)["answer"]["status"] == 204
+    assert rig.op(op).state == "succeeded" and notify.events(op) == events + 1
+    event = notify.last_event(op)
+    assert (event.reason, event.from_state, event.to_state) == (
+        "notification_contradicts",
+        "succeeded",
+        "succeeded",
+    )
+    assert event.evidence is not None
+    assert (event.evidence["status"], event.evidence["state"]) == ("CLOSED", "succeeded")
+    rig.set(
+        op, state="rejected", reason="business_rejected"
+    )  # as it was: the ledger's judge checks every row at the end
