@@ -1,5 +1,7 @@
 """The status API (``settled web``): run reports by handle, cancel, one operation; and the
-support console under ``/console`` (``settled.console``).
+support console under ``/console`` (``settled.console``); and WeChat Pay's refund-result
+notifications at ``/notify/wechatpay/{tenant}`` (``settled.wechatpay_notify``: their signature,
+not an API key, is checked).
 
 Every request needs a tenant's API key (``Authorization: Bearer stk_...``): none or a bad one
 answers 401. A handle or op_id of another tenant answers 404 with exactly the body of one that
@@ -38,6 +40,7 @@ from outbox.storage.connection import ping
 from settled import metrics
 from settled.console import auth, pages
 from settled.runtime import Runtime, build_runtime
+from settled.wechatpay_notify import WechatPayNotifications, notify_routes
 from support.review import ReviewQueue
 
 access_log = logging.getLogger("settled.access")
@@ -315,6 +318,9 @@ def create_web_app(
         app.exception_handler(error)(_answer(handler))
     app.include_router(status_api)
     app.include_router(operator_routes)
+    # WeChat Pay's refund-result notifications: no API key, their signature is checked
+    app.state.wechatpay_notifications = WechatPayNotifications(runtime.settings, runtime.sessions)
+    app.include_router(notify_routes)
     app.state.console = pages.ConsoleServices(runtime, review, proposals)
     auth.configure(app, runtime.settings)  # sessions' lifetimes, sign-in throttling, cookies
     app.include_router(auth.router)

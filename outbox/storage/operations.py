@@ -79,6 +79,11 @@ OP_IDS = select(Operation.id, Operation.op_id).where(
     Operation.id.in_(bindparam("ids", expanding=True))
 )
 DB_TIME = select(db_now())
+#: A tenant's operation by the idempotency key it was sent with (a provider's notification
+#: names it: WeChat Pay's ``out_refund_no``); limited to the tenant, never across tenants.
+BY_TENANT_KEY = select(Operation).where(
+    Operation.tenant == bindparam("tenant"), Operation.idempotency_key == bindparam("key")
+)
 OLDEST_UNKNOWN_SINCE = select(func.min(ops.c.unknown_since)).where(
     ops.c.state == State.UNKNOWN.value
 )
@@ -89,6 +94,12 @@ def find_operation(session: Session, tenant: str, op_id: str) -> Operation | Non
     found: Operation | None = session.scalars(
         FIND_OPERATION, {"tenant": tenant, "op_id": op_id}
     ).one_or_none()
+    return found
+
+
+def operation_by_key(session: Session, tenant: str, key: str) -> Operation | None:
+    """``tenant``'s operation sent with idempotency key ``key`` (None: no such one)."""
+    found: Operation | None = session.scalars(BY_TENANT_KEY, {"tenant": tenant, "key": key}).first()
     return found
 
 

@@ -205,19 +205,40 @@ class SimulatorControl:
         self._call("POST", "clock", {"advance_seconds": seconds})
 
     def add_wechatpay_merchant(
-        self, tenant: str, mchid: str, serial_no: str, public_key_pem: str
+        self,
+        tenant: str,
+        mchid: str,
+        serial_no: str,
+        public_key_pem: str,
+        *,
+        api_v3_key: str | None = None,
     ) -> tuple[str, str]:
         """Register a WeChat Pay merchant of ``tenant`` with the WeChat Pay mode (requests
-        signed with the private key of ``public_key_pem`` act as it); returns the platform
-        key's id and its public key (PEM), which verify the mode's answers."""
+        signed with the private key of ``public_key_pem`` act as it; ``api_v3_key``, 32
+        characters, encrypts its notifications); returns the platform key's id and its public
+        key (PEM), which verify the mode's answers."""
         body = {
             "tenant": tenant,
             "mchid": mchid,
             "serial_no": serial_no,
             "public_key": public_key_pem,
         }
+        if api_v3_key is not None:
+            body["api_v3_key"] = api_v3_key
         answer = self._call("POST", "wechatpay/merchants", body)
         return str(answer["platform_serial"]), str(answer["platform_public_key"])
+
+    def notify_wechatpay(
+        self, tenant: str, key: str, url: str, *, timestamp: int | None = None
+    ) -> dict[str, Any]:
+        """Post WeChat Pay's refund-result notification of refund ``key`` (its
+        ``out_refund_no``) to ``url``, encrypted with the merchant's APIv3 key and signed
+        (``timestamp``: signed as of then); what was sent and how ``url`` answered."""
+        body: dict[str, Any] = {"tenant": tenant, "key": key, "url": url}
+        if timestamp is not None:
+            body["timestamp"] = timestamp
+        answer: dict[str, Any] = self._call("POST", "wechatpay/notify", body)
+        return answer
 
     # -- ground truth -------------------------------------------------------------------
 

@@ -85,12 +85,14 @@ FINAL_STATUSES = ("SUCCESS", "CLOSED", "ABNORMAL")
 
 @dataclass(frozen=True)
 class Merchant:
-    """A merchant registered with this mode: its tenant, certificate serial, public key."""
+    """A merchant registered with this mode: its tenant, certificate serial, public key, and
+    its APIv3 key (what its notifications are encrypted with; None: it takes none)."""
 
     tenant: str
     mchid: str
     serial_no: str
     public_key: rsa.RSAPublicKey = field(repr=False)
+    api_v3_key: bytes | None = field(default=None, repr=False)
 
 
 @dataclass

@@ -248,6 +248,8 @@ def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> An
         env["SETTLED_DOWNSTREAM_PROVIDERS"] = json.dumps({"refund": "wechatpay"})
         merchant = rig.wechatpay.model_dump(mode="json", exclude_none=True)
         merchant["private_key"] = rig.wechatpay.private_key_pem().decode()
+        if rig.wechatpay.api_v3_key is not None:  # a secret too: its value, not its mask
+            merchant["api_v3_key"] = rig.wechatpay.api_v3_key.get_secret_value()
         env["SETTLED_WECHATPAY_MERCHANTS"] = json.dumps({"acme": merchant})
         env["SETTLED_WECHATPAY_API_BASE"] = rig.url + "/wechatpay"
         env["SETTLED_WECHATPAY_ORDER_TOTALS"] = "tests.support.wechatpay:order_total"

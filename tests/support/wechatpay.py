@@ -30,6 +30,8 @@ from workers.wechatpay_signing import MerchantKeys, merchant_keys
 MCHID = "1900000109"
 SERIAL = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1"
 PLATFORM_SERIAL = "PUB_KEY_ID_0114232134912410000000000001"
+#: The test merchant's APIv3 key (32 characters: the AES-256-GCM key of its notifications).
+API_V3_KEY = "aPiV3kEy0123456789abcdefGHIJKLmn"
 
 
 @cache
@@ -55,11 +57,16 @@ def public_pem(key: rsa.RSAPrivateKey) -> str:
 
 
 def merchant(
-    platform_pem: str | None = None, platform_serial: str = PLATFORM_SERIAL
+    platform_pem: str | None = None,
+    platform_serial: str = PLATFORM_SERIAL,
+    *,
+    mchid: str = MCHID,
+    api_v3_key: str = API_V3_KEY,
 ) -> WechatPayMerchant:
     """The test merchant's settings (its key inline), verifying with ``platform_pem``."""
     return WechatPayMerchant(
-        mchid=MCHID,
+        mchid=mchid,
+        api_v3_key=SecretStr(api_v3_key),
         serial_no=SERIAL,
         private_key=SecretStr(private_pem(rsa_key("merchant"))),
         platform_serial=platform_serial,
@@ -125,6 +132,7 @@ def register(url: str, tenant: str = "acme") -> WechatPayMerchant:
             "mchid": MCHID,
             "serial_no": SERIAL,
             "public_key": public_pem(rsa_key("merchant")),
+            "api_v3_key": API_V3_KEY,
         },
         timeout=5.0,
     )
@@ -134,7 +142,8 @@ def register(url: str, tenant: str = "acme") -> WechatPayMerchant:
 
 
 def control(url: str, route: str, body: Mapping[str, Any]) -> Any:
-    """A control call of the simulator's WeChat Pay mode (``processing``, ``settle``)."""
+    """A control call of the simulator's WeChat Pay mode (``processing``, ``settle``,
+    ``notify``)."""
     answer = httpx.post(url.rstrip("/") + "/_control/wechatpay/" + route, json=body, timeout=5.0)
     answer.raise_for_status()
     return answer.json()

@@ -41,6 +41,7 @@ CONTROL_METHODS = [
     "injected",
     "ledger",
     "move_stripe_refund",
+    "notify_wechatpay",
     "refunded",
     "release_holds",
     "requests",

@@ -13,11 +13,12 @@ from pydantic import ValidationError
 
 from outbox.errors import InvalidInput
 from outbox.kinds import default_registry
-from outbox.settings import Settings
+from outbox.settings import Settings, settings_error
 from outbox.settings_contracts import ContractSettings
 from outbox.settings_wechatpay import WechatPayMerchant
 from settled.runtime import build_gateway
 from tests.support.wechatpay import (
+    API_V3_KEY,
     MCHID,
     PLATFORM_SERIAL,
     SERIAL,
@@ -199,3 +200,38 @@ def test_the_refund_kind_declares_what_wechat_pay_promises() -> None:
     settings = Settings(downstream_providers={"refund": "wechatpay"})
     contract = settings.apply_contracts(default_registry()).get("refund").contract
     assert {name: getattr(contract, name) for name in CONTRACT} == CONTRACT
+
+
+def _with_api_v3_key(key: str) -> WechatPayMerchant:
+    return WechatPayMerchant(
+        mchid=MCHID,
+        serial_no=SERIAL,
+        private_key=private_pem(rsa_key("merchant")),  # type: ignore[arg-type]
+        platform_serial=PLATFORM_SERIAL,
+        platform_public_key=public_pem(rsa_key("platform")),
+        api_v3_key=key,  # type: ignore[arg-type]
+    )
+
+
+def test_the_api_v3_key_is_a_secret_that_reaches_a_child_process_as_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    merchant = _with_api_v3_key(API_V3_KEY)
+    settings = Settings(wechatpay_merchants={"acme": merchant})
+    assert API_V3_KEY not in repr(settings) and API_V3_KEY not in str(settings.model_dump())
+    for name, value in settings.as_environment().items():
+        monkeypatch.setenv(name, value)
+    child = Settings().wechatpay_merchants["acme"]
+    assert child.api_v3_key_bytes() == API_V3_KEY.encode() and child == merchant
+
+
+@pytest.mark.parametrize("key", ["too-short-a-key", API_V3_KEY + "x", "密" * 32])
+def test_an_api_v3_key_that_is_not_32_bytes_is_refused_and_never_shown(key: str) -> None:
+    """As an operator sees it (``settings_error``): the variable named, the value not."""
+    given = {"acme": {**_with_api_v3_key(API_V3_KEY).model_dump(), "api_v3_key": key}}
+    given["acme"]["private_key"] = private_pem(rsa_key("merchant"))
+    with pytest.raises(ValidationError) as refused:
+        Settings(wechatpay_merchants=given)
+    said = settings_error(refused.value)
+    assert "SETTLED_WECHATPAY_MERCHANTS[acme]: api_v3_key must be 32 ASCII characters" in said
+    assert key not in said
