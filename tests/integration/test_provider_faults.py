@@ -31,6 +31,7 @@ import pytest
 
 from outbox.states import State
 from settled.simulator.proxy import FaultProxy
+from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_recovery_lookups as recovery_tests
 from tests.integration import test_send_fencing as fencing_tests
@@ -51,6 +52,13 @@ CRASHES_AND_FAULTS: list[Callable[[Rig], None]] = [
     reconciler_tests.test_found_later_closes_the_open_review_item,
     # a worker lost between its commit and its send; the look at it fails, then a later one
     fencing_tests.test_a_failed_look_at_an_abandoned_send_leaves_it_to_a_later_pass,
+    # a worker paused past its lease: it never sends beside the new owner
+    fencing_tests.test_a_worker_paused_past_its_lease_never_sends_beside_the_new_owner,
+    # a send abandoned before it left: "not found" is unknown, and not sent again too soon
+    executor_tests.test_abandoned_send_not_found_becomes_unknown,
+    reconciler_tests.test_not_found_inside_quiescence_takes_no_action,
+    # two reconcilers at once: each lost answer settled once
+    reconciler_tests.test_two_reconcilers_at_once_resolve_each_operation_once,
 ]
 
 #: A worker that died mid-send, found by lookups each with its own time and none past the lease:
