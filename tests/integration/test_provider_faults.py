@@ -5,21 +5,12 @@ failpoints, connections refused, answers delayed or cut by the fault proxy, a wo
 mid-send found by recovery lookups, a paused worker beside the new owner.
 
 ``CRASHES_AND_FAULTS`` are existing tests of the wire protocol (run there on both databases),
-run again here in each provider's mode; the tests below the list are stated once for all four
-modes. The executor's, reconciler's and review's guarantees (commit then timeout, reset, 5xx
-after commit, rate limits, lookup unavailable) run per mode from ``test_stripe_mode.GUARANTEES``.
+run again here in each provider's mode; the tests below the list are stated once, for all four
+modes unless a comment says why not. The executor's, reconciler's and review's guarantees
+(commit then timeout, reset, 5xx after commit, rate limits, lookup unavailable) run per mode
+from ``test_stripe_mode.GUARANTEES``.
 
-Left to the wire protocol only, and why:
-
-- ``test_gateway_faults``, ``test_fault_proxy``: ``HttpGateway``'s own classification of each
-  fault (its outcome details, the ``Settled-Deadline`` header, its pool); what a provider's
-  gateway makes of the same faults is checked through the executor here and in GUARANTEES.
-- ``test_outage``, ``test_celery_worker`` (SIGKILL at each failpoint, prefork child killed):
-  real Celery workers built from settings against the wire protocol; the same failpoints are
-  fired in process here, in every mode.
-- ``test_deadline_fence``, ``test_transport_bounds``: the deadline fence and the transport's
-  bounds (only the wire protocol enforces a deadline; Stripe's trickling answers have their own
-  tests there).
+The fault tests left to the wire protocol are named, with why, at the end of the list.
 """
 
 from __future__ import annotations
@@ -59,6 +50,13 @@ CRASHES_AND_FAULTS: list[Callable[[Rig], None]] = [
     reconciler_tests.test_not_found_inside_quiescence_takes_no_action,
     # two reconcilers at once: each lost answer settled once
     reconciler_tests.test_two_reconcilers_at_once_resolve_each_operation_once,
+    # Wire protocol only:
+    # test_gateway_faults, test_fault_proxy: HttpGateway's own outcomes, header and pool
+    #   (what each provider's gateway makes of these faults: the executor's tests here)
+    # test_celery_worker (SIGKILL at each step), test_outage: real workers built for the wire
+    #   protocol (the same failpoints fired in process: the failpoint test below)
+    # test_deadline_fence, test_transport_bounds: the deadline fence only the wire protocol
+    #   enforces, and its transport's bounds
 ]
 
 #: A worker that died mid-send, found by lookups each with its own time and none past the lease:
