@@ -70,7 +70,7 @@ def requeue_after_not_found(rig: Rig, op: int) -> None:
     """The reconciler takes the abandoned operation over: lookup "not found", then (once the
     attempt is quiet) back to planned with the same key."""
     assert rig.reconciler().run_once().outcomes == {"abandoned": 1}
-    rig.age_attempts(op, 60)
+    rig.make_quiet(op)
     assert rig.reconciler().run_once().outcomes == {"requeued": 1}
     assert rig.op(op).state == "planned"
 

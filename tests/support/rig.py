@@ -3,7 +3,7 @@ read both our rows and the simulator's ledger. A pytest plugin module (``rig`` f
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -252,19 +252,17 @@ class Rig:
             )
 
 
-@pytest.fixture
-def stripe_rig(rig: Rig) -> Rig:
-    """The rig whose gateways are Stripe gateways to the simulator's Stripe mode. Stripe
-    ignores ``Settled-Deadline``: its contracts declare no fence (a "not found" waits out the
-    delay bound)."""
+def speak_stripe(rig: Rig) -> Rig:
+    """Make ``rig``'s gateways Stripe gateways to the simulator's Stripe mode. Stripe ignores
+    ``Settled-Deadline``: its contracts declare no fence (a "not found" waits out the delay
+    bound)."""
     rig.stripe = True
     rig.outbox = replace(rig.outbox, registry=default_registry())
     return rig
 
 
-@pytest.fixture
-def wechatpay_rig(rig: Rig) -> Rig:
-    """The rig whose gateways are WeChat Pay gateways to the simulator's WeChat Pay mode (the
+def speak_wechatpay(rig: Rig) -> Rig:
+    """Make ``rig``'s gateways WeChat Pay gateways to the simulator's WeChat Pay mode (the
     tenant registered as a merchant). WeChat Pay ignores ``Settled-Deadline``: its contracts
     declare no fence (a "not found" waits out the delay bound)."""
     rig.wechatpay = register(rig.url, rig.tenant.name)
@@ -272,15 +270,49 @@ def wechatpay_rig(rig: Rig) -> Rig:
     return rig
 
 
-@pytest.fixture
-def alipay_rig(rig: Rig) -> Rig:
-    """The rig whose gateways are Alipay gateways to the simulator's Alipay mode, the tenant's
-    app registered with it; refunds under Alipay's contract (no fence: a "not found" waits out
-    its processing time and delay bound)."""
+def speak_alipay(rig: Rig) -> Rig:
+    """Make ``rig``'s gateways Alipay gateways to the simulator's Alipay mode, the tenant's app
+    registered with it; refunds under Alipay's contract (no fence: a "not found" waits out its
+    processing time and delay bound)."""
     rig.alipay = register_app(rig.control, rig.tenant.name)
     registry = default_registry().with_contract("refund", **PROVIDER_CONTRACTS["alipay"])
     rig.outbox = replace(rig.outbox, registry=registry)
     return rig
+
+
+#: Every provider mode of the simulator, each with what turns the rig's gateways to it: the
+#: wire protocol's (``http``, the rig as it comes), Stripe's, WeChat Pay's and Alipay's.
+PROVIDER_MODES: dict[str, Callable[[Rig], Rig]] = {
+    "http": lambda rig: rig,
+    "stripe": speak_stripe,
+    "wechatpay": speak_wechatpay,
+    "alipay": speak_alipay,
+}
+
+
+@pytest.fixture
+def stripe_rig(rig: Rig) -> Rig:
+    """The rig whose gateways are Stripe gateways to the simulator's Stripe mode."""
+    return speak_stripe(rig)
+
+
+@pytest.fixture
+def wechatpay_rig(rig: Rig) -> Rig:
+    """The rig whose gateways are WeChat Pay gateways to the simulator's WeChat Pay mode."""
+    return speak_wechatpay(rig)
+
+
+@pytest.fixture
+def alipay_rig(rig: Rig) -> Rig:
+    """The rig whose gateways are Alipay gateways to the simulator's Alipay mode."""
+    return speak_alipay(rig)
+
+
+@pytest.fixture(params=list(PROVIDER_MODES))
+def provider_rig(request: pytest.FixtureRequest, rig: Rig) -> Rig:
+    """The rig in each provider mode in turn (``PROVIDER_MODES``), judged by the same ledger at
+    teardown; a test narrows the modes with ``indirect`` parametrisation of ``provider_rig``."""
+    return PROVIDER_MODES[request.param](rig)
 
 
 @pytest.fixture
