@@ -3,6 +3,7 @@ own, SQLite files."""
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
+from outbox import logs
 from outbox.db import make_engine, upgrade
 from outbox.intake import Outbox
 from outbox.kinds import default_registry
@@ -107,3 +109,17 @@ def outbox(settings: Settings) -> Outbox:
     """The default kinds, their contracts as the simulator (the tests' downstream) keeps
     them: it enforces the deadline (``tests.support.simtools.fenced``)."""
     return Outbox.from_settings(settings, fenced(default_registry()))
+
+
+@pytest.fixture
+def settled_logging() -> Iterator[None]:
+    """``logs.configure`` changes process-wide loggers: put them back afterwards."""
+    names = ["", *logs.QUIETED, *logs.SILENCED]
+    saved = [(logging.getLogger(n), logging.getLogger(n).handlers[:]) for n in names]
+    levels = [lg.level for lg, _ in saved]
+    try:
+        yield
+    finally:
+        for (lg, handlers), level in zip(saved, levels, strict=True):
+            lg.handlers[:] = handlers
+            lg.setLevel(level)

@@ -24,12 +24,7 @@ from tests.integration import test_executor as executor_tests
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_review as review_tests
 from tests.integration import test_review_reasons as reason_tests
-from tests.integration.test_stripe_mode import (  # noqa: F401 (settled_logging: a fixture)
-    GUARANTEES,
-    REASONS,
-    REVIEWS,
-    settled_logging,
-)
+from tests.integration.test_stripe_mode import GUARANTEES, REASONS, REVIEWS
 from tests.support.rig import GOOD, HOLD, Rig
 
 

@@ -10,7 +10,7 @@ so the guarantees are stated once and checked in both modes.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -168,22 +168,6 @@ def test_a_console_requery_of_a_refund_asks_stripe_not_the_wire_protocol_service
             assert stripe_rig.effects(op) == 1 and stripe_rig.sends(op) == 1
     finally:
         wire.stop()
-
-
-@pytest.fixture
-def settled_logging() -> Iterator[None]:
-    """``logs.configure`` changes process-wide loggers: put them back afterwards."""
-    import logging
-
-    names = ["", *logs.QUIETED, *logs.SILENCED]
-    saved = [(logging.getLogger(n), logging.getLogger(n).handlers[:]) for n in names]
-    levels = [lg.level for lg, _ in saved]
-    try:
-        yield
-    finally:
-        for (lg, handlers), level in zip(saved, levels, strict=True):
-            lg.handlers[:] = handlers
-            lg.setLevel(level)
 
 
 @pytest.mark.usefixtures("settled_logging")

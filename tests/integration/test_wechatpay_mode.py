@@ -11,9 +11,8 @@ WeChat Pay), so the guarantees are stated once and checked in every mode.
 
 from __future__ import annotations
 
-import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -205,20 +204,6 @@ def test_a_refund_processing_past_the_review_time_cannot_be_resolved_until_it_se
     assert queue.requery(BOSS, item.id)["lookup"] == "found"
     assert rig.op(op).state == "succeeded"
     assert rig.effects(op) == 1 and rig.sends(op) == 1
-
-
-@pytest.fixture
-def settled_logging() -> Iterator[None]:
-    """``logs.configure`` changes process-wide loggers: put them back afterwards."""
-    names = ["", *logs.QUIETED, *logs.SILENCED]
-    saved = [(logging.getLogger(n), logging.getLogger(n).handlers[:]) for n in names]
-    levels = [lg.level for lg, _ in saved]
-    try:
-        yield
-    finally:
-        for (lg, handlers), level in zip(saved, levels, strict=True):
-            lg.handlers[:] = handlers
-            lg.setLevel(level)
 
 
 @pytest.mark.usefixtures("settled_logging")
