@@ -65,6 +65,9 @@ ALLOWED = frozenset(
         "host",
         "port",
         "test_mode",
+        # the simulator's provider keys made at its start (public: a key id, a key's hash)
+        "wechatpay_platform_serial",
+        "alipay_public_key_sha256",
         # a start: what it runs against (passwords masked: ``settled.preflight``)
         "command",
         "database",

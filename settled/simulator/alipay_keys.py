@@ -1,10 +1,11 @@
-"""The simulator's Alipay keys: its own RSA key pair, made when first needed (never stored,
-never the same twice), and the apps registered with it (app id -> tenant and the app's public
-key). Thread-safe."""
+"""The simulator's Alipay keys: its own RSA key pair, made at start (``settled simulator``) or
+when first needed (a simulator in a test's thread), never stored, never the same twice; and the
+apps registered with it (app id -> tenant and the app's public key). Thread-safe."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import threading
 
 from cryptography.exceptions import InvalidSignature
@@ -25,6 +26,15 @@ class AlipayKeys:
             if self._private is None:
                 self._private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
             return self._private
+
+    def fingerprint(self) -> str:
+        """The SHA-256 of Alipay's public key (DER), in hex: which key pair this run made,
+        for a log line."""
+        public = self._key().public_key()
+        der = public.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        return hashlib.sha256(der).hexdigest()
 
     def public_key_pem(self) -> str:
         """Alipay's public key, as an app's configuration takes it."""

@@ -37,9 +37,18 @@ class Application:
         self._wechatpay: wechatpay.WechatPayMode | None = None
         self._wechatpay_lock = threading.Lock()
 
+    def make_provider_keys(self) -> dict[str, str]:
+        """Make the provider modes' keys now (WeChat Pay's platform key, Alipay's key pair),
+        not at their first use; what names them (public), for the start's log line."""
+        return {
+            "wechatpay_platform_serial": self.wechatpay.platform_serial,
+            "alipay_public_key_sha256": self.sim.alipay.fingerprint(),
+        }
+
     @property
     def wechatpay(self) -> wechatpay.WechatPayMode:
-        """The WeChat Pay mode's state, its platform key made when it is first used."""
+        """The WeChat Pay mode's state, its platform key made at start (``make_provider_keys``)
+        or when it is first used."""
         with self._wechatpay_lock:
             if self._wechatpay is None:
                 self._wechatpay = wechatpay.WechatPayMode()

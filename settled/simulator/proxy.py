@@ -9,7 +9,8 @@ bytes of the response, then resets the client; ``trickle`` forwards the response
 time, a pause before each (a slow network, or a downstream answering byte by byte);
 ``hold_request`` holds the request's bytes until ``release`` (or some seconds), then delivers
 them even if the client has given up and gone, as a proxy's queue or a slow path would: the
-request lands late.
+request lands late. ``delay`` and ``cut`` can be aimed at some requests only (``only``: the
+bytes a request starts with, e.g. ``b"POST "``), the others forwarded faithfully.
 
 Clients keep connections alive, so a mode applies to every response (``hold_request``: every
 request) that starts after it is set, on open connections as on new ones. (The proxy does not
@@ -39,6 +40,16 @@ class _Setting:
     trickle_seconds: float = 0.0
     #: ``hold_request``: set by ``release`` (or ``stop``) to end the holds
     released: threading.Event | None = None
+    #: the mode applies only to requests whose first bytes start so (``b"POST "``); the
+    #: others are forwarded faithfully
+    only: bytes | None = None
+
+    def applies_to(self, request_head: bytes) -> _Setting:
+        """This setting for a request that starts with ``request_head``: itself, or
+        faithful forwarding if it is aimed at other requests."""
+        if self.only is None or request_head.startswith(self.only):
+            return self
+        return _Setting()
 
 
 class FaultProxy:
@@ -69,13 +80,15 @@ class FaultProxy:
         """Forward faithfully (and listen again after ``refuse``)."""
         self._set(_Setting())
 
-    def delay(self, seconds: float) -> None:
-        """Hold every response ``seconds`` before forwarding it."""
-        self._set(_Setting("delay", delay_seconds=seconds))
+    def delay(self, seconds: float, *, only: bytes | None = None) -> None:
+        """Hold every response ``seconds`` before forwarding it (with ``only``: the responses
+        to requests that start with those bytes, e.g. ``b"POST "``)."""
+        self._set(_Setting("delay", delay_seconds=seconds, only=only))
 
-    def cut(self, after_bytes: int = 12) -> None:
-        """Forward ``after_bytes`` of the response, then reset the client connection."""
-        self._set(_Setting("cut", cut_after_bytes=after_bytes))
+    def cut(self, after_bytes: int = 12, *, only: bytes | None = None) -> None:
+        """Forward ``after_bytes`` of the response, then reset the client connection (with
+        ``only``: of the responses to requests that start with those bytes)."""
+        self._set(_Setting("cut", cut_after_bytes=after_bytes, only=only))
 
     def trickle(self, every_seconds: float, cut_after_bytes: int = 0) -> None:
         """Forward every response one byte each ``every_seconds``; with ``cut_after_bytes``,
@@ -218,6 +231,7 @@ class FaultProxy:
         setting = _Setting()
         forwarded = 0
         request_sent = False
+        request_head = b""  # the first bytes of the request now forwarded
         late = False  # a held request was delivered: wait for its answer, client gone or not
         while not self._stopping.is_set():
             watched = [upstream] if late else [client, upstream]
@@ -228,6 +242,7 @@ class FaultProxy:
                     if not data:
                         return
                     if not request_sent:  # a request starts: hold it, if that is the mode
+                        request_head = data[:64]
                         with self._lock:
                             held = self._setting
                         if held.mode == "hold_request" and held.released is not None:
@@ -248,7 +263,7 @@ class FaultProxy:
                             self.answered += 1
                         forwarded = 0
                         with self._lock:
-                            setting = self._setting
+                            setting = self._setting.applies_to(request_head)
                         if setting.mode == "delay" and self._stopping.wait(setting.delay_seconds):
                             return
                     if setting.mode == "cut":

@@ -66,19 +66,20 @@ def _serve(
     tenants: Mapping[str, str] | None,
     idle_timeout: float = IDLE_TIMEOUT_SECONDS,
     deadline_fence: bool = True,
-) -> tuple[HttpServer, Simulator]:
+    provider_keys: bool = False,
+) -> tuple[HttpServer, Simulator, dict[str, str]]:
     book = Ledger(engine_for(ledger))
     for tenant, api_key in (tenants or {}).items():
         book.add_tenant(tenant, api_key)
     try:
         sim = Simulator(book, test_mode=test_mode, switches=Switches(deadline_fence=deadline_fence))
-        server = HttpServer(
-            (host, port), Application(sim), stopping=sim.stopping, idle_timeout=idle_timeout
-        )
+        app = Application(sim)
+        keys = app.make_provider_keys() if provider_keys else {}
+        server = HttpServer((host, port), app, stopping=sim.stopping, idle_timeout=idle_timeout)
     except BaseException:
         book.close()
         raise
-    return server, sim
+    return server, sim, keys
 
 
 def start_in_thread(
@@ -89,14 +90,19 @@ def start_in_thread(
     tenants: Mapping[str, str] | None = None,
     idle_timeout: float = IDLE_TIMEOUT_SECONDS,
     deadline_fence: bool = True,
+    provider_keys: bool = False,
 ) -> SimulatorHandle:
     """Serve in a daemon thread; ``port=0`` picks a free port (see ``handle.port``).
 
     ``idle_timeout``: how long a keep-alive connection may stay idle (see
     ``IDLE_TIMEOUT_SECONDS``; tests shorten it to see clients cope with a closed connection).
     ``deadline_fence``: the switch of that name it starts (and resets) with.
+    ``provider_keys``: make the WeChat Pay and Alipay modes' keys now (else at first use: a
+    test's simulator that never speaks those modes makes none).
     """
-    server, sim = _serve(host, port, ledger, test_mode, tenants, idle_timeout, deadline_fence)
+    server, sim, _ = _serve(
+        host, port, ledger, test_mode, tenants, idle_timeout, deadline_fence, provider_keys
+    )
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="simulator", daemon=True
     )
@@ -113,9 +119,13 @@ def run(
     deadline_fence: bool = True,
 ) -> None:
     """Serve until interrupted (the ``settled simulator`` command); logs as ``outbox.logs``
-    says (``SETTLED_LOG_LEVEL``, ``SETTLED_LOG_FORMAT``)."""
+    says (``SETTLED_LOG_LEVEL``, ``SETTLED_LOG_FORMAT``). The WeChat Pay and Alipay modes'
+    keys are made before it listens, and the line that says so names them (the public keys
+    themselves: the control API, ``/_control/alipay_keys`` and a merchant's registration)."""
     logs.configure()
-    server, sim = _serve(host, port, ledger, test_mode, tenants, deadline_fence=deadline_fence)
+    server, sim, keys = _serve(
+        host, port, ledger, test_mode, tenants, deadline_fence=deadline_fence, provider_keys=True
+    )
     log.info(
         "simulator listening",
         extra={
@@ -123,6 +133,7 @@ def run(
             "port": server.server_address[1],
             "test_mode": test_mode,
             "deadline_fence": deadline_fence,
+            **keys,
         },
     )
     try:

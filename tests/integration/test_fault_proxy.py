@@ -11,6 +11,7 @@ from outbox.downstream import (
     DownstreamRequest,
     Found,
     LookupOutcome,
+    NotFound,
     NotSent,
     SendPhase,
     SubmitOutcome,
@@ -95,6 +96,21 @@ def test_lookup_cut_midway_is_unavailable(
     assert isinstance(lookup(proxied_gateway), Unavailable)
     sim_proxy.passthrough()
     assert isinstance(lookup(proxied_gateway), Found)
+
+
+def test_a_fault_aimed_at_some_requests_leaves_the_others_alone(
+    proxied_gateway: HttpGateway, sim_proxy: FaultProxy, sim_control: SimulatorControl
+) -> None:
+    """``only``: the cut meets the sends (POST), not the lookups (GET) on the same connection;
+    what lets a provider's read before its send pass while the send's answer is lost."""
+    sim_proxy.cut(after_bytes=20, only=b"POST ")
+    assert isinstance(lookup(proxied_gateway), NotFound)
+    assert isinstance(submit(proxied_gateway), Unknown)
+    wait_until(lambda: sim_control.effects("acme", KEY) == 1, what="the refund")
+    assert isinstance(lookup(proxied_gateway), Found)
+    sim_proxy.delay(30, only=b"GET ")
+    assert isinstance(submit(proxied_gateway), Accepted)  # the replay's answer is not held
+    assert isinstance(lookup(proxied_gateway), Unavailable)
 
 
 def test_refuse_also_ends_open_connections_so_nothing_is_sent_on_them(

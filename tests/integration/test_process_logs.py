@@ -4,6 +4,7 @@ status API's access log included. Run on the embedded default (SQLite, filesyste
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives import serialization
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -23,6 +25,7 @@ from outbox.intake import Outbox
 from outbox.models import Operation
 from outbox.settings import Settings
 from settled.simulator import SimulatorControl
+from tests.support import wechatpay
 from tests.support.rig import GOOD
 from tests.support.services import free_port
 from tests.support.simtools import wait_until
@@ -128,6 +131,8 @@ def test_every_process_writes_json_lines_with_the_operations_keys(
     with SimulatorControl(f"http://127.0.0.1:{sim_port}") as control:
         wait_until(_answers(f"http://127.0.0.1:{sim_port}/_control/faults"), 20, "simulator")
         control.create_order("acme", "A1042", 100000)
+        alipay_public = control.alipay_public_key()
+    platform_serial = wechatpay.register(f"http://127.0.0.1:{sim_port}").platform_serial
     processes.start("worker", "worker", "--pool=solo", SETTLED_METRICS_PORT=str(metrics_port))
     processes.start("beat", "beat")  # its sweeper hints the operation: no relay here
     processes.start("web", "web", f"--port={web_port}")
@@ -232,7 +237,14 @@ def test_every_process_writes_json_lines_with_the_operations_keys(
         assert not any(line["logger"].startswith("kombu") for line in processes.lines(name))
 
     simulator = processes.lines("simulator")
-    assert any(line["msg"] == "simulator listening" for line in simulator)
+    (listening,) = [line for line in simulator if line["msg"] == "simulator listening"]
+    # The provider modes' keys were made at start: the ones it answers with are the ones its
+    # first line names.
+    assert listening["wechatpay_platform_serial"] == platform_serial
+    der = serialization.load_pem_public_key(alipay_public.encode()).public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    assert listening["alipay_public_key_sha256"] == hashlib.sha256(der).hexdigest()
 
     (audit,) = [line for line in processes.lines("cli") if line["logger"] == "settled.audit"]
     assert (audit["staff"], audit["role"]) == ("alice", "support")

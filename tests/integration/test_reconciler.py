@@ -393,7 +393,7 @@ def test_a_dead_workers_send_the_lease_leaves_no_time_to_ask_about_stays_as_it_w
     lapses the next pass asks and settles it."""
     ops = []
     for i in range(2):
-        op = rig.enqueue(f"op-{i}")
+        op = rig.enqueue_on_its_own_order(f"op-{i}")
         claimed = rig.start_send(op)
         rig.gateway().submit(
             DownstreamRequest(

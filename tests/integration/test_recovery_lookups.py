@@ -23,7 +23,7 @@ def sent_by_a_dead_worker(rig: Rig, n: int) -> list[int]:
     died before recording it: ``submitted``, their leases over."""
     ops = []
     for i in range(n):
-        op = rig.enqueue(f"op-{i}")
+        op = rig.enqueue_on_its_own_order(f"op-{i}")
         claimed = rig.start_send(op)
         rig.gateway().submit(
             DownstreamRequest(

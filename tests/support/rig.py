@@ -205,6 +205,14 @@ class Rig:
             )
             return got.operation.id
 
+    def enqueue_on_its_own_order(self, op_id: str) -> int:
+        """``enqueue`` refunding an order of its own (made now in the simulator's ledger): a
+        provider that looks refunds up by order (Stripe lists a payment intent's refunds) then
+        asks about this operation alone."""
+        order = f"A1042-{op_id}"
+        self.control.create_order("acme", order, 100000)
+        return self.enqueue(op_id, params={**GOOD, "order_id": order})
+
     def op(self, op_id: int) -> Operation:
         with self.sessions() as s:
             op = s.get(Operation, op_id)
