@@ -294,15 +294,11 @@ def test_real_workers_killed_after_the_claim_and_after_the_send_are_recovered_wi
             assert victims[step].returncode == -signal.SIGKILL
             assert (tmp_path / f"{step}-fired").exists()
         stack.start_worker(beat=True)  # the sweeper and the reconciler bring both back
-        try:
-            wait_until(
-                lambda: set(app.states([op for op, _ in ops.values()]).values()) == {"succeeded"},
-                60,
-                "both operations succeed",
-            )
-        except BaseException:
-            print(stack.logs())
-            raise
+        wait_until(
+            lambda: set(app.states([op for op, _ in ops.values()]).values()) == {"succeeded"},
+            60,
+            "both operations succeed",
+        )
         requests = sim_control.ledger()["requests"]
         for step, (op, order_id) in ops.items():
             (key,) = app.keys([op])
@@ -319,6 +315,9 @@ def test_real_workers_killed_after_the_claim_and_after_the_send_are_recovered_wi
             ), step
             assert [r["last_deadline"] for r in rows] == [None, None], step
         check_truthful(app.sessions, sim_control)
+    except BaseException:
+        print(stack.logs())
+        raise
     finally:
         stack.stop_all()
         app.close()
