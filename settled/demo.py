@@ -42,13 +42,12 @@ from settled.celery_app import create_app, hint_publisher
 from settled.runtime import Runtime, build_runtime
 from settled.simulator import SimulatorControl, start_in_thread
 from settled.simulator.alipay import GATEWAY as ALIPAY_GATEWAY
+from settled.simulator.control import order_total
 
 TENANT = "acme"
 API_KEY = "sk_test_demo_acme"
 #: The demo's WeChat Pay merchant (its key pair is made at each start).
 MCHID, MERCHANT_SERIAL = "1900000109", "DEMO0000000000000000000000000000000001"
-#: Where the demo's order totals are read (its simulator), in this process.
-_simulator_url: str | None = None
 TERMINAL = ("succeeded", "rejected", "cancelled")
 
 Echo = Callable[[str], None]
@@ -322,21 +321,12 @@ def _worker(settings: Settings, folder: Path) -> Iterator[subprocess.Popen[bytes
 
 
 def _base_env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
 
 
-def simulator_order_total(tenant: str, order_id: str) -> int | None:
-    """The demo's ``SETTLED_WECHATPAY_ORDER_TOTALS``: an order's total as the simulator's
-    ledger holds it (the demo's orders are the simulator's; its worker finds the simulator by
-    its WeChat Pay API base)."""
-    base = os.environ.get("SETTLED_WECHATPAY_API_BASE", "").removesuffix("/wechatpay")
-    with SimulatorControl(base or _simulator_url or "") as control:
-        for order in control.ledger()["orders"]:
-            if (order["tenant"], order["order_id"]) == (tenant, order_id):
-                return int(order["amount_minor"])
-    return None
+#: The demo's ``SETTLED_WECHATPAY_ORDER_TOTALS`` before it moved to the simulator's client
+#: (``settled.simulator.control:order_total``), kept for settings that name it.
+simulator_order_total = order_total
 
 
 def _wechatpay_merchant(control: SimulatorControl) -> WechatPayMerchant:
@@ -381,7 +371,6 @@ def run_demo(
     """Play every case; return 0 when the reports match the simulator's ledger. ``provider``
     (``stripe``: the same as ``provider="stripe"``): refunds go through that provider's
     gateway to the simulator's mode of it (``http``: the wire protocol)."""
-    global _simulator_url
     provider = "stripe" if stripe else provider
     alipay = _demo_alipay_app() if provider == "alipay" else None
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="settled-demo-"))
@@ -389,7 +378,6 @@ def run_demo(
     sim = start_in_thread(
         ledger=str(folder / "simulator.sqlite3"), test_mode=True, tenants={TENANT: API_KEY}
     )
-    _simulator_url = sim.url
     merchants: dict[str, WechatPayMerchant] = {}
     if provider == "wechatpay":
         with SimulatorControl(sim.url) as control:
@@ -424,7 +412,7 @@ def run_demo(
         stripe_api_base=sim.url + "/stripe",
         wechatpay_merchants=merchants,
         wechatpay_api_base=sim.url + "/wechatpay",
-        wechatpay_order_totals="settled.demo:simulator_order_total",
+        wechatpay_order_totals="settled.simulator.control:order_total",
         **(_alipay_settings(alipay, sim.url) if alipay is not None else {}),
     )
     echo(f"Settled demo: SQLite + filesystem broker + one worker with beat, in {folder}")

@@ -1,8 +1,11 @@
-"""A typed client of the simulator's control API (test mode only): faults, switches, truth."""
+"""A typed client of the simulator's control API (test mode only): faults, switches, truth;
+and ``order_total``, a ``SETTLED_WECHATPAY_ORDER_TOTALS`` function reading the simulator's
+orders (for a worker whose WeChat Pay is the simulator: the demo's, the tests')."""
 
 from __future__ import annotations
 
 import enum
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -262,6 +265,13 @@ class SimulatorControl:
                 return int(order["refunded_minor"])
         raise LookupError("no such order")
 
+    def order_total(self, tenant: str, order_id: str) -> int | None:
+        """An order's amount in minor units, as the ledger holds it (None: no such order)."""
+        for order in self.ledger()["orders"]:
+            if (order["tenant"], order["order_id"]) == (tenant, order_id):
+                return int(order["amount_minor"])
+        return None
+
     def requests(self, tenant: str, key: str, phase: str = "submit") -> int:
         """How many ``phase`` requests with ``key`` reached the simulator."""
         for row in self.ledger()["requests"]:
@@ -279,3 +289,14 @@ class SimulatorControl:
             if time.monotonic() > end:
                 raise TimeoutError("the key never went in flight")
             time.sleep(0.01)
+
+
+def order_total(tenant: str, order_id: str) -> int | None:
+    """A ``SETTLED_WECHATPAY_ORDER_TOTALS`` function (``settled.simulator.control:order_total``)
+    for a worker whose WeChat Pay is the simulator: the order's total as the simulator's ledger
+    holds it, the simulator found by ``SETTLED_WECHATPAY_API_BASE`` (its URL + ``/wechatpay``)."""
+    base = os.environ.get("SETTLED_WECHATPAY_API_BASE", "").removesuffix("/wechatpay")
+    if not base:
+        raise LookupError("SETTLED_WECHATPAY_API_BASE is not set: no simulator to ask")
+    with SimulatorControl(base) as control:
+        return control.order_total(tenant, order_id)

@@ -2,7 +2,9 @@
 protocol's, Stripe's, WeChat Pay's and Alipay's) through that provider's gateway, and judged by
 the same ledger (``check_truthful`` at the rig's teardown): a worker killed at each of its
 failpoints, connections refused, answers delayed or cut by the fault proxy, a worker that died
-mid-send found by recovery lookups, a paused worker beside the new owner.
+mid-send found by recovery lookups, a paused worker beside the new owner, and real ``settled
+worker`` processes built from each provider's settings, SIGKILLed after the claim and after the
+send.
 
 ``CRASHES_AND_FAULTS`` are existing tests of the wire protocol (run there on both databases),
 run again here in each provider's mode; the tests below the list are stated once, for all four
@@ -28,15 +30,14 @@ from outbox.intake import Outbox
 from outbox.states import State
 from settled.simulator import SimulatorControl, SimulatorHandle
 from settled.simulator.proxy import FaultProxy
-from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
 from tests.integration import test_reconciler as reconciler_tests
 from tests.integration import test_recovery_lookups as recovery_tests
 from tests.integration import test_send_fencing as fencing_tests
-from tests.integration.test_celery_worker import App
+from tests.integration.test_celery_worker import GOOD, App
 from tests.support.judge import check_truthful
 from tests.support.rig import Rig
 from tests.support.simtools import SimTenant, wait_until
-from tests.support.stack import Stack
+from tests.support.stack import Stack, provider_env
 from workers.alipay_gateway import AlipayGateway
 from workers.failpoints import STEPS, FailpointHit, arm
 from workers.http_client import HttpGateway
@@ -59,8 +60,9 @@ CRASHES_AND_FAULTS: list[Callable[[Rig], None]] = [
     # test_gateway_faults, test_fault_proxy: HttpGateway's own outcomes, header and pool
     #   (what each provider's gateway makes of these faults: the executor's tests here)
     # test_celery_worker (SIGKILL at each step), test_outage: real workers built for the wire
-    #   protocol (the same failpoints fired in process in every mode below, and one real
-    #   worker built for Stripe killed after its send)
+    #   protocol (the same failpoints fired in process in every mode below, and real workers
+    #   built for each provider killed after the claim and after the send: after the outcome
+    #   nothing is left for a provider to answer)
     # test_deadline_fence, test_transport_bounds: the deadline fence only the wire protocol
     #   enforces, and its transport's bounds
     # Wire protocol only for test time (the provider's part is met above): test_reconciler's
@@ -211,10 +213,27 @@ def test_an_answer_delayed_or_cut_by_the_network_is_unknown_and_reconciled_once(
     assert rig.effects(op) == 1 and rig.sends(op) == 1
 
 
+#: Where a real worker is SIGKILLed, and the path its operation then takes to ``succeeded``.
+REAL_WORKER_KILLS = {
+    # never sent: the lookups find nothing, so unknown; once quiet the reconciler requeues it
+    # with the same key and it is sent once
+    "after_claim": ["planned", "submitted", "unknown", "planned", "submitted", "succeeded"],
+    # sent, not recorded: the next worker's recovery lookup finds the refund
+    "after_send": ["planned", "submitted", "succeeded"],
+}
+
+#: The refund's contract in these workers' settings: the delay bound (5 minutes for WeChat Pay
+#: and Alipay) and the processing time (Alipay's 30 s) declared short, so that the "not found"
+#: of a send that never left is trusted within the test; it rests on the bound, as the
+#: providers' own contracts do (a lookup that finds the refund needs neither).
+SHORT_DELAY_BOUND = {"refund": {"max_request_delay_seconds": 0.5, "processing_seconds": 0.5}}
+
+
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.redis
-def test_a_real_worker_killed_after_its_stripe_send_is_recovered_without_a_second_send(
+@pytest.mark.parametrize("mode", PROVIDERS)
+def test_real_workers_killed_after_the_claim_and_after_the_send_are_recovered_with_one_send(
     pg: Engine,
     pg_url: str,
     redis_url: str,
@@ -223,49 +242,85 @@ def test_a_real_worker_killed_after_its_stripe_send_is_recovered_without_a_secon
     sim_tenant: SimTenant,
     outbox: Outbox,
     tmp_path: Path,
+    mode: str,
 ) -> None:
-    """``test_celery_worker``'s SIGKILL after the send, with a worker built from settings that
-    send refunds to Stripe (the simulator's Stripe mode): the next worker's recovery lookup
-    finds the refund through the Stripe gateway, and nothing is sent twice. (Once, in Stripe
-    mode only: the worker's settings for WeChat Pay and Alipay carry merchant keys and an
-    order-totals hook this stack does not build.)"""
-    sim_control.create_order("acme", "A1042", 10**9)
-    key = sim_tenant.api_key.get_secret_value()
+    """``test_celery_worker``'s SIGKILL after the claim and after the send, with workers built
+    from settings that send refunds to the provider (the simulator's mode of it): a worker with
+    beat finds both operations, looks them up through the provider's gateway, and each is sent
+    once. The two kills share one stack, to start the workers once: both victims start together,
+    and each takes one operation (the first to take one dies before the second is enqueued; they
+    claim only the operations they are hinted)."""
+    env = provider_env(mode, simulator.url, sim_control, sim_tenant)
+    env["SETTLED_DOWNSTREAM_CONTRACTS"] = json.dumps(SHORT_DELAY_BOUND)
     stack = Stack(
         database_url=pg_url,
         broker_url=redis_url,
         downstream_url=simulator.url,
-        api_keys={sim_tenant.name: key},
+        api_keys={sim_tenant.name: sim_tenant.api_key.get_secret_value()},
         workdir=tmp_path,
-        env_extra={
-            "SETTLED_DOWNSTREAM_PROVIDERS": json.dumps({"refund": "stripe"}),
-            "SETTLED_STRIPE_API_KEYS": json.dumps({sim_tenant.name: key}),
-            "SETTLED_STRIPE_API_BASE": simulator.url + STRIPE_PREFIX,
-            # Stripe enforces no deadline: its kinds' contracts as declared
-            "SETTLED_DOWNSTREAM_CONTRACTS": "{}",
-        },
+        env_extra=env,
     )
-    app = App(stack, pg, outbox)
+    app = App(stack, pg, outbox, hint_doorbell=0)  # a hint per transaction, naming its operation
+
+    def enqueue(order_id: str) -> int:
+        """A refund of its own order (Stripe's lookup lists an order's refunds)."""
+        sim_control.create_order("acme", order_id, 10**9)
+        with app.sessions.begin() as s:
+            got = outbox.enqueue(
+                s,
+                tenant="acme",
+                op_id=order_id,
+                kind="refund",
+                params={**GOOD, "order_id": order_id},
+            )
+        return got.id
+
     try:
-        marker = tmp_path / "failpoint-fired"
-        victim = stack.start_worker(
-            SETTLED_FAILPOINT="after_send", SETTLED_FAILPOINT_MARKER=str(marker)
+        victims = {
+            step: stack.start_worker(
+                SETTLED_FAILPOINT=step,
+                SETTLED_FAILPOINT_MARKER=str(tmp_path / f"{step}-fired"),
+                SETTLED_CLAIM_BATCH="0",
+            )
+            for step in REAL_WORKER_KILLS
+        }
+        ops: dict[str, tuple[int, str]] = {}  # by step: the operation, its order
+
+        def killed() -> list[str]:
+            return [s for s, v in victims.items() if s not in ops and v.poll() is not None]
+
+        for order_id in ("A1042", "A1043"):
+            op = enqueue(order_id)
+            wait_until(lambda: bool(killed()), 60, "a victim dies")
+            (step,) = killed()
+            ops[step] = (op, order_id)
+            assert victims[step].returncode == -signal.SIGKILL
+            assert (tmp_path / f"{step}-fired").exists()
+        stack.start_worker(beat=True)  # the sweeper and the reconciler bring both back
+        wait_until(
+            lambda: set(app.states([op for op, _ in ops.values()]).values()) == {"succeeded"},
+            60,
+            "both operations succeed",
         )
-        ids = app.enqueue(1)
-        victim.wait(60)
-        assert victim.returncode == -signal.SIGKILL
-        assert marker.exists()
-        stack.start_worker(beat=True)  # the sweeper brings the operation back
-        wait_until(lambda: app.states(ids)[ids[0]] == "succeeded", 60, "operation succeeds")
-        (op_key,) = app.keys(ids)
-        assert sim_control.effects("acme", op_key) == 1
-        assert app.path(ids[0]) == ["planned", "submitted", "succeeded"]
-        assert sim_control.requests("acme", op_key) == 1
-        # through Stripe: a wire-protocol request would have carried its Settled-Deadline
-        rows = [r for r in sim_control.ledger()["requests"] if r["idempotency_key"] == op_key]
-        assert {r["phase"] for r in rows} == {"submit", "lookup"}
-        assert [r["last_deadline"] for r in rows] == [None, None]
+        requests = sim_control.ledger()["requests"]
+        for step, (op, order_id) in ops.items():
+            (key,) = app.keys([op])
+            assert app.path(op) == REAL_WORKER_KILLS[step], step
+            assert sim_control.effects("acme", key) == 1, step
+            assert sim_control.requests("acme", key) == 1, step
+            # through the provider: a wire-protocol request would have carried its
+            # Settled-Deadline (Stripe's lookup lists the order's refunds: while it has none,
+            # the lookup is counted against the order)
+            looked_up = order_id if (mode, step) == ("stripe", "after_claim") else key
+            rows = [r for r in requests if r["idempotency_key"] in {key, looked_up}]
+            assert sorted((r["idempotency_key"], r["phase"]) for r in rows) == sorted(
+                {(key, "submit"), (looked_up, "lookup")}
+            ), step
+            assert [r["last_deadline"] for r in rows] == [None, None], step
         check_truthful(app.sessions, sim_control)
+    except BaseException:
+        print(stack.logs())
+        raise
     finally:
         stack.stop_all()
         app.close()

@@ -12,7 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from settled.runtime import order_totals_of
 from settled.simulator import SimulatorControl, SimulatorHandle
+from settled.simulator.control import order_total
 from settled.simulator.wechatpay import REFUNDS
 from tests.support.simtools import SimTenant
 from tests.support.wechatpay import register, rsa_key
@@ -132,3 +134,20 @@ def test_a_refund_wechat_pay_would_not_take_is_refused_and_makes_nothing(
     assert _verified(keys, answer)["code"] == code
     assert sim_control.effects("acme", "stl_sim_1") == 0
     assert sim_control.refunded("acme", "A1042") == 0
+
+
+def test_the_simulators_order_totals_function_reads_its_orders(
+    simulator: SimulatorHandle, sim_control: SimulatorControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``settled.simulator.control:order_total``, a worker's ``SETTLED_WECHATPAY_ORDER_TOTALS``
+    against the simulator: the total of an order it holds, None for one it does not; without
+    ``SETTLED_WECHATPAY_API_BASE`` it has no simulator to ask (nothing is sent then)."""
+    sim_control.create_order("acme", "A1042", 100000)
+    monkeypatch.setenv("SETTLED_WECHATPAY_API_BASE", simulator.url + "/wechatpay")
+    assert order_total("acme", "A1042") == 100000
+    assert order_total("acme", "A9999") is None
+    assert order_total("globex", "A1042") is None
+    assert order_totals_of("settled.demo:simulator_order_total") is order_total
+    monkeypatch.delenv("SETTLED_WECHATPAY_API_BASE")
+    with pytest.raises(LookupError):
+        order_total("acme", "A1042")

@@ -151,12 +151,8 @@ class Rig:
             merchant = merchant.model_copy(update={"private_key": wrong})
         keys = {tenant: merchant_keys(tenant, merchant) for tenant in api_keys}
 
-        def totals(tenant: str, order_id: str) -> int | None:
-            orders = self.control.ledger()["orders"]
-            found = [o for o in orders if (o["tenant"], o["order_id"]) == (tenant, order_id)]
-            return int(found[0]["amount_minor"]) if found else None
-
         base = (url or self.url) + WECHATPAY_PREFIX
+        totals = self.control.order_total
         return WechatPayGateway(keys, order_totals=totals, api_base=base, timeout=timeout)
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """Real ``settled`` processes for integration tests (``settled worker``, ``settled run``)
 against PostgreSQL, Redis and a simulator, configured through the environment exactly as in
-production; and a Redis server of a test's own, to kill and restart under them."""
+production (``provider_env``: the settings that send refunds to one of the simulator's
+provider modes); and a Redis server of a test's own, to kill and restart under them."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from outbox.kinds import default_registry
 from outbox.settings import Settings
+from settled.simulator import SimulatorControl
+from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
+from settled.simulator.wechatpay import PREFIX as WECHATPAY_PREFIX
+from tests.support import alipay, wechatpay
 from tests.support.services import free_port, redis_binary, spawn_redis, wait_for_own_redis
+from tests.support.simtools import SimTenant
 
 Proc = subprocess.Popen[bytes]
 
@@ -134,6 +140,39 @@ class Stack:
         for f in self.files:
             f.close()
         self.files.clear()
+
+
+def provider_env(
+    mode: str, url: str, control: SimulatorControl, tenant: SimTenant
+) -> dict[str, str]:
+    """The ``SETTLED_*`` variables that send refunds to the simulator at ``url`` in ``mode``
+    (``stripe``, ``wechatpay``, ``alipay``) as ``tenant``, its merchant or app registered
+    there, for ``Stack(env_extra=...)``; the contracts those providers declare (none enforces
+    the deadline), not the stack's fence."""
+    fields: dict[str, Any] = {"downstream_providers": {"refund": mode}}
+    if mode == "stripe":
+        fields.update(
+            stripe_api_keys={tenant.name: tenant.api_key}, stripe_api_base=url + STRIPE_PREFIX
+        )
+    elif mode == "wechatpay":
+        fields.update(
+            wechatpay_merchants={tenant.name: wechatpay.register(url, tenant.name)},
+            wechatpay_api_base=url + WECHATPAY_PREFIX,
+            wechatpay_order_totals="settled.simulator.control:order_total",
+        )
+    elif mode == "alipay":
+        app = alipay.register_app(control, tenant.name)
+        fields.update(
+            alipay_app_ids={tenant.name: app.app_id},
+            alipay_private_keys={tenant.name: app.private_key},
+            alipay_public_keys={tenant.name: app.alipay_public_key},
+            alipay_gateway_url=alipay.gateway_url(url),
+        )
+    else:
+        raise ValueError(f"no provider mode {mode!r}")
+    env = Settings(**fields).as_environment()
+    wanted = {f"SETTLED_{name.upper()}" for name in fields}
+    return {**{k: v for k, v in env.items() if k in wanted}, "SETTLED_DOWNSTREAM_CONTRACTS": "{}"}
 
 
 class RedisProcess:
