@@ -42,6 +42,7 @@ CONTROL_METHODS = [
     "ledger",
     "move_stripe_refund",
     "notify_wechatpay",
+    "order_total",
     "refunded",
     "release_holds",
     "requests",
