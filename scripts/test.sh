@@ -20,6 +20,9 @@ echo "== mkdocs build --strict"
 site_dir=$(mktemp -d)
 .venv/bin/mkdocs build --strict --site-dir "$site_dir"
 rm -rf "$site_dir"
+# Hypothesis draws the same examples every run here (tests/conftest.py, profile "ci"); a bare
+# pytest explores.
+export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 if [ "$#" -gt 0 ]; then
   .venv/bin/pytest "$@"  # a selection: no coverage floor
   exit

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -27,6 +28,15 @@ TABLES = (
     "review_items, operation_events, attempts, operations, runs, api_keys,"
     " staff_login_failures, staff_sessions, staff_accounts, clock_steps"
 )
+
+
+#: Hypothesis: no per-example deadline (a loaded 2-core machine is slow, not wrong). ``explore``
+#: (a bare ``pytest``) draws new examples each run and keeps what fails in ``.hypothesis``;
+#: ``ci`` (``scripts/test.sh``, so CI) draws the same examples every run, so that a run passes or
+#: fails by the code alone; a counterexample found exploring is kept as an ``@example``.
+hypothesis_settings.register_profile("explore", deadline=None, print_blob=True)
+hypothesis_settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "explore"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
