@@ -34,8 +34,13 @@ TABLES = (
 #: (a bare ``pytest``) draws new examples each run and keeps what fails in ``.hypothesis``;
 #: ``ci`` (``scripts/test.sh``, so CI) draws the same examples every run, so that a run passes or
 #: fails by the code alone; a counterexample found exploring is kept as an ``@example``.
+#: ``HYPOTHESIS_PROFILE`` picks one.
 hypothesis_settings.register_profile("explore", deadline=None, print_blob=True)
 hypothesis_settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
+#: ``thorough``: ``explore`` with 20 times the examples, to hunt before a release.
+hypothesis_settings.register_profile(
+    "thorough", hypothesis_settings.get_profile("explore"), max_examples=2000
+)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "explore"))
 
 
