@@ -9,7 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+import uuid
 from collections.abc import Sequence
+from contextlib import suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,10 @@ import redis.sentinel
 from celery import Celery
 from celery.beat import PersistentScheduler
 from celery.signals import worker_process_shutdown
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem as kombu_filesystem
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.errors import SettledError
@@ -100,6 +106,59 @@ class RedisTransport(kombu_redis.Transport):
     """kombu's Redis transport with ``_RedisChannel``; used for ``redis://`` brokers."""
 
     Channel = _RedisChannel
+
+
+class _FilesystemChannel(kombu_filesystem.Channel):
+    """kombu's folder channel, whose messages appear in the folder only once written whole.
+
+    kombu creates a message's file under its final name and only then writes it, and a reader
+    takes a file without waiting for its writer's lock: a worker polling the folder in between
+    (a writer preempted on a busy machine) takes an empty file. JSON cannot decode it, which
+    Celery's consumer takes for an unrecoverable error: the worker and its embedded beat stop,
+    and the message, written after its file was taken, is lost. Here a message is written to a
+    hidden file of the same folder and renamed to its name when complete (a rename within a
+    folder is atomic); a file that still cannot be read (written by a plain kombu producer) is
+    dropped with a warning, as a lost hint is: the sweeper hints its operations again.
+    """
+
+    # kombu's folder channel's signature (its base class names the argument ``message``)
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        folder = self.data_folder_out
+        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"  # as kombu names it
+        data = dumps(payload).encode()  # type: ignore[no-untyped-call]
+        # ``.part``: never a message name (``<stamp>_<uuid>.<queue>.msg``) a reader takes; made
+        # with the mode kombu gives its files (the umask's), for a worker of another user
+        part = os.path.join(folder, f".{uuid.uuid4()}.part")
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {name!r} to directory") from exc
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(part, os.path.join(folder, name))
+        except OSError as exc:
+            with suppress(OSError):
+                os.unlink(part)
+            raise ChannelError(f"Cannot add file {name!r} to directory") from exc
+
+    def _get(self, queue: Any, timeout: Any = None) -> Any:
+        while True:  # each failed read has taken its file: this ends (Empty) when none is left
+            try:
+                return super()._get(queue)  # type: ignore[no-untyped-call]
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError: empty or cut short
+                log.warning(
+                    "broker message file unreadable (empty or cut short); dropped, the "
+                    "sweeper hints its operations again",
+                    extra={"queue": queue},
+                )
+
+
+class FilesystemTransport(kombu_filesystem.Transport):
+    """kombu's folder transport with ``_FilesystemChannel``; used for ``filesystem://``
+    brokers (the embedded default)."""
+
+    Channel = _FilesystemChannel
 
 
 class _SentinelChannel(_RedisChannel, kombu_redis.SentinelChannel):
@@ -305,6 +364,8 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     )
     if settings.broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = f"{__name__}:RedisTransport"
+    elif settings.broker_url.startswith("filesystem"):
+        app.conf.broker_transport = f"{__name__}:FilesystemTransport"
     elif settings.redis_sentinel_master is not None:
         app.conf.broker_transport = f"{__name__}:SentinelTransport"
 

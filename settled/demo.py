@@ -53,9 +53,16 @@ TERMINAL = ("succeeded", "rejected", "cancelled")
 Echo = Callable[[str], None]
 
 
-#: How long the demo waits for a step (a case takes a few seconds; a machine busy with other
-#: work can stall its one solo worker for tens of seconds, seen under a loaded CI run)
+#: How long the demo waits for a step: far above what one takes (a few seconds; the first,
+#: which waits for the worker to start, up to 15 s on a machine whose cores are busy with other
+#: work). A worker that stops ends the wait at once (``WorkerStopped``).
 WAIT_SECONDS = 90.0
+#: How many of the worker log's last lines the demo prints when a step does not come
+LOG_TAIL_LINES = 40
+
+
+class WorkerStopped(RuntimeError):
+    """The demo's worker ended while the demo waited for it."""
 
 
 @dataclass
@@ -67,6 +74,8 @@ class Demo:
     started: float = field(default_factory=time.monotonic)
     lang: Lang = "en"
     handles: list[tuple[str, str]] = field(default_factory=list)  # (title, handle)
+    #: the worker process, watched while the demo waits (None: not watched)
+    worker: subprocess.Popen[bytes] | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -98,6 +107,11 @@ class Demo:
     def wait(self, what: str, check: Callable[[], bool], timeout: float = WAIT_SECONDS) -> None:
         end = time.monotonic() + timeout
         while not check():
+            status = None if self.worker is None else self.worker.poll()
+            if status is not None:  # nothing will come: say so now, not after the timeout
+                raise WorkerStopped(
+                    f"demo: the worker stopped (exit status {status}) while waiting for {what}"
+                )
             if time.monotonic() > end:
                 raise TimeoutError(f"demo: timed out waiting for {what}")
             time.sleep(0.1)
@@ -297,6 +311,16 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of the worker's log, to print when a step does not come."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"The worker's log ({path}) cannot be read: {exc}"
+    tail = text.splitlines()[-lines:]
+    return f"The worker's log, its last {len(tail)} lines ({path}):\n" + _indent("\n".join(tail))
+
+
 @contextmanager
 def _worker(settings: Settings, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
     log = (folder / "worker.log").open("wb")
@@ -431,14 +455,21 @@ def run_demo(
         if alipay is not None:  # the app's public key, as a merchant uploads it to Alipay
             control.add_alipay_app(TENANT, ALIPAY_APP_ID, alipay[1])
         try:
-            with _worker(settings, folder):
-                demo = Demo(rt, control, hint_publisher(celery), echo, lang=check_lang(lang))
-                demo.two_refunds()
-                demo.replay_and_conflict()
-                demo.lost_response()
-                demo.lookup_down()
-                demo.stop_button()
-                demo.after_sales()
+            with _worker(settings, folder) as worker:
+                demo = Demo(
+                    rt, control, hint_publisher(celery), echo, lang=check_lang(lang),
+                    worker=worker,
+                )  # fmt: skip
+                try:
+                    demo.two_refunds()
+                    demo.replay_and_conflict()
+                    demo.lost_response()
+                    demo.lookup_down()
+                    demo.stop_button()
+                    demo.after_sales()
+                except (TimeoutError, WorkerStopped):  # the worker's log says why, kept or not
+                    echo(_log_tail(folder / "worker.log"))
+                    raise
                 demo.reports()
                 agree = demo.ledger()
         finally:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from settled.demo import Demo, WorkerStopped, run_demo
+
 pytestmark = pytest.mark.slow
 
 
@@ -110,3 +112,28 @@ def test_demo_runs_to_the_end_and_its_report_matches_the_ledger(
     assert "lookup_unavailable" in listed.stdout
     assert listed.stdout.split()[:2] == ["ITEM", "TENANT"]  # a header above the columns
     shutil.rmtree(kept)
+
+
+def test_demo_whose_worker_stops_fails_at_once_with_the_worker_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [k for k in os.environ if k.startswith("SETTLED_")]:
+        monkeypatch.delenv(name)
+
+    folder = tmp_path / "demo"
+    log = folder / "worker.log"
+
+    def worker_stops(self: Demo) -> None:
+        assert self.worker is not None
+        self.wait("the worker to start", lambda: "settled worker: database" in log.read_text())
+        self.worker.terminate()  # as a worker that stops on an unrecoverable error
+        self.wait("a refund", lambda: False)  # unchecked, it would time out (WAIT_SECONDS)
+
+    monkeypatch.setattr(Demo, "two_refunds", worker_stops)
+    lines: list[str] = []
+    with pytest.raises(WorkerStopped, match=r"the worker stopped \(exit status -?\d+\)"):
+        run_demo(keep=str(folder), echo=lines.append)
+    out = "\n".join(lines)
+    assert "The worker's log, its last" in out, out
+    assert "settled worker: database" in out  # the worker's first line, printed
+    assert running_with(str(folder)) == []
