@@ -213,6 +213,30 @@ def test_an_answer_delayed_or_cut_by_the_network_is_unknown_and_reconciled_once(
     assert rig.effects(op) == 1 and rig.sends(op) == 1
 
 
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("provider_rig", ["stripe"], indirect=True)
+@pytest.mark.parametrize("fault", ["delay", "cut"])
+def test_a_payment_intent_read_delayed_or_cut_sends_nothing_and_the_retry_refunds_once(
+    provider_rig: Rig, sim_proxy: FaultProxy, fault: str
+) -> None:
+    """Stripe's read of the payment intent before the refund (a GET) is held past the client's
+    timeout or cut midway: the refund was never asked for, so the operation stays planned (not
+    unknown, nothing to look up), and the retry refunds once."""
+    rig = provider_rig
+    op = rig.enqueue()
+    if fault == "delay":
+        sim_proxy.delay(30, only=b"GET ")
+    else:
+        sim_proxy.cut(after_bytes=20, only=b"GET ")
+    assert rig.executor(url=sim_proxy.url).execute([op]) == {op: State.PLANNED}
+    assert [a.proof for a in rig.attempts(op)] == ["not_sent"]
+    assert rig.sends(op) == 0 and rig.effects(op) == 0
+    sim_proxy.passthrough()
+    rig.make_due(op)
+    assert rig.executor(url=sim_proxy.url).execute([op]) == {op: State.SUCCEEDED}
+    assert rig.effects(op) == 1 and rig.sends(op) == 1
+
+
 #: Where a real worker is SIGKILLed, and the path its operation then takes to ``succeeded``.
 REAL_WORKER_KILLS = {
     # never sent: the lookups find nothing, so unknown; once quiet the reconciler requeues it
