@@ -46,4 +46,4 @@ fi
 echo "== pytest: the model checker, integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
 # Three test processes per two cores: most of these tests wait on other processes (workers,
 # servers, the simulator), so one per core left them part idle (load average about 1.5).
-.venv/bin/pytest tests/model tests/integration tests/e2e -n "$(( ($(nproc) * 3 + 1) / 2 ))"
+.venv/bin/pytest tests/model tests/integration tests/e2e -n "$(( ($(nproc) * 3 + 1) / 2 ))" --durations=25

@@ -48,6 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
     services.refuse_foreign_flushes()  # no test may flush a Redis the run did not start
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests first (the end-to-end ones, and those marked ``slow``: they start
+    processes), each group in its own order: spread over pytest-xdist's processes early, none
+    of them is left to run alone at the end of the run."""
+    items.sort(key=lambda item: not (item.nodeid.startswith("tests/e2e/") or _slow(item)))
+
+
+def _slow(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     with services.postgres_server() as url:
