@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,17 +49,6 @@ def pytest_configure(config: pytest.Config) -> None:
     services.refuse_foreign_flushes()  # no test may flush a Redis the run did not start
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long tests first (the end-to-end ones, and those marked ``slow``: they start
-    processes), each group in its own order: spread over pytest-xdist's processes early, none
-    of them is left to run alone at the end of the run."""
-    items.sort(key=lambda item: not (item.nodeid.startswith("tests/e2e/") or _slow(item)))
-
-
-def _slow(item: pytest.Item) -> bool:
-    return item.get_closest_marker("slow") is not None
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     with services.postgres_server() as url:
@@ -93,11 +83,20 @@ def pg(pg_engine: Engine) -> Iterator[Engine]:
     truncate(pg_engine)
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An SQLite file migrated once per test process, copied for each test (``sqlite``)."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "settled.sqlite3"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture
-def sqlite(tmp_path: Path) -> Iterator[Engine]:
-    url = f"sqlite:///{tmp_path / 'settled.sqlite3'}"
-    upgrade(url)
-    engine = make_engine(url)
+def sqlite(tmp_path: Path, sqlite_template: Path) -> Iterator[Engine]:
+    """A migrated SQLite file of this test's own (a copy of the migrated template)."""
+    path = tmp_path / "settled.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    engine = make_engine(f"sqlite:///{path}")
     yield engine
     engine.dispose()
 
