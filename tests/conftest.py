@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from outbox import logs
 from outbox.db import make_engine, upgrade
 from outbox.intake import Outbox
 from outbox.kinds import default_registry
-from outbox.models import Base
 from outbox.settings import Settings
 from tests.support import services
 from tests.support.simtools import fenced
@@ -78,30 +76,11 @@ def truncate(engine: Engine) -> None:
         conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
 
 
-#: Every sequence of the schema back to 1, as ``TRUNCATE ... RESTART IDENTITY`` leaves them.
-RESTART_SEQUENCES = text(
-    "SELECT setval(oid::regclass, 1, false) FROM pg_class"
-    " WHERE relkind = 'S' AND relnamespace = to_regnamespace(current_schema())"
-)
-
-
-def empty(engine: Engine) -> None:
-    """What ``truncate`` leaves (no rows, ids from 1), by deleting the rows: a few
-    milliseconds, where a TRUNCATE of every table costs about 0.1 s (new files for each)."""
-    try:
-        with engine.begin() as conn:
-            for table in reversed(Base.metadata.sorted_tables):  # those referring first
-                conn.execute(table.delete())
-            conn.execute(RESTART_SEQUENCES)
-    except IntegrityError:  # a table of the test's own still refers to ours
-        truncate(engine)
-
-
 @pytest.fixture
 def pg(pg_engine: Engine) -> Iterator[Engine]:
     """The session's PostgreSQL engine, emptied after the test."""
     yield pg_engine
-    empty(pg_engine)
+    truncate(pg_engine)
 
 
 @pytest.fixture(scope="session")

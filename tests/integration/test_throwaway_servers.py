@@ -15,14 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import sessionmaker
 
-from outbox.intake import Outbox
-from outbox.models import Base
-from tests.conftest import empty
 from tests.support import services
-from tests.support.rig import GOOD
 
 ROOT = Path(__file__).parents[2]
 
@@ -199,24 +193,3 @@ def test_no_test_addresses_a_redis_it_did_not_start() -> None:
         if needle in path.read_text()
     ]
     assert offenders == []
-
-
-def test_a_postgresql_test_leaves_no_row_and_the_next_starts_its_ids_at_one(
-    pg_engine: Engine, outbox: Outbox
-) -> None:
-    """``empty`` (the ``pg`` fixture's teardown) leaves what ``TRUNCATE ... RESTART IDENTITY``
-    would: no row in any table, every id from 1 again."""
-    sessions = sessionmaker(pg_engine)
-
-    def enqueue() -> int:
-        with sessions.begin() as s:
-            got = outbox.enqueue(s, tenant="acme", op_id="op-1", kind="refund", params=GOOD)
-            return got.operation.id
-
-    enqueue()
-    empty(pg_engine)
-    with pg_engine.connect() as conn:
-        for table in Base.metadata.sorted_tables:
-            assert conn.scalar(select(func.count()).select_from(table)) == 0, table.name
-    assert enqueue() == 1
-    empty(pg_engine)
