@@ -366,7 +366,9 @@ def test_a_fingerprint_mismatch_is_confirmed_never_changed(rig: Rig) -> None:
     assert (rig.op(op).state, rig.op(op).reason) == ("rejected", "not_executed")
     with rig.sessions() as s:
         notes = s.scalars(
-            select(OperationEvent.reason).where(OperationEvent.operation_id == op)
+            select(OperationEvent.reason)
+            .where(OperationEvent.operation_id == op)
+            .order_by(OperationEvent.id)
         ).all()
     assert notes[-2:] == ["staff_refused", "staff_confirmed"]
     with pytest.raises(ReviewConflict):  # somebody resolved it already

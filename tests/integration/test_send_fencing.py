@@ -278,7 +278,9 @@ def test_an_unknown_fingerprint_key_version_holds_only_that_operation(rig: Rig) 
     assert rig.sends(odd) == 0
     with rig.sessions() as s:
         reasons = s.scalars(
-            select(OperationEvent.reason).where(OperationEvent.operation_id == odd)
+            select(OperationEvent.reason)
+            .where(OperationEvent.operation_id == odd)
+            .order_by(OperationEvent.id)
         ).all()
     assert reasons[-1] == "fingerprint_key_unknown"
 
