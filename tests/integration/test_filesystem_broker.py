@@ -10,29 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from outbox.db import upgrade
 from outbox.settings import Settings
 from settled.celery_app import QUEUE, SUBMIT, create_app
 from tests.support.simtools import wait_until
-from tests.support.stack import Stack
+from tests.support.stack import Stack, embedded_stack
 
 pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    url = f"sqlite:///{tmp_path / 'settled.sqlite3'}"
-    upgrade(url)
-    s = Stack(
-        database_url=url,
-        broker_url="filesystem://",
-        downstream_url="http://127.0.0.1:9",
-        api_keys={},
-        workdir=tmp_path,
-        env_extra={"SETTLED_BROKER_FOLDER": str(tmp_path / "broker")},
-    )
-    yield s
-    s.stop_all()
+    with embedded_stack(tmp_path) as s:
+        yield s
 
 
 def test_worker_drops_an_empty_message_file_and_works_the_next_message(

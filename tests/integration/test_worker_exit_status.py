@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox.db import upgrade
 from tests.support.simtools import wait_until
-from tests.support.stack import Stack
+from tests.support.stack import Stack, embedded_stack
 
 pytestmark = [pytest.mark.slow]
 
@@ -26,18 +25,8 @@ FAULTY_CLI = str(Path(__file__).parents[1] / "support" / "faulty_cli.py")
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    url = f"sqlite:///{tmp_path / 'settled.sqlite3'}"
-    upgrade(url)  # the worker and beat refuse to start on a database never migrated
-    s = Stack(
-        database_url=url,
-        broker_url="filesystem://",
-        downstream_url="http://127.0.0.1:9",
-        api_keys={},
-        workdir=tmp_path,
-        env_extra={"SETTLED_BROKER_FOLDER": str(tmp_path / "broker")},
-    )
-    yield s
-    s.stop_all()
+    with embedded_stack(tmp_path) as s:
+        yield s
 
 
 def test_worker_whose_consumer_raises_exits_non_zero(stack: Stack) -> None:

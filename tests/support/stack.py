@@ -10,12 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from outbox.db import upgrade
 from outbox.kinds import default_registry
 from outbox.settings import Settings
 from settled.simulator import SimulatorControl
@@ -173,6 +174,27 @@ def provider_env(
     env = Settings(**fields).as_environment()
     wanted = {f"SETTLED_{name.upper()}" for name in fields}
     return {**{k: v for k, v in env.items() if k in wanted}, "SETTLED_DOWNSTREAM_CONTRACTS": "{}"}
+
+
+@contextmanager
+def embedded_stack(workdir: Path) -> Iterator[Stack]:
+    """A stack on the embedded default in ``workdir``: a migrated SQLite file (the worker and
+    beat refuse to start on a database never migrated) and the filesystem broker; its
+    downstream answers nothing. Every process it started is stopped on the way out."""
+    url = f"sqlite:///{workdir / 'settled.sqlite3'}"
+    upgrade(url)
+    stack = Stack(
+        database_url=url,
+        broker_url="filesystem://",
+        downstream_url="http://127.0.0.1:9",
+        api_keys={},
+        workdir=workdir,
+        env_extra={"SETTLED_BROKER_FOLDER": str(workdir / "broker")},
+    )
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
 
 
 class RedisProcess:
