@@ -27,6 +27,7 @@ from outbox.downstream import (
     settlement,
 )
 from outbox.kinds import DownstreamContract
+from outbox.quiescence import landing_slack, quiet_at
 from outbox.states import Event, State
 
 #: Longest the reconciler waits between two looks at one operation.
@@ -78,24 +79,20 @@ class Situation:
 
         An attempt with neither bound (written before 0.2) counts from its start plus the
         client timeout."""
-        fenced = self.contract.enforces_deadline
-        if self.sends:
-            lease_ends = self.lease_ends or (None,) * len(self.sends)
-            last = max(
-                (lease_end if fenced else None) or end or start + self.client_timeout
-                for (start, end), lease_end in zip(self.sends, lease_ends, strict=True)
-            )
-        else:
-            last = (self.last_sent_at or self.first_sent_at or self.now) + self.client_timeout
-        return last + self.landing_slack
+        return quiet_at(
+            self.contract,
+            sends=self.sends,
+            lease_ends=self.lease_ends,
+            client_timeout=self.client_timeout,
+            last_sent_at=self.last_sent_at or self.first_sent_at,
+            now=self.now,
+        )
 
     @property
     def landing_slack(self) -> timedelta:
-        """How long after its sender is done a request may still land and become visible:
-        the processing time, and the declared delay bound where no fence stops it."""
-        if self.contract.enforces_deadline:
-            return self.contract.processing_time
-        return self.contract.max_request_delay + self.contract.processing_time
+        """How long after its sender is done a request may still land and become visible
+        (``outbox.quiescence.landing_slack``)."""
+        return landing_slack(self.contract)
 
     @property
     def asked(self) -> datetime:
