@@ -58,6 +58,9 @@ class Event(enum.StrEnum):
     ABANDON = "abandon"  # a submitted operation whose lease expired: outcome unknown
     FIND = "find"  # a lookup found the business outcome (to succeeded or rejected)
     REQUEUE = "requeue"  # lookup proved "not found" after quiescence: send again, same key
+    #: a "not found" not yet trustworthy (or no lookup), an idempotent downstream, the key
+    #: live: sent again at once with the same key (a replay or the one execution)
+    RESEND = "resend"
     RESOLVE = "resolve"  # support staff settled it with evidence
 
 
@@ -78,6 +81,7 @@ TRANSITIONS: dict[tuple[State, Event], frozenset[State]] = {
     (_S, Event.FIND): frozenset({_OK, _NO}),
     (_U, Event.FIND): frozenset({_OK, _NO}),
     (_U, Event.REQUEUE): frozenset({_P}),
+    (_U, Event.RESEND): frozenset({_S}),
     (_U, Event.RESOLVE): frozenset({_OK, _NO}),
 }
 

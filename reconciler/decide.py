@@ -59,6 +59,8 @@ class Situation:
     #: after a step of the database's clock, the latest a send in flight at the step may still
     #: be sent by its sender (``outbox.clock_steps``); None: no step is known
     clock_doubt_until: datetime | None = None
+    #: the reconciler can hand a send to the executor (``Reconciler.resender``)
+    resend: bool = False
 
     @property
     def quiet_at(self) -> datetime:
@@ -111,6 +113,23 @@ class Situation:
         """Unknown for longer than the review threshold, or past the operation's deadline."""
         since = self.unknown_since or self.last_sent_at or self.now
         return self.now >= self.deadline or self.now - since >= self.review_after
+
+    @property
+    def may_resend(self) -> bool:
+        """Whether what a lookup cannot settle yet may be settled by sending the operation
+        again with its key: the downstream is idempotent (a same-key, same-parameters request
+        replays the first one's answer or executes once), the reconciler can hand a send to
+        the executor, no person owns it (in review), and the database's clock has not just
+        stepped (the key retention is reckoned on it). Whether the key is still live, the
+        deadline ahead, the run not cancelled and the budget not spent is the executor's to
+        check, as before every send (``workers.verdicts.check_before_send``)."""
+        trusted = self.clock_trusted_at
+        return (
+            self.resend
+            and self.contract.idempotent
+            and not self.in_review
+            and (trusted is None or self.asked >= trusted)
+        )
 
     @property
     def clock_trusted_at(self) -> datetime | None:
@@ -167,6 +186,8 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
         )
     if isinstance(lookup, LookupMisuse):
         return _review(s, "lookup_mismatch", mismatch_evidence(lookup))
+    if lookup is None and s.may_resend:
+        return _resend(s, "none")  # no lookup API: a same-key replay is the one way to know
     if lookup is None:
         why = (
             "no_lookup_without_idempotency"
@@ -178,6 +199,8 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
         return _review(s, "ambiguous_without_idempotency", {"lookup": lookup_name(lookup)})
     if isinstance(lookup, LookupNotFound):
         doubt = not_found_doubt(s)
+        if doubt == "not_quiet" and s.may_resend:
+            return _resend(s, "not_found")
         if doubt == "not_quiet":
             return Change.look(
                 "wait_quiescence",
@@ -214,6 +237,17 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
     if s.overdue:
         return _review(s, "lookup_unavailable", {"lookup": name, "detail": lookup.detail})
     return Change.look("lookup_unavailable", recheck_at=backoff(s), evidence={"lookup": name})
+
+
+def _resend(s: Situation, lookup: str) -> Change:
+    """Send it again now with the same key (the executor's checks first): "done" needs no
+    wait where the downstream is idempotent; "not done" still waits for ``quiet_at``."""
+    return Change(
+        Event.RESEND,
+        State.SUBMITTED,
+        evidence={"lookup": lookup, "resend": "same_key", "quiet_at": s.quiet_at.isoformat()},
+        code="resent",
+    )
 
 
 def _review(s: Situation, reason: str, evidence: dict[str, Any]) -> Change:

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -39,11 +39,11 @@ from outbox.downstream import (
     lookup_deadline,
 )
 from outbox.errors import StaleLease
-from outbox.kinds import KindRegistry
+from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
 from outbox.observer import NO_OBSERVER, Observer, guarded
 from outbox.port_shim import as_gateway
-from outbox.states import State
+from outbox.states import Event, State
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import attempt_history, operation_facts
 from outbox.storage.claims import Claimed, claim_unresolved
@@ -78,6 +78,15 @@ def _database_away(exc: DBAPIError) -> bool:
     return bool(exc.connection_invalidated) or isinstance(exc, OperationalError)
 
 
+class Resender(Protocol):
+    """Who sends an unknown operation again with its key, under the reconciler's claim: the
+    executor, the one retry owner (``workers.executor.Executor.resend``)."""
+
+    def resend(
+        self, claimed: Claimed, kind: Kind, clock: DbClock, *, looked: bool
+    ) -> State | None: ...
+
+
 @dataclass
 class Reconciler:
     sessions: sessionmaker[Session]
@@ -95,6 +104,9 @@ class Reconciler:
     #: told of each operation reconciled (``outbox.observer``; its errors are logged, never
     #: change what is decided or written)
     observer: Observer = NO_OBSERVER
+    #: sends again, with the same key, what a "not found" cannot settle yet (None: this
+    #: reconciler only looks, and waits for quiescence)
+    resender: Resender | None = None
 
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
@@ -145,7 +157,8 @@ class Reconciler:
         """Operations claimed at once: their lookups, one after another, fit in the time their
         leases are renewed for (``outbox.leases``), twice over."""
         held_for = LONGEST_IN_LEASES * self.lease_seconds
-        return max(1, min(self.batch, int(held_for // (2 * self.lookup_seconds))))
+        each = self.lookup_seconds + (self.client_timeout if self.resender is not None else 0.0)
+        return max(1, min(self.batch, int(held_for // (2 * each))))
 
     def run_once(self) -> PassReport:
         """One pass over at most ``batch`` operations."""
@@ -272,9 +285,40 @@ class Reconciler:
                 sends=facts.sends,
                 lease_ends=facts.lease_ends,
                 clock_doubt_until=self.clock_watch.doubt_until(session),
+                resend=self.resender is not None,
             )
             decision = decide(situation, lookup)
-            self._write(session, claimed, decision, looked=lookup is not None, before=facts.lookups)
+            if decision.event is not Event.RESEND:
+                self._write(
+                    session, claimed, decision, looked=lookup is not None, before=facts.lookups
+                )
+        if decision.event is Event.RESEND:
+            return self._resend(claimed, kind, clock, situation, lookup, facts.lookups)
+        assert decision.code is not None
+        return decision.code
+
+    def _resend(
+        self,
+        claimed: Claimed,
+        kind: Kind,
+        clock: DbClock,
+        situation: Situation,
+        lookup: LookupOutcome | None,
+        lookups: int,
+    ) -> str:
+        """Hand the operation to the executor to send again with its key, bounded by this
+        claim's lease as renewed; where the executor's checks forbid it (a cancel asked for,
+        the deadline or the key retention passed, the budget spent), decide as a reconciler
+        that cannot resend (it waits for its proof)."""
+        assert self.resender is not None
+        lease = self.keeper.lease_until(claimed)
+        if lease is not None and self.resender.resend(
+            replace(claimed, lease_until=lease), kind, clock, looked=lookup is not None
+        ):
+            return "resent"
+        with self.sessions.begin() as session:
+            decision = decide(replace(situation, resend=False), lookup)
+            self._write(session, claimed, decision, looked=lookup is not None, before=lookups)
         assert decision.code is not None
         return decision.code
 

@@ -147,6 +147,8 @@ class Runtime:
                 review_after=settings.review_after_seconds,
                 clock_watch=self.clock_watch,
                 observer=self.observer,
+                # what a "not found" cannot settle yet is sent again, same key, by the executor
+                resender=self.executor,
             )
 
         return self._once("reconciler", build)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection
 
+from outbox.change import Change
 from outbox.errors import InvalidInput, SettledError
 from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
@@ -88,11 +89,11 @@ class SendClaims:
                 )
                 claims.blocked.append((one, exc.code))
                 continue
-            stop = self._check(conn, one, kind, fingerprint_ok, one.run_id in cancelled)
-            if stop is None:
+            check = self.check(one, kind, fingerprint_ok, one.run_id in cancelled)
+            if check is None:
                 fresh.append((one, kind))
             else:
-                stops.append(stop)
+                stops.append(Transition.of(one, check))
         stopped = self.storage.write_transitions(conn, stops, actor=self.worker)
         for stop in stops:
             if stop.id in stopped:
@@ -103,11 +104,11 @@ class SendClaims:
         claims.send = [(c, kinds[c.id]) for c in started]
         return claims
 
-    def _check(
-        self, conn: Connection, one: Claimed, kind: Kind, fingerprint_ok: bool, cancelled: bool
-    ) -> Transition | None:
-        """The stop the last checks call for, or None: send it."""
-        check = check_before_send(
+    def check(
+        self, one: Claimed, kind: Kind, fingerprint_ok: bool, cancelled: bool
+    ) -> Change | None:
+        """The stop the last checks before a send call for, or None: send it."""
+        return check_before_send(
             now=one.now,
             deadline=one.deadline,
             attempts=one.attempts,
@@ -119,7 +120,6 @@ class SendClaims:
             fingerprint_ok=fingerprint_ok,
             max_tries=self.max_tries,
         )
-        return None if check is None else Transition.of(one, check)
 
     def fingerprint_ok(self, claimed: Claimed, kind: Kind) -> bool:
         """Whether the stored params still match the stored fingerprint. Raises SettledError

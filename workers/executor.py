@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TypeVar
 
@@ -49,14 +49,16 @@ from outbox.clock_steps import ClockWatch
 from outbox.downstream import Gateway
 from outbox.errors import SettledError
 from outbox.fingerprint import Fingerprinter
-from outbox.kinds import KindRegistry
+from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LeaseKeeper
 from outbox.observer import NO_OBSERVER, ClaimedBatch, Observer, guarded
 from outbox.port_shim import as_gateway
 from outbox.retry import DEFAULT_MAX_TRIES
-from outbox.states import State
+from outbox.states import Event, State
 from outbox.storage import Storage, storage_for
+from outbox.storage.attempts import start_attempts
 from outbox.storage.claims import Claimed
+from outbox.storage.runs import cancelled_runs
 from outbox.storage.transitions import Transition
 from workers.claiming import HOLD_SECONDS, Claims, SendClaims
 from workers.failpoints import failpoint
@@ -216,6 +218,42 @@ class Executor(SendsBatches, RecoversSent):
         # One commit for the claim, the stops and the attempts started (a claim lost with its
         # connection is undone, and free again at once).
         return self.storage.step(lambda conn: claims.claim(conn, ids, extra), one_commit=True)
+
+    def resend(self, claimed: Claimed, kind: Kind, clock: DbClock, *, looked: bool) -> State | None:
+        """Send an ``unknown`` operation again with its stored key, under the caller's claim
+        (the reconciler's, whose decision it is: ``reconciler.decide``), and record what came
+        back (``judge_resend``). ``looked``: a lookup came before it (counted).
+
+        The last checks of any send come first (``check_before_send``: the run's cancel flag,
+        the fingerprint, the deadline, the attempt budget, the key retention less its margin):
+        if one would stop it, nothing is sent and nothing written, and None is returned (the
+        operation stays unknown, waiting for its proof). Else the attempt row and
+        ``submitted`` are committed before the send, which is bounded by the claim's lease as
+        every send is (``send_deadline``), and the outcome written under the same fence."""
+        checks = SendClaims(
+            self.storage, self.registry, self.fingerprinter, self.worker, self.lease_seconds,
+            self.max_tries,
+        )  # fmt: skip
+
+        def start(conn: Connection) -> list[Claimed]:
+            try:
+                fingerprint_ok = checks.fingerprint_ok(claimed, kind)
+            except SettledError:
+                return []  # this process cannot check it: it does not send it either
+            cancelled = claimed.run_id in cancelled_runs(conn, [claimed.run_id])
+            if checks.check(claimed, kind, fingerprint_ok, cancelled) is not None:
+                return []
+            return start_attempts(
+                self.storage, conn, [claimed], worker=self.worker, event=Event.RESEND,
+                looked=looked,
+            )  # fmt: skip
+
+        started = self.storage.step(start, one_commit=True)
+        if not started:
+            return None
+        sent = self._send_one(started[0], kind, clock)
+        written = self._record_sent([replace(sent, resent=True)], first=False)
+        return written.get(claimed.id, State.SUBMITTED)
 
     def _hold(self, blocked: list[tuple[Claimed, str]]) -> dict[int, State]:
         """Release operations this worker cannot check, to be looked at again ``HOLD_SECONDS``

@@ -25,7 +25,7 @@ from outbox.states import ConfigFault, Event, State
 from outbox.storage import Storage
 from outbox.storage.claims import Claimed
 from outbox.storage.transitions import Finish, Transition
-from workers.verdicts import Budget, judge_submit
+from workers.verdicts import Budget, judge_resend, judge_submit
 
 log = logging.getLogger("workers.executor")
 
@@ -39,6 +39,8 @@ class Sent:
     outcome: SubmitOutcome
     #: database time when the outcome came back (estimated on the monotonic clock)
     at: datetime
+    #: a same-key resend of an unknown operation (``Executor.resend``): judged as such
+    resent: bool = False
 
 
 class RecordsOutcomes:
@@ -109,6 +111,8 @@ class RecordsOutcomes:
 
     def _judge(self, sent: Sent) -> Change:
         claimed = sent.claimed
+        if sent.resent:
+            return judge_resend(sent.outcome, contract=sent.kind.contract, now=sent.at)
         return judge_submit(
             sent.outcome,
             budget=Budget(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from outbox.change import Change
 from outbox.downstream import (
@@ -105,6 +105,68 @@ def judge_submit(
                 Event.LOSE,
                 State.UNKNOWN,
                 review=review,
+                evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
+            )
+        case Misuse(code=code, detail=detail, status=status):
+            return Change(
+                Event.LOSE,
+                State.UNKNOWN,
+                review=code,
+                evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
+            )
+    raise TypeError(f"not a submit outcome: {outcome!r}")  # pragma: no cover
+
+
+def judge_resend(outcome: SubmitOutcome, *, contract: DownstreamContract, now: datetime) -> Change:
+    """The change a same-key resend of an ``unknown`` operation calls for.
+
+    An earlier request of the operation may still land (that is why it was unknown), so
+    nothing here may say "not done" unless the downstream answered for the key: an
+    acceptance settles it; a business or validation refusal is the downstream's answer to the
+    key (a replay of the first one's, or the one execution: a late earlier request replays
+    it). Everything else leaves it ``unknown`` for the reconciler, which waits for its proof
+    as before: a refusal of our credentials (an earlier request may have passed), no answer,
+    an in-flight answer (the first request still runs: looked at again once it can have
+    finished), and a request that never left or did not execute (``Retry-After`` honoured).
+    A replay that does not match the intent is misuse: unknown, and review at once."""
+    match outcome:
+        case Accepted(receipt=receipt):
+            return Change(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
+        case Refused(reason=reason, code=code, status=status) if (
+            reason is not RejectReason.PERMISSION_DENIED
+        ):
+            evidence = _answered({"code": code, "status": status}, outcome.request_id)
+            return Change(Event.REFUSE, State.REJECTED, reason=reason, evidence=evidence)
+        case Refused(code=code, status=status):
+            evidence = _answered(
+                {"code": code, "status": status, "fault": "credentials", "resend": "refused"},
+                outcome.request_id,
+            )
+            return Change(
+                Event.LOSE,
+                State.UNKNOWN,
+                evidence=evidence,
+                next_attempt_at=now + contract.processing_time,
+            )
+        case NotSent() | NotExecuted():
+            retry_after = outcome.retry_after if isinstance(outcome, NotExecuted) else None
+            wait = max(timedelta(seconds=retry_after or 0.0), contract.processing_time)
+            said: dict[str, object] = (
+                {"detail": outcome.detail}
+                if isinstance(outcome, NotSent)
+                else {"status": outcome.status, "retry_after": retry_after}
+            )
+            return Change(
+                Event.LOSE,
+                State.UNKNOWN,
+                next_attempt_at=now + wait,
+                evidence={"resend": outcome.proof.value, **said},
+            )
+        case Unknown(detail=detail, status=status):
+            return Change(
+                Event.LOSE,
+                State.UNKNOWN,
+                next_attempt_at=now + contract.processing_time,
                 evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
             )
         case Misuse(code=code, detail=detail, status=status):

@@ -39,21 +39,35 @@ LOOK_FACTS = select(ops.c.unknown_since, ops.c.lookups).where(ops.c.id == bindpa
 
 
 def start_attempts(
-    storage: Storage, bind: Bind, claims: Sequence[Claimed], *, worker: str
+    storage: Storage,
+    bind: Bind,
+    claims: Sequence[Claimed],
+    *,
+    worker: str,
+    event: Event = Event.CLAIM,
+    looked: bool = False,
 ) -> list[Claimed]:
-    """Move claimed planned operations to ``submitted`` and write their attempt rows.
+    """Move claimed operations to ``submitted`` and write their attempt rows: planned ones
+    (``CLAIM``), or unknown ones sent again with the same key (``RESEND``; ``looked``: after a
+    lookup, counted).
 
     Returns the claims started, as they are now. One whose fence no longer holds (its lease
     expired and a newer claim took it over) is refused, logged and left out: it must not be
     sent. Atomic as ``Storage.write_transitions`` is (on PostgreSQL one statement).
     """
+    resend = {"resend": "same_key"} if event is Event.RESEND else {}
     starts = [
         Transition(
-            c, Event.CLAIM, State.SUBMITTED, evidence={"attempt": c.attempts + 1}, release=False,
+            c,
+            event,
+            State.SUBMITTED,
+            evidence={"attempt": c.attempts + 1, **resend},
+            release=False,
             start=True,
+            looked=looked,
         )
         for c in claims
-    ]  # fmt: skip
+    ]
     written = storage.write_transitions(bind, starts, actor=worker) if starts else set()
     return [
         replace(

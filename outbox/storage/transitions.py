@@ -88,8 +88,10 @@ class Transition:
                 raise IllegalTransition("a look changes no state", state=self.from_state.value)
         else:
             transition(self.from_state, self.event, self.to, self.reason)
-        if self.start and (self.event is not Event.CLAIM or self.lease_version is None):
-            raise IllegalTransition("only a claim's send starts an attempt")
+        if self.start and (
+            self.event not in (Event.CLAIM, Event.RESEND) or self.lease_version is None
+        ):
+            raise IllegalTransition("only a claim's send, or a same-key resend, starts an attempt")
 
     @classmethod
     def of(cls, claimed: Claimed, change: Change, *, looked: bool = False) -> Transition:

@@ -24,6 +24,7 @@ EXPECTED = {
     (S, Event.FIND): {OK, NO},
     (U, Event.FIND): {OK, NO},
     (U, Event.REQUEUE): {P},
+    (U, Event.RESEND): {S},
     (U, Event.RESOLVE): {OK, NO},
 }
 
