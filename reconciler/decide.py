@@ -166,6 +166,15 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
     ``code`` says what was decided, counted per pass."""
     if isinstance(lookup, Found):
         settled = settlement(lookup)
+        if settled.state is State.REJECTED and len(s.sends) > 1 and s.asked < s.quiet_at:
+            # "Not done" waits for quiescence: the record is the key's refusal, but another
+            # request of the operation (a same-key resend's, or the one it followed) may still
+            # be on the wire. (It would replay the refusal; rejected promises none can land.)
+            return Change.look(
+                "wait_quiescence",
+                recheck_at=max(s.quiet_at, s.now),
+                evidence={"lookup": "found", "found": "rejected"},
+            )
         return Change(
             Event.FIND,
             settled.state,

@@ -121,32 +121,26 @@ def judge_resend(outcome: SubmitOutcome, *, contract: DownstreamContract, now: d
     """The change a same-key resend of an ``unknown`` operation calls for.
 
     An earlier request of the operation may still land (that is why it was unknown), so
-    nothing here may say "not done" unless the downstream answered for the key: an
-    acceptance settles it; a business or validation refusal is the downstream's answer to the
-    key (a replay of the first one's, or the one execution: a late earlier request replays
-    it). Everything else leaves it ``unknown`` for the reconciler, which waits for its proof
-    as before: a refusal of our credentials (an earlier request may have passed), no answer,
-    an in-flight answer (the first request still runs: looked at again once it can have
-    finished), and a request that never left or did not execute (``Retry-After`` honoured).
-    A replay that does not match the intent is misuse: unknown, and review at once."""
+    nothing here says "not done": an acceptance settles it (done needs no wait), and
+    everything else leaves it ``unknown`` for the reconciler. A refusal is looked up at once
+    (a business refusal is the key's record, which the reconciler applies once no other
+    request can land: ``reconciler.decide``; a refusal of our credentials proves nothing of an
+    earlier request); no answer and an in-flight answer (the first request still runs) are
+    looked at again once that request can have finished; a request that never left or did not
+    execute not before its ``Retry-After``. A replay unlike the intent is misuse: unknown, and
+    review at once."""
     match outcome:
         case Accepted(receipt=receipt):
             return Change(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
-        case Refused(reason=reason, code=code, status=status) if (
-            reason is not RejectReason.PERMISSION_DENIED
-        ):
-            evidence = _answered({"code": code, "status": status}, outcome.request_id)
-            return Change(Event.REFUSE, State.REJECTED, reason=reason, evidence=evidence)
-        case Refused(code=code, status=status):
-            evidence = _answered(
-                {"code": code, "status": status, "fault": "credentials", "resend": "refused"},
-                outcome.request_id,
-            )
+        case Refused(reason=reason, code=code, status=status):
+            said = {"code": code, "status": status, "resend": "refused", "reason": reason.value}
+            if reason is RejectReason.PERMISSION_DENIED:
+                said["fault"] = "credentials"
             return Change(
                 Event.LOSE,
                 State.UNKNOWN,
-                evidence=evidence,
-                next_attempt_at=now + contract.processing_time,
+                evidence=_answered(said, outcome.request_id),
+                next_attempt_at=now,
             )
         case NotSent() | NotExecuted():
             retry_after = outcome.retry_after if isinstance(outcome, NotExecuted) else None

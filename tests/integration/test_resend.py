@@ -66,12 +66,19 @@ def test_a_replay_unlike_the_intent_goes_to_review_and_is_never_success(rig: Rig
 def test_a_business_refusal_of_the_resend_is_the_downstreams_answer_for_the_key(
     rig: Rig,
 ) -> None:
+    """Applied as the key's record once no other request of the operation can land: "not
+    done" waits for quiescence, however fast "done" comes."""
     op = lost_before_execution(rig)
     rig.control.add_rule("business_reject", times=1)
     assert resending(rig).run_once().outcomes == {"resent": 1}
+    assert rig.op(op).state == "unknown"  # looked up at once
+    assert resending(rig).run_once().outcomes == {"wait_quiescence": 1}
+    rig.make_quiet(op)
+    rig.set(op, next_attempt_at=datetime.now(UTC) - timedelta(seconds=1))  # its look is due
+    assert resending(rig).run_once().outcomes == {"found": 1}
     row = rig.op(op)
     assert (row.state, row.reason) == ("rejected", "business_rejected")
-    assert rig.effects(op) == 0
+    assert rig.effects(op) == 0 and rig.sends(op) == 2
 
 
 def test_a_resend_that_did_not_execute_stays_unknown_and_waits_out_retry_after(

@@ -270,9 +270,11 @@ class Simulation(RuleBasedStateMachine):
     def reconcile_once(self) -> None:
         reconciler = self.w.reconciler()
         try:
-            reconciler.run_once()
+            report = reconciler.run_once()
         finally:
             reconciler.close()
+        if report.outcomes.get("resent"):  # the same-key resends the examples exercised
+            self.figures.rules["resent"] += report.outcomes["resent"]
 
     @precondition(lambda self: bool(self.w.ops))
     @rule(down=st.integers(0, 2))
@@ -435,3 +437,22 @@ def test_the_judge_sees_a_rejected_operation_that_a_request_can_still_reach(
     world.fake.land(world.fake.in_flight[0].id)
     with pytest.raises(AssertionError, match="but the downstream did it"):
         world.check()
+
+
+def test_a_same_key_resend_settles_a_held_request_once_and_its_late_landing_replays(
+    engine: Engine, outbox: Outbox
+) -> None:
+    """The first request is held on the wire; a lookup finds nothing, long before that proves
+    anything; the reconciler has it sent again with the same key, which is carried out and
+    settles it. The held request landing later is a replay of the key: one effect."""
+    world = World(engine, outbox)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    world.fake.hold_submits()
+    world.executor("w1").execute(list(world.ops.values()))
+    assert world.rows()[op_id].state == "unknown"
+    assert world.reconciler().run_once().outcomes == {"resent": 1}
+    assert world.rows()[op_id].state == "succeeded"
+    (request,) = world.fake.in_flight
+    world.fake.land(request.id)
+    assert world.fake.effects_of("acme", op_id) == 1
+    world.check()

@@ -45,6 +45,7 @@ from outbox.downstream import (
     Found,
     LookupNotFound,
     LookupOutcome,
+    Misuse,
     NotExecuted,
     NotSent,
     Receipt,
@@ -64,7 +65,13 @@ from support.resolve import Resolution, doubt_of, record_of
 from support.staff import Role, Staff
 from tests.model.engine import Invariant, Step
 from workers.executor import Executor
-from workers.verdicts import Budget, check_before_send, judge_recovery, judge_submit
+from workers.verdicts import (
+    Budget,
+    check_before_send,
+    judge_recovery,
+    judge_resend,
+    judge_submit,
+)
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 TICK = timedelta(seconds=10)
@@ -103,6 +110,9 @@ class Config:
     throttle: bool = True  # the downstream may answer 429 (refused before processing)
     refusals: bool = False  # the downstream may refuse the refund (a business refusal)
     crashes: bool = True
+    #: the reconciler hands what a "not found" cannot settle yet to the executor, which sends
+    #: it again with the same key (``Reconciler.resender``, as the runtime builds it)
+    resend: bool = True
     #: a broken rule swapped in for the real one (``VARIANTS``), or None
     variant: str | None = None
     #: the world may break the contract's assumptions (``ASSUMPTIONS``): the downstream's
@@ -193,6 +203,9 @@ class Worker:
     #: the database clock's offset (points) at its claim: its deadlines are measured on its
     #: monotonic clock from that reading
     off: int = 0
+    #: the executor sending an unknown operation again under the reconciler's claim
+    #: (``Executor.resend``): judged by ``judge_resend``, gone once it has recorded
+    resend: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,6 +225,8 @@ class Request:
     #: the latest its sender may be at it (its lease on its monotonic clock, or its outcome
     #: written), in true points; for the delay bound (-1 where the fence bounds it)
     until: int = -1
+    #: the parameters it carries: 0 the stored intent's (``DownstreamRequest.of``), else other
+    params: int = 0
 
 
 @dataclass(frozen=True)
@@ -255,6 +270,39 @@ class Rules:
 
     def decide(self, s: Situation, lookup: LookupOutcome | None) -> Change:
         return decide(self.situation(s), lookup)
+
+    def resend_check(
+        self,
+        op: Op,
+        now: datetime,
+        first_sent_at: datetime | None,
+        deadline: datetime,
+        max_attempts: int,
+        contract: DownstreamContract,
+        cancelled: bool,
+    ) -> Change | None:
+        """``SendClaims.check`` as ``Executor.resend`` calls it: ``check_before_send`` on the
+        reconciler's claim (None: send it again)."""
+        return check_before_send(
+            now=now,
+            deadline=deadline,
+            attempts=op.tries,
+            max_attempts=max_attempts,
+            reached_downstream=op.reached,
+            first_sent_at=first_sent_at,
+            contract=contract,
+            run_cancelled=cancelled,
+            fingerprint_ok=True,
+        )
+
+    def resend_params(self) -> int:
+        """What a resend carries: the stored intent (``DownstreamRequest.of`` the claim)."""
+        return 0
+
+    def judge_resend(
+        self, outcome: SubmitOutcome, contract: DownstreamContract, now: datetime
+    ) -> Change:
+        return judge_resend(outcome, contract=contract, now=now)
 
     def staff_doubt(
         self,
@@ -337,6 +385,29 @@ class StaffIgnoringClockStep(Rules):
         return super().staff_doubt(lookup, snapshot, contract, facts, clock, None)
 
 
+class ResendPastRetention(Rules):
+    """A same-key resend allowed past the key retention (its check told of no first send)."""
+
+    def resend_check(
+        self,
+        op: Op,
+        now: datetime,
+        first_sent_at: datetime | None,
+        deadline: datetime,
+        max_attempts: int,
+        contract: DownstreamContract,
+        cancelled: bool,
+    ) -> Change | None:
+        return super().resend_check(op, now, None, deadline, max_attempts, contract, cancelled)
+
+
+class ResendOtherParameters(Rules):
+    """A resend that carries other parameters than the stored intent's."""
+
+    def resend_params(self) -> int:
+        return 1
+
+
 #: Each broken rule, and the configuration it must be caught in.
 VARIANTS: dict[str, tuple[Rules, Config]] = {
     "send_not_bounded_by_lease": (
@@ -376,6 +447,23 @@ VARIANTS: dict[str, tuple[Rules, Config]] = {
             cancel=False,
             throttle=False,
         ),
+    ),
+    "resend_past_key_retention": (
+        ResendPastRetention(),
+        Config(
+            retention=3,
+            lease=2,
+            deadline=4,
+            max_attempts=3,
+            workers=1,
+            staff=False,
+            cancel=False,
+            throttle=False,
+        ),
+    ),
+    "resend_with_other_parameters": (
+        ResendOtherParameters(),
+        Config(workers=1, staff=False, cancel=False, throttle=False),
     ),
     "staff_not_refused_after_a_clock_step": (
         StaffIgnoringClockStep(),
@@ -429,6 +517,10 @@ def label(when: datetime | None, horizon: int) -> str:
     seconds = (when - BASE).total_seconds()
     n, rest = divmod(seconds, TICK.total_seconds())
     return f"t{int(n)}" + (f"+{rest:g}s" if rest else "")
+
+
+#: a ledger entry: a refund made with other parameters than the operation's intent
+OTHER = "succeeded_otherwise"
 
 
 def _reference(i: int) -> str:
@@ -505,6 +597,14 @@ class ProtocolModel:
         rec = replace(w.rec, current=False) if w.rec.op == i and w.rec.current else w.rec
         return replace(w, workers=workers, rec=rec)
 
+    def _done(self, w: World, k: Worker) -> tuple[Worker, ...]:
+        """The workers once ``k`` is done: idle again, or gone where it was a resend's."""
+        if k.resend:
+            workers = list(w.workers)
+            workers.remove(k)
+            return tuple(workers)
+        return self._replace_worker(w, k, Worker())
+
     def _replace_worker(self, w: World, old: Worker, new: Worker) -> tuple[Worker, ...]:
         workers = list(w.workers)
         workers.remove(old)
@@ -568,6 +668,8 @@ class ProtocolModel:
                 return NotExecuted(429)
             case "not_sent":
                 return NotSent("the lease ended before sending", SendPhase.BEFORE)
+            case "misuse":
+                return Misuse("idempotency_error", "the key was used with other parameters", 400)
         return Unknown("read timeout")
 
     def _apply(self, op: Op, change: Change, t: int) -> Op:
@@ -618,6 +720,7 @@ class ProtocolModel:
             sends=sends,
             lease_ends=tuple(self.when(a.lease_end) for a in attempts),
             clock_doubt_until=w.doubt_until,
+            resend=self.config.resend,
         )
 
     # -- the steps ----------------------------------------------------------------------
@@ -631,7 +734,11 @@ class ProtocolModel:
         it could still do is a write the fence refuses), and the workers and the network are
         sorted."""
         workers = tuple(
-            sorted(k if k.current or k.phase == "claimed" else Worker() for k in w.workers)
+            sorted(
+                k if k.current or k.phase == "claimed" else Worker()
+                for k in w.workers
+                if not k.resend or k.current or k.phase == "claimed"  # a resend's is gone
+            )
         )
         rec = w.rec if w.rec.current or w.rec.phase == "idle" else Rec()
         return replace(w, workers=workers, rec=rec, network=tuple(sorted(w.network)))
@@ -714,7 +821,7 @@ class ProtocolModel:
         if k.phase != "idle" and c.crashes:
             yield (
                 Step("worker", f"crashes ({k.phase}, op{k.op})"),
-                self._with(w, workers=self._replace_worker(w, k, Worker())),
+                self._with(w, workers=self._done(w, k)),
             )
         if k.phase == "idle":
             for i, op in enumerate(w.ops):
@@ -763,9 +870,13 @@ class ProtocolModel:
             step = Step(
                 "worker",
                 f"claims op{i}, check_before_send stops it",
-                (("tries", op.tries), ("reached", op.reached), ("stop", stop.stop),
-                 ("to", stop.to)),
-            )  # fmt: skip
+                (
+                    ("tries", op.tries),
+                    ("reached", op.reached),
+                    ("stop", stop.stop),
+                    ("to", stop.to),
+                ),
+            )
             return step, self._with(fenced, ops=ops)
         attempt = Attempt(t, t + c.lease)
         started = replace(
@@ -805,7 +916,8 @@ class ProtocolModel:
             return step, self._with(w, workers=self._replace_worker(w, k, new))
         fence = int((deadline - datetime.fromtimestamp(0, UTC)).total_seconds())
         until = -1 if self.contract.enforces_deadline else a.lease_end - k.off
-        request = Request(k.op, k.attempt, fence, until)
+        params = self.rules.resend_params() if k.resend else 0
+        request = Request(k.op, k.attempt, fence, until, params)
         new = replace(k, phase="sent")
         step = Step("worker", f"op{k.op}: the request leaves", detail)
         return step, self._with(
@@ -815,27 +927,37 @@ class ProtocolModel:
     def _record(self, w: World, k: Worker) -> tuple[Step, World]:
         c, t = self.config, self.now(w)  # ``finished_at``: the database's time
         op = w.ops[k.op]
-        idle = self._replace_worker(w, k, Worker())
+        idle = self._done(w, k)
         if not k.current or op.state is not State.SUBMITTED:
             step = Step("worker", f"op{k.op}: records {k.outcome}: refused (stale lease)")
             return step, self._with(w, workers=idle)
         outcome = self._outcome(k.op, k.outcome)
-        change = judge_submit(
-            outcome,
-            budget=Budget(op.tries, op.reached, c.max_attempts, self.deadline),
-            contract=self.contract,
-            now=self.when(self.db(w.t, k.off)),  # ``Sent.at``: the worker's clock
-            rand=lambda: 0.5,
-        )
+        sent_at = self.when(self.db(w.t, k.off))  # ``Sent.at``: the worker's clock
+        if k.resend:
+            change = self.rules.judge_resend(outcome, self.contract, sent_at)
+        else:
+            change = judge_submit(
+                outcome,
+                budget=Budget(op.tries, op.reached, c.max_attempts, self.deadline),
+                contract=self.contract,
+                now=sent_at,
+                rand=lambda: 0.5,
+            )
         attempts = list(op.attempts)
         attempts[k.attempt] = replace(attempts[k.attempt], finished=t, proof=outcome.proof.value)
         done = self._apply(replace(op, attempts=tuple(attempts)), change, t)
         step = Step(
             "worker",
-            f"op{k.op}: judge_submit({k.outcome})",
-            (("tries", op.tries), ("reached", op.reached), ("event", change.event),
-             ("to", change.to), ("stop", change.stop), ("review", change.review)),
-        )  # fmt: skip
+            f"op{k.op}: {'judge_resend' if k.resend else 'judge_submit'}({k.outcome})",
+            (
+                ("tries", op.tries),
+                ("reached", op.reached),
+                ("event", change.event),
+                ("to", change.to),
+                ("stop", change.stop),
+                ("review", change.review),
+            ),
+        )
         # its sender is done: a request of this attempt lands by the delay bound from now
         network = tuple(
             replace(r, until=min(r.until, w.t))
@@ -874,12 +996,22 @@ class ProtocolModel:
             if c.throttle:
                 answers.append(("429, refused before processing", "not_executed", w.ledger[i]))
             known = self._known(w, i, t)
-            if c.idempotent and known is not None:
+            if c.idempotent and known is not None and (r.params or known[1] == OTHER):
+                # the key's first request carried other parameters than this one
+                answers.append(("an idempotency error", "misuse", w.ledger[i]))
+            elif c.idempotent and known is not None:
                 reply = "accepted" if known[1] == "succeeded" else "refused"
                 answers.append((f"a replay of its key: {reply}", reply, w.ledger[i]))
             else:
-                answers.append(("executed: the refund is made", "accepted",
-                                w.ledger[i] + ((t, "succeeded"),)))  # fmt: skip
+                made = OTHER if r.params else "succeeded"
+                answers.append(
+                    (
+                        "executed: the refund is made"
+                        + (" with other parameters" if r.params else ""),
+                        "accepted",
+                        w.ledger[i] + ((t, made),),
+                    )
+                )
                 if c.refusals:
                     answers.append(("refused: the refund is declined", "refused",
                                     w.ledger[i] + ((t, "rejected"),)))  # fmt: skip
@@ -933,6 +1065,20 @@ class ProtocolModel:
             return Step("reconciler", f"op{i}: decision refused (stale lease)"), idle
         s = self.situation(w, i, op.state, rec.asked, t)
         change = self.rules.decide(s, self._found(i, rec.lookup))
+        if change.event is Event.RESEND:
+            stop = self.rules.resend_check(
+                op,
+                self.when(t),
+                self.at(op.first_sent),
+                self.deadline,
+                self.config.max_attempts,
+                self.contract,
+                w.cancelled,
+            )
+            if stop is None:
+                return self._resend(idle, i, t, s)
+            # as ``Reconciler._resend``: the executor would not send it; decided as without
+            change = self.rules.decide(replace(s, resend=False), self._found(i, rec.lookup))
         step = Step(
             "reconciler",
             f"op{i}: decide(lookup={lookup_name(self._found(i, rec.lookup))})",
@@ -942,6 +1088,31 @@ class ProtocolModel:
         )  # fmt: skip
         fenced = self._fence(idle, i)
         return step, replace(fenced, ops=self._op(fenced, i, self._apply(op, change, t)))
+
+    def _resend(self, w: World, i: int, t: int, s: Situation) -> tuple[Step, World]:
+        """``Executor.resend``: the attempt started under the reconciler's claim (its lease),
+        ``submitted``, then sent by the executor as any claim's send (``_send``)."""
+        op = w.ops[i]
+        assert op.lease_end is not None  # the reconciler's claim
+        started = replace(
+            op,
+            state=transition(op.state, Event.RESEND),
+            tries=op.tries + 1,
+            first_sent=op.first_sent if op.first_sent is not None else t,
+            attempts=(*op.attempts, Attempt(t, op.lease_end)),
+        )
+        sender = Worker("claimed", i, True, len(op.attempts), off=w.off, resend=True)
+        step = Step(
+            "reconciler",
+            f"op{i}: decide: not settled yet, sent again with the same key (attempt "
+            f"{len(op.attempts) + 1})",
+            (
+                ("now", f"t{t}"),
+                ("quiet_at", self.lbl(s.quiet_at)),
+                ("lease until", f"t{op.lease_end}"),
+            ),
+        )
+        return step, self._with(w, ops=self._op(w, i, started), workers=(*w.workers, sender))
 
     def _staff(self, w: World) -> Iterator[tuple[Step, World]]:
         """``ReviewQueue.resolve``: a fresh lookup, its doubt (``resolve.doubt_of``), and what
@@ -1024,10 +1195,17 @@ class ProtocolModel:
             Invariant("rejected or cancelled: no effect, none to come", self._nothing_if_not_done),
             Invariant("succeeded: exactly one matching effect", self._one_if_done),
             Invariant("the report line agrees with the ledger", self._report_agrees),
+            Invariant("no effect unlike the intent", self._as_intended),
         ]
 
+    def _as_intended(self, w: World) -> str | None:
+        for i in range(len(w.ops)):
+            if any(status == OTHER for _, status in w.ledger[i]):
+                return f"op{i}: the downstream made a refund unlike the intent"
+        return None
+
     def _effects(self, w: World, i: int) -> int:
-        return sum(1 for _, status in w.ledger[i] if status == "succeeded")
+        return sum(1 for _, status in w.ledger[i] if status in ("succeeded", OTHER))
 
     def _at_most_one(self, w: World) -> str | None:
         for i in range(len(w.ops)):
@@ -1097,10 +1275,13 @@ class ProtocolModel:
             lease = "-" if op.lease_end is None else f"t{op.lease_end}"
             extra = "".join(
                 f" {k}={v}"
-                for k, v in (("reason", op.reason), ("ref", op.reference),
-                             ("rests_on", op.rests_on))
+                for k, v in (
+                    ("reason", op.reason),
+                    ("ref", op.reference),
+                    ("rests_on", op.rests_on),
+                )
                 if v is not None
-            )  # fmt: skip
+            )
             flags = (" in_review" if op.in_review else "") + (" by_staff" if op.by_staff else "")
             lines.append(f"op{i}: {op.state} lease {lease} tries {op.tries}{extra}{flags}")
             if attempts:

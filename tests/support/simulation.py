@@ -182,6 +182,9 @@ class World:
             lease_seconds=self.lease_seconds,
             client_timeout=1.0,
             review_after=self.review_after,
+            # as the runtime builds it: what a "not found" cannot settle yet is sent again
+            # with the same key, by an executor under the reconciler's claim
+            resender=self.executor("r1-resend"),
         )
 
     def review(self) -> ReviewQueue:

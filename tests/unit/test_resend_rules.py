@@ -10,6 +10,7 @@ import pytest
 
 from outbox.downstream import (
     Accepted,
+    Found,
     LookupNotFound,
     LookupOutcome,
     Misuse,
@@ -101,14 +102,9 @@ def judged(outcome: SubmitOutcome) -> tuple[Event | None, State | None, RejectRe
     ("outcome", "want"),
     [
         (Accepted(RECEIPT), (Event.ACCEPT, State.SUCCEEDED, None)),
-        (
-            Refused(RejectReason.BUSINESS_REJECTED, "order_closed", 402),
-            (Event.REFUSE, State.REJECTED, RejectReason.BUSINESS_REJECTED),
-        ),
-        (
-            Refused(RejectReason.INVALID_PARAMS, "bad_amount", 400),
-            (Event.REFUSE, State.REJECTED, RejectReason.INVALID_PARAMS),
-        ),
+        # the key's record, applied once no other request can land (below)
+        (Refused(RejectReason.BUSINESS_REJECTED, "order_closed", 402), STAYS),
+        (Refused(RejectReason.INVALID_PARAMS, "bad_amount", 400), STAYS),
         # an earlier request may have passed before our credentials broke
         (Refused(RejectReason.PERMISSION_DENIED, "http_401", 401), STAYS),
         (NotSent("refused", SendPhase.CONNECT), STAYS),
@@ -120,7 +116,7 @@ def judged(outcome: SubmitOutcome) -> tuple[Event | None, State | None, RejectRe
     ids=["accepted", "business", "invalid", "credentials", "not_sent", "429", "in_flight",
          "timeout", "mismatch"],
 )  # fmt: skip
-def test_a_resend_says_not_done_only_where_the_downstream_answered_for_the_key(
+def test_a_resend_settles_only_what_is_done(
     outcome: SubmitOutcome, want: tuple[Event, State, RejectReason | None]
 ) -> None:
     assert judged(outcome) == want
@@ -144,3 +140,28 @@ def test_a_replay_unlike_the_intent_is_misuse_for_review_never_success() -> None
         Misuse("receipt_mismatch", "amount differs", 200), contract=CONTRACT, now=NOW
     )
     assert change.review == "receipt_mismatch" and change.to is State.UNKNOWN
+
+
+def test_a_refusal_found_after_a_resend_waits_until_no_other_request_can_land() -> None:
+    """The key's record says "refused", but the request it followed (or the resend) may still
+    be on the wire: "not done" waits for quiescence, as every "not done" does."""
+    s = replace(situation(State.UNKNOWN, "idempotent", "fresh"), resend=True)
+    start, end = s.sends[0] if s.sends else (NOW, NOW)
+    two = replace(s, sends=((start, end), (NOW, NOW)), lease_ends=(end, NOW))
+    waits = decide(two, REFUSED_RECORD)
+    assert (waits.event, waits.code) == (None, "wait_quiescence")
+    assert waits.next_attempt_at == two.quiet_at
+    quiet = replace(two, asked_at=two.quiet_at)
+    assert (decide(quiet, REFUSED_RECORD).to, decide(quiet, REFUSED_RECORD).reason) == (
+        State.REJECTED,
+        RejectReason.BUSINESS_REJECTED,
+    )
+
+
+def test_a_refusal_found_for_the_only_attempt_is_rejected_at_once() -> None:
+    s = situation(State.UNKNOWN, "idempotent", "fresh")
+    one = replace(s, sends=((NOW, NOW),), lease_ends=(NOW,))
+    assert decide(one, REFUSED_RECORD).to is State.REJECTED
+
+
+REFUSED_RECORD = Found(Receipt("re_2", "rejected", {}), RejectReason.BUSINESS_REJECTED, "closed")
