@@ -30,7 +30,7 @@ from kombu.utils.json import dumps
 
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.errors import SettledError
-from outbox.relay import Publish
+from outbox.relay import Publish, publish_hints
 from outbox.settings import Settings, masked
 from settled import observe
 from settled.runtime import Runtime, build_runtime
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 SUBMIT = "settled.submit"
 SWEEP = "settled.sweep"
 RECONCILE = "settled.reconcile"
+RECOVERY_PROBE = "settled.recovery_probe"
 QUEUE = "settled"
 BEAT_QUEUE = "settled.beat"
 
@@ -343,7 +344,11 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
         broker_transport_options=broker_options(settings),
         broker_connection_retry_on_startup=True,
         task_default_queue=QUEUE,
-        task_routes={SWEEP: {"queue": BEAT_QUEUE}, RECONCILE: {"queue": BEAT_QUEUE}},
+        task_routes={
+            SWEEP: {"queue": BEAT_QUEUE},
+            RECONCILE: {"queue": BEAT_QUEUE},
+            RECOVERY_PROBE: {"queue": BEAT_QUEUE},
+        },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         beat_schedule={
@@ -357,6 +362,12 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
                 "task": RECONCILE,
                 "schedule": settings.reconcile_seconds,
                 "options": {"expires": max(2 * settings.reconcile_seconds, 1.0)},
+            },
+            # On the sweeper's period: is a downstream operations wait for back?
+            "recovery-probe": {
+                "task": RECOVERY_PROBE,
+                "schedule": settings.sweep_seconds,
+                "options": {"expires": max(2 * settings.sweep_seconds, 1.0)},
             },
         },
         beat_schedule_filename=settings.beat_schedule_file,
@@ -399,6 +410,12 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
             # never stop it (the next beat tries the expiry again).
             log.exception("proposal expiry failed; sweeping anyway")
         sweep(sessions, ids_publisher(app), per_message=settings.hint_batch)
+
+    @app.task(name=RECOVERY_PROBE, ignore_result=True, shared=False)
+    def recovery_probe_task() -> None:
+        woken = runtime(settings).recovery_probe.run_once()
+        # Woken operations are due now: the sweeper would find them, a hint is faster.
+        publish_hints(ids_publisher(app), woken, per_message=settings.hint_batch)
 
     @app.task(name=RECONCILE, ignore_result=True, shared=False)
     def reconcile_task() -> None:

@@ -35,8 +35,10 @@ from support.overview import Overview
 from support.review import ReviewQueue
 from workers.alipay_gateway import AlipayApp, AlipayGateway, load_private_key, load_public_key
 from workers.coalesce import Coalescer
+from workers.downstreams import Downstreams
 from workers.executor import Executor
 from workers.http_client import HttpGateway
+from workers.recovery_probe import RecoveryProbe
 from workers.routing import GatewayByKind
 from workers.stripe_gateway import StripeGateway
 from workers.wechatpay_gateway import OrderTotals, WechatPayGateway
@@ -129,9 +131,33 @@ class Runtime:
                 max_tries=settings.retry_max_tries,
                 clock_watch=self.clock_watch,
                 observer=self.observer,
+                downstreams=self.downstreams,
             )
 
         return self._once("executor", build)
+
+    @property
+    def downstreams(self) -> Downstreams:
+        """The downstream serving each kind (``SETTLED_DOWNSTREAM_PROVIDERS``, as
+        ``build_gateway`` reads it): one's answer wakes what waits for it."""
+        return self._once(
+            "downstreams", lambda: Downstreams(dict(self.settings.downstream_providers))
+        )
+
+    @property
+    def recovery_probe(self) -> RecoveryProbe:
+        """Beat's probe of each downstream operations wait for after refusals; a success
+        wakes up to one worker batch of them (``workers.recovery_probe``)."""
+        return self._once(
+            "recovery_probe",
+            lambda: RecoveryProbe(
+                sessions=self.sessions,
+                gateway=self.gateway,
+                registry=self.registry,
+                downstreams=self.downstreams,
+                limit=self.executor.max_batch,
+            ),
+        )
 
     @property
     def reconciler(self) -> Reconciler:

@@ -61,6 +61,7 @@ from outbox.storage.claims import Claimed
 from outbox.storage.runs import cancelled_runs
 from outbox.storage.transitions import Transition
 from workers.claiming import HOLD_SECONDS, Claims, SendClaims
+from workers.downstreams import Downstreams
 from workers.failpoints import failpoint
 from workers.outcomes import Sent
 from workers.recovery import RecoversSent
@@ -105,6 +106,11 @@ class Executor(SendsBatches, RecoversSent):
     #: told of each claim, send, record and recovery (``outbox.observer``; its errors are
     #: logged, never change what is sent or written)
     observer: Observer = NO_OBSERVER
+    #: the downstream serving each kind: one's answer wakes what waits for it
+    #: (``workers.waking``)
+    downstreams: Downstreams = field(default_factory=Downstreams)
+    _suspect: set[str] = field(default_factory=set, init=False, repr=False)
+    _suspect_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)

@@ -26,6 +26,7 @@ from outbox.storage import Storage
 from outbox.storage.claims import Claimed
 from outbox.storage.transitions import Finish, Transition
 from workers.verdicts import Budget, judge_resend, judge_submit
+from workers.waking import WakesWaiting
 
 log = logging.getLogger("workers.executor")
 
@@ -43,7 +44,7 @@ class Sent:
     resent: bool = False
 
 
-class RecordsOutcomes:
+class RecordsOutcomes(WakesWaiting):
     """The executor's outcome writing (a part of ``Executor``, which has what it uses)."""
 
     worker: str
@@ -59,12 +60,14 @@ class RecordsOutcomes:
         raise NotImplementedError
 
     def _record(self, batch: list[Sent]) -> dict[int, State]:
-        """``_write_outcomes``, inside the observer's ``recording``."""
+        """``_write_outcomes``, inside the observer's ``recording``; then the wake of what
+        waits for a downstream these answers prove back (``workers.waking``)."""
         outcomes = [(sent.claimed, sent.outcome) for sent in batch]
         with guarded(self.observer).recording(outcomes) as seen:
             written = self._write_outcomes(batch)
             seen(written)
-            return written
+        self._wake_after([(sent.claimed, sent.kind, sent.outcome) for sent in batch])
+        return written
 
     def _write_outcomes(self, batch: list[Sent]) -> dict[int, State]:
         """Write the outcomes of a batch, each under its own lease version.

@@ -90,11 +90,13 @@ def judge_submit(
                 rand=rand,
             )
             if isinstance(decision, RetryAt):
+                # When the backoff said to try again, kept: a wake (``workers.waking``) may
+                # bring it forward, and the audit trail then shows by how much.
+                waits: dict[str, object] = {"retry_at": decision.when.isoformat()}
+                if retry_after is not None:
+                    waits["retry_after"] = retry_after
                 return Change(
-                    Event.DEFER,
-                    State.PLANNED,
-                    next_attempt_at=decision.when,
-                    evidence={"retry_after": retry_after} if retry_after is not None else {},
+                    Event.DEFER, State.PLANNED, next_attempt_at=decision.when, evidence=waits
                 )
             return _give_up(decision.reason, tries=budget.tries, reached=reached)
         case Unknown(detail=detail, status=status):
@@ -133,13 +135,18 @@ def judge_resend(outcome: SubmitOutcome, *, contract: DownstreamContract, now: d
         case Accepted(receipt=receipt):
             return Change(Event.ACCEPT, State.SUCCEEDED, receipt=receipt.as_dict())
         case Refused(reason=reason, code=code, status=status):
-            said = {"code": code, "status": status, "resend": "refused", "reason": reason.value}
+            refused: dict[str, object] = {
+                "code": code,
+                "status": status,
+                "resend": "refused",
+                "reason": reason.value,
+            }
             if reason is RejectReason.PERMISSION_DENIED:
-                said["fault"] = "credentials"
+                refused["fault"] = "credentials"
             return Change(
                 Event.LOSE,
                 State.UNKNOWN,
-                evidence=_answered(said, outcome.request_id),
+                evidence=_answered(refused, outcome.request_id),
                 next_attempt_at=now,
             )
         case NotSent() | NotExecuted():

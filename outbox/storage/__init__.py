@@ -20,6 +20,8 @@ module             what it holds
 ``staff_accounts`` the console's staff accounts, sessions and failed sign-ins (hashes only)
 ``traces``         an operation's trace context (``operations.trace_context``)
 ``clock_steps``    steps of the database's clock a process saw, the newest one's end
+``waking``         operations waiting after refusals: waking a bounded batch of them when
+                   their downstream is back, the recovery probe's target
 ``schema``         the migrations (Alembic revisions) a database is at
 ``borrowed``       intake on the app's own connection: a Session over a SQLAlchemy
                    Connection, or over a psycopg 3 / sqlite3 connection it never begins,

@@ -28,6 +28,7 @@ SERVICES = frozenset(
         "AgentDesk",
         "ClockWatch",
         "Coalescer",
+        "RecoveryProbe",
     }
 )
 ROOT_MODULE = "settled.runtime"

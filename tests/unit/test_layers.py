@@ -61,6 +61,7 @@ PURE = (
     "outbox.report_text",
     "workers.verdicts",
     "workers.http_classify",
+    "workers.downstreams",
     "reconciler.decide",
     "support.evidence",
     "support.staff",

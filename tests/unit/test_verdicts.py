@@ -106,6 +106,8 @@ def test_verdict_table(outcome: str, contract: str, budget: str) -> None:
     if to is State.PLANNED:
         assert v.next_attempt_at is not None
         assert NOW <= v.next_attempt_at < BUDGETS[budget].deadline
+        # the time the backoff set is kept: a wake that brings it forward shows by how much
+        assert v.evidence["retry_at"] == v.next_attempt_at.isoformat()
         if outcome == "rate_limited":
             assert v.next_attempt_at == NOW + timedelta(seconds=5)  # Retry-After honoured
 
