@@ -53,13 +53,12 @@ class WaitsFor(enum.StrEnum):
 @dataclass(frozen=True)
 class Cadence:
     """The numbers the reconciler runs with (``SETTLED_REVIEW_AFTER_SECONDS``,
-    ``SETTLED_DOWNSTREAM_TIMEOUT``, ``SETTLED_RECONCILE_SECONDS``, ``SETTLED_LEASE_SECONDS``)
-    and each kind's contract, as the composition root built them."""
+    ``SETTLED_DOWNSTREAM_TIMEOUT``, ``SETTLED_RECONCILE_SECONDS``) and each kind's contract,
+    as the composition root built them (``settled.runtime.cadence_of``)."""
 
     review_after: timedelta
     client_timeout: timedelta
     reconcile_every: timedelta
-    lease: timedelta
     contracts: Mapping[str, DownstreamContract]
 
     @property

@@ -27,6 +27,7 @@ from outbox.kinds import KindRegistry, default_registry
 from outbox.port_shim import as_gateway
 from outbox.proposals import Proposals
 from outbox.settings import Settings
+from outbox.verdict_due import Cadence
 from reconciler.reconcile import Reconciler
 from settled.observe import Observed
 from support.approvals import Approvals
@@ -100,6 +101,13 @@ class Runtime:
     def gateway(self) -> Gateway:
         """The downstream of each kind as configured (``build_gateway``)."""
         return self._once("gateway", lambda: build_gateway(self.settings, self.registry))
+
+    @property
+    def cadence(self) -> Cadence:
+        """The numbers this deployment's reconciler runs with and each kind's contract: what
+        the answers (report, status API, console, MCP) say an uncertain verdict's time from
+        (``outbox.verdict_due``)."""
+        return self._once("cadence", lambda: cadence_of(self.settings, self.registry))
 
     @property
     def clock_watch(self) -> ClockWatch:
@@ -234,6 +242,16 @@ class Runtime:
             close()
         if self._owns_engine:
             self.engine.dispose()
+
+
+def cadence_of(settings: Settings, registry: KindRegistry) -> Cadence:
+    """The reconciler's numbers as ``Runtime.reconciler`` and beat use them."""
+    return Cadence(
+        review_after=timedelta(seconds=settings.review_after_seconds),
+        client_timeout=timedelta(seconds=settings.downstream_timeout),
+        reconcile_every=timedelta(seconds=settings.reconcile_seconds),
+        contracts={name: registry.get(name).contract for name in registry.names()},
+    )
 
 
 def worker_name() -> str:

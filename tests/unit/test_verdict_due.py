@@ -29,7 +29,6 @@ CADENCE = Cadence(
     review_after=600 * S,
     client_timeout=10 * S,
     reconcile_every=10 * S,
-    lease=15 * S,
     contracts={},
 )
 LATE = 20 * S  # a beat period and a lookup's time (10 s each)
