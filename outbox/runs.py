@@ -260,6 +260,17 @@ def _facts(
 _UNCERTAIN = frozenset({State.SUBMITTED.value, State.UNKNOWN.value})
 
 
+def verdicts_due(
+    session: Session, ops: Sequence[Operation], cadence: Cadence
+) -> dict[int, VerdictDue]:
+    """Per uncertain operation of ``ops`` (by row id), what it waits for and the latest it is
+    decided by (``outbox.verdict_due``), as the report's lines say it: for lists of
+    operations (the console's search and find rows)."""
+    ids = [op.id for op in ops if op.state in _UNCERTAIN]
+    reviewed = in_review(session, ids) if ids else set()
+    return _verdicts_due(session, ops, reviewed, cadence)
+
+
 def _verdicts_due(
     session: Session, ops: Sequence[Operation], reviewed: set[int], cadence: Cadence
 ) -> dict[int, VerdictDue]:

@@ -199,7 +199,7 @@ class Runtime:
 
     @property
     def finder(self) -> Finder:
-        return self._once("finder", lambda: Finder(self.sessions))
+        return self._once("finder", lambda: Finder(self.sessions, self.cadence))
 
     @property
     def overview(self) -> Overview:
