@@ -111,7 +111,7 @@ def render_line(line: Line, cancelled: bool, lang: Lang) -> str:
         )
     waits_for = line.evidence.get("waits_for")
     if waits_for is not None:
-        text += m[f"when.{waits_for}"].format(by=_clock(line.evidence.get("decided_by")))
+        text += m[f"when.{waits_for}"].format(by=_clock(line.evidence.get("verdict_by")))
     if line.compensates is not None:
         text = m["compensation_prefix"].format(of=line.compensates) + text
     note = line.compensation

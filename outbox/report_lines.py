@@ -179,7 +179,7 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         if op.in_review:
             message += "_review"
         if op.due is not None:
-            evidence.update(op.due.as_evidence())  # waits_for, decided_by (ISO)
+            evidence.update(op.due.as_evidence())  # waits_for, verdict_by (ISO)
     if group is Group.NOT_DONE and op.rests_on is not None and _for_want_of_proof(op):
         # "had no effect" was proven by a "not found", on an assumption: say which
         evidence["rests_on"] = op.rests_on

@@ -181,7 +181,7 @@ def operation_status(
 ) -> dict[str, Any]:
     """One operation of ``tenant`` as the status API shows it (NotFound otherwise); with
     ``cadence``, an uncertain one's evidence says what it waits for and by when at the latest
-    (``waits_for``, ``decided_by``: ``outbox.verdict_due``); with ``lang``, its sentence
+    (``waits_for``, ``verdict_by``: ``outbox.verdict_due``); with ``lang``, its sentence
     (``text``, as the run report words it).
 
     An op_id that could never have been stored (NUL, non-ASCII, overlong: anything from a URL)

@@ -104,7 +104,7 @@ class VerdictDue:
         """The report line's evidence: the reason code and the ISO time (None: no time)."""
         return {
             "waits_for": self.waits_for.value,
-            "decided_by": self.by.isoformat() if self.by is not None else None,
+            "verdict_by": self.by.isoformat() if self.by is not None else None,
         }
 
 

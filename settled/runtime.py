@@ -216,6 +216,7 @@ class Runtime:
             self.proposals,
             dict(self.settings.agent_auto_approve_minor),
             tenant=tenant,
+            cadence=self.cadence,
         )
 
     def coalescer(self) -> Coalescer:

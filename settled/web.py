@@ -120,7 +120,7 @@ def get_run(
 ) -> dict[str, Any]:
     """Done / not done / uncertain, from states and receipts; ``lang`` adds the text. An
     uncertain line's evidence says what it waits for (``waits_for``) and the latest it is
-    decided by (``decided_by``, ISO 8601; null while support staff decide)."""
+    decided by (``verdict_by``, ISO 8601; null while support staff decide)."""
     return runs.run_report(s, who.tenant, handle, cadence=cadence).as_dict(lang)
 
 
@@ -150,7 +150,7 @@ def get_operation(
 ) -> dict[str, Any]:
     """One operation of the key's tenant: state, group, evidence, compensations; ``lang``
     adds its sentence (``text``). An uncertain one's evidence says what it waits for
-    (``waits_for``) and the latest it is decided by (``decided_by``)."""
+    (``waits_for``) and the latest it is decided by (``verdict_by``)."""
     return runs.operation_status(s, who.tenant, op_id, cadence=cadence, lang=lang)
 
 

@@ -110,7 +110,7 @@ def _query(q: str) -> str:
 
 
 def _due_of(due: VerdictDue | None) -> dict[str, Any]:
-    """An uncertain row's ``waits_for`` and ``decided_by`` (ISO; None: staff decide, no time
+    """An uncertain row's ``waits_for`` and ``verdict_by`` (ISO; None: staff decide, no time
     promised); nothing where not said."""
     return due.as_evidence() if due is not None else {}
 

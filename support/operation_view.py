@@ -70,13 +70,13 @@ def report_words(
 ) -> dict[str, Any]:
     """The operation's line of the run report: its group, its sentence in each language and,
     for an uncertain one given the reconciler's numbers (``cadence``), what it waits for and
-    the latest it is decided by (``due``: ``waits_for``, ``decided_by``; None: not said)."""
+    the latest it is decided by (``due``: ``waits_for``, ``verdict_by``; None: not said)."""
     status = runs.operation_status(session, op.tenant, op.op_id, cadence=cadence)
     line = _line(status)  # its message key already says whether the run was stopped
     evidence = status["evidence"]
     due = None
     if "waits_for" in evidence:
-        due = {"waits_for": evidence["waits_for"], "decided_by": evidence["decided_by"]}
+        due = {"waits_for": evidence["waits_for"], "verdict_by": evidence["verdict_by"]}
     return {
         "group": line.group.value,
         "text": {lang: render_line(line, False, check_lang(lang)) for lang in LANGS},

@@ -106,9 +106,9 @@ def _can_on_operation(
     if review_item is not None:
         key = "lead.can.in_review_staff" if due is not None else "lead.can.in_review"
         return translate(lang, key, id=review_item)
-    if due is not None and due.get("decided_by"):
+    if due is not None and due.get("verdict_by"):
         waits = word(lang, "lead.waits", due["waits_for"])
-        return translate(lang, "lead.can.decided_by", waits=waits, by=exact(due["decided_by"]))
+        return translate(lang, "lead.can.verdict_by", waits=waits, by=exact(due["verdict_by"]))
     if op["state"] == "unknown":
         return translate(lang, "lead.can.reconciling")
     return translate(lang, "lead.can.automatic")

@@ -226,7 +226,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "lead.can.in_review_staff": (
             "support staff resolve it in review item #{id}; no time is promised until they do"
         ),
-        "lead.can.decided_by": (
+        "lead.can.verdict_by": (
             "{waits}: it is decided, or put in review, by {by} at the latest; nothing to do yet"
         ),
         "lead.waits.send": "Settled is waiting for the send's answer",
@@ -504,7 +504,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "lead.can.in_review": "由客服在待处理项 #{id} 中处理",
         "lead.can.reconciling": "对账进程仍在查询；暂时无需操作",
         "lead.can.in_review_staff": "由客服在待处理项 #{id} 中处理；处理完成前无法承诺具体时间",
-        "lead.can.decided_by": "{waits}：最迟于 {by} 得出结论或转入待处理；暂时无需操作",
+        "lead.can.verdict_by": "{waits}：最迟于 {by} 得出结论或转入待处理；暂时无需操作",
         "lead.waits.send": "Settled 正在等待本次发送的答复",
         "lead.waits.lookup": "对账进程将再次向对方服务查询",
         "lead.waits.quiescence": "对账进程正在等待，直到迟到的请求不再可能到达，才采信“未找到”",

@@ -289,13 +289,13 @@ def test_an_uncertain_answer_says_what_it_waits_for_and_by_when(api: Api) -> Non
     status, op = api.get("/v1/operations/op-acme-2?lang=en", api.acme.key)
     assert status == 200
     assert op["evidence"]["waits_for"] == "quiescence"  # type: ignore[index]
-    decided_by = datetime.fromisoformat(op["evidence"]["decided_by"])  # type: ignore[index]
-    assert decided_by == NEXT_LOOK + timedelta(seconds=20)
+    verdict_by = datetime.fromisoformat(op["evidence"]["verdict_by"])  # type: ignore[index]
+    assert verdict_by == NEXT_LOOK + timedelta(seconds=20)
     assert "decided by 2099-01-01 12:00:20 UTC at the latest" in str(op["text"])
     status, zh = api.get(f"/v1/runs/{api.acme.handle}?lang=zh", api.acme.key)
     assert status == 200
     (line,) = zh["uncertain"]  # type: ignore[misc]
-    assert line["evidence"]["decided_by"] == op["evidence"]["decided_by"]  # type: ignore[index]
+    assert line["evidence"]["verdict_by"] == op["evidence"]["verdict_by"]  # type: ignore[index]
     assert "最迟于 2099-01-01 12:00:20 UTC 得出结论" in line["text"]
     assert "最迟于 2099-01-01 12:00:20 UTC 得出结论" in str(zh["text"])
     status, plain = api.get("/v1/operations/op-acme-2", api.acme.key)
@@ -309,7 +309,7 @@ def test_an_operation_in_review_waits_for_staff_with_no_time(api: Api) -> None:
     status, body = api.get("/v1/operations/op-acme-2?lang=zh", api.acme.key)
     assert status == 200
     assert body["evidence"]["waits_for"] == "staff"  # type: ignore[index]
-    assert body["evidence"]["decided_by"] is None  # type: ignore[index]
+    assert body["evidence"]["verdict_by"] is None  # type: ignore[index]
     assert str(body["text"]).endswith("客服人员正在核查。客服人员核查完成前，无法承诺具体时间。")
 
 

@@ -56,7 +56,7 @@ def test_in_review_it_promises_no_time(lang: str) -> None:
     text = render_line(line, False, lang)
     assert text.endswith(MESSAGES[lang]["when.staff"])
     assert "UTC" not in text and "2026" not in text
-    assert line.evidence["waits_for"] == "staff" and line.evidence["decided_by"] is None
+    assert line.evidence["waits_for"] == "staff" and line.evidence["verdict_by"] is None
 
 
 def test_the_time_is_said_in_utc_whatever_zone_it_came_in() -> None:
@@ -69,7 +69,7 @@ def test_evidence_and_json_carry_the_code_and_the_iso_time() -> None:
     report = build_report(RunFacts("run_x", False, [pending(VerdictDue(WaitsFor.QUIESCENCE, BY))]))
     row = json.loads(json.dumps(report.as_dict("zh")))["uncertain"][0]
     assert row["evidence"]["waits_for"] == "quiescence"
-    assert datetime.fromisoformat(row["evidence"]["decided_by"]) == BY
+    assert datetime.fromisoformat(row["evidence"]["verdict_by"]) == BY
     assert "2026-12-06 12:05:07 UTC" in row["text"]
     assert "2026-12-06 12:05:07 UTC" in render(report, "en")
 

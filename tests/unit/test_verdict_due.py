@@ -154,11 +154,11 @@ def test_bound_is_rounded_up_to_the_second() -> None:
 def test_evidence_carries_the_code_and_the_iso_time() -> None:
     assert VerdictDue(WaitsFor.LOOKUP, NOW).as_evidence() == {
         "waits_for": "lookup",
-        "decided_by": "2026-11-29T12:00:00+00:00",
+        "verdict_by": "2026-11-29T12:00:00+00:00",
     }
     assert VerdictDue(WaitsFor.STAFF, None).as_evidence() == {
         "waits_for": "staff",
-        "decided_by": None,
+        "verdict_by": None,
     }
 
 
