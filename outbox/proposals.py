@@ -60,6 +60,7 @@ from outbox.storage import proposals as store
 from outbox.storage import storage_for
 from outbox.storage.runs import run as run_by_id
 from outbox.storage.search import operations_on_orders
+from outbox.verdict_due import Cadence
 
 __all__ = [
     "APPROVED",
@@ -376,11 +377,14 @@ class Proposals:
             )
 
 
-def proposal_report(session: Session, proposal: Proposal) -> Report | None:
-    """The run report of an approved proposal's operation (None before approval)."""
+def proposal_report(
+    session: Session, proposal: Proposal, *, cadence: Cadence | None = None
+) -> Report | None:
+    """The run report of an approved proposal's operation (None before approval); with
+    ``cadence``, an uncertain line says when it is decided at the latest."""
     if proposal.run_id is None:
         return None
     run = run_by_id(session, proposal.run_id)
     if run is None:  # pragma: no cover - a foreign key holds it
         return None
-    return run_report(session, proposal.tenant, run.handle)
+    return run_report(session, proposal.tenant, run.handle, cadence=cadence)

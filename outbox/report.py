@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from outbox.currencies import format_amount
@@ -109,12 +109,26 @@ def render_line(line: Line, cancelled: bool, lang: Lang) -> str:
         text += m[f"rests_on.{rests_on}"].format(
             delay=_duration(line.evidence.get("max_request_delay_seconds"), m)
         )
+    waits_for = line.evidence.get("waits_for")
+    if waits_for is not None:
+        text += m[f"when.{waits_for}"].format(by=_clock(line.evidence.get("verdict_by")))
     if line.compensates is not None:
         text = m["compensation_prefix"].format(of=line.compensates) + text
     note = line.compensation
     if note is not None:
         text += m[f"comp.{note.status.value}"].format(comp=note.op_id, ref=note.reference)
     return text
+
+
+def _clock(at: object) -> str:
+    """An ISO time as people read it, in UTC with the zone named: "2026-12-03 06:14:16 UTC"
+    (as the console writes exact times)."""
+    if not isinstance(at, str):
+        return ""
+    moment = datetime.fromisoformat(at)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _what(line: Line, m: dict[str, str]) -> str:

@@ -2,7 +2,8 @@
 on, and where its compensations stand.
 
 Pure, and built from ``OpFacts`` only (states, reject reasons, receipt references, whether an
-attempt was ever made), never from free text: a line says "not sent" only when no attempt was
+attempt was ever made, and for an uncertain one when it is decided at the latest), never from
+free text: a line says "not sent" only when no attempt was
 ever made; "restored" only when the compensation succeeded *and* carries the downstream's
 receipt; an outcome support staff settled by their own statement (no downstream record) is
 their statement. The whole report is ``outbox.report``; the sentences, ``outbox.report_text``.
@@ -17,6 +18,7 @@ from typing import Any
 
 from outbox.retry import STOPS
 from outbox.states import State
+from outbox.verdict_due import VerdictDue
 
 
 class Group(enum.StrEnum):
@@ -88,6 +90,9 @@ class OpFacts:
     currency: str | None = None
     #: a ``not_executed`` rejection: where its tries stopped (None where it was not tried)
     stopped: Stopped | None = None
+    #: an uncertain one: what it waits for and the latest it is decided by
+    #: (``outbox.verdict_due``; None where the reader was not given the reconciler's numbers)
+    due: VerdictDue | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,8 @@ def build_line(op: OpFacts, compensations: Iterable[OpFacts] = (), *, cancelled:
         message = "pending_stopped" if cancelled else "pending"
         if op.in_review:
             message += "_review"
+        if op.due is not None:
+            evidence.update(op.due.as_evidence())  # waits_for, verdict_by (ISO)
     if group is Group.NOT_DONE and op.rests_on is not None and _for_want_of_proof(op):
         # "had no effect" was proven by a "not found", on an assumption: say which
         evidence["rests_on"] = op.rests_on

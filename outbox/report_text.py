@@ -14,7 +14,8 @@ LANGS: tuple[str, ...] = get_args(Lang)
 
 #: Every sentence of the report, per language. Placeholders: op, kind, ref, reason, code, of,
 #: comp, delay (a duration), n; counts: done, not_done, uncertain; a stop's: tries, span, n
-#: (tries that reached the service), cause, and a cause's status.
+#: (tries that reached the service), cause, and a cause's status; an uncertain one's by (the
+#: latest it is decided by, ``when.<waits_for>``: ``outbox.verdict_due.WaitsFor``).
 MESSAGES: dict[str, dict[str, str]] = {
     "en": {
         "title": "Run {handle}: {done} done, {not_done} not done, {uncertain} uncertain.",
@@ -121,6 +122,25 @@ MESSAGES: dict[str, dict[str, str]] = {
         "cause.unreachable": "the service could not be reached",
         "cause.busy": "the service was busy, HTTP 429",
         "cause.not_processed": "the service declined to process it, HTTP {status}",
+        "when.send": (
+            " Waiting for the service's answer to the send; decided by {by} at the latest, "
+            "or handed to support staff."
+        ),
+        "when.lookup": (
+            " Asking the service again; decided by {by} at the latest, or handed to support staff."
+        ),
+        "when.quiescence": (
+            ' Waiting until no late request can still reach the service, so that a "not '
+            'found" can be trusted; decided by {by} at the latest, or handed to support staff.'
+        ),
+        "when.clock_step": (
+            ' Waiting out a step of the database\'s clock before a "not found" is trusted; '
+            "decided by {by} at the latest, or handed to support staff."
+        ),
+        "when.review": (
+            " It cannot be settled automatically: it goes to support staff by {by} at the latest."
+        ),
+        "when.staff": " No time can be promised until they decide.",
     },
     "zh": {
         "title": "任务 {handle}：已完成 {done} 项，未完成 {not_done} 项，待确认 {uncertain} 项。",
@@ -202,6 +222,18 @@ MESSAGES: dict[str, dict[str, str]] = {
         "cause.unreachable": "无法连接对方服务",
         "cause.busy": "对方服务繁忙，HTTP 429",
         "cause.not_processed": "对方服务未处理该请求，HTTP {status}",
+        "when.send": "正在等待对方服务对本次发送的答复；最迟于 {by} 得出结论，或转交客服人员处理。",
+        "when.lookup": "正在再次向对方服务查询；最迟于 {by} 得出结论，或转交客服人员处理。",
+        "when.quiescence": (
+            "正在等待，直到不再有迟到的请求可能到达对方服务，“未找到”的查询结果才可采信；"
+            "最迟于 {by} 得出结论，或转交客服人员处理。"
+        ),
+        "when.clock_step": (
+            "数据库时钟发生了跳变，正在等待其影响过去后再采信“未找到”的查询结果；"
+            "最迟于 {by} 得出结论，或转交客服人员处理。"
+        ),
+        "when.review": "无法自动确认：最迟于 {by} 转交客服人员处理。",
+        "when.staff": "客服人员核查完成前，无法承诺具体时间。",
     },
 }
 

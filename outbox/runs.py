@@ -19,20 +19,24 @@ from outbox.errors import IdempotencyConflict, InvalidIdentifier, InvalidInput, 
 from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Enqueued, Outbox
 from outbox.models import Operation, Run
-from outbox.report import Report, RunFacts, build_report
+from outbox.report import Report, RunFacts, build_report, render_line
 from outbox.report_lines import OpFacts, Stopped, build_line
+from outbox.report_text import check_lang
 from outbox.states import State
 from outbox.storage import runs as storage_runs
 from outbox.storage import storage_for
+from outbox.storage.attempts import operation_facts
+from outbox.storage.clock_steps import clock_doubt_until
 from outbox.storage.events import (
     give_ups,
     not_found_assumptions,
     rejection_codes,
     rejection_faults,
 )
-from outbox.storage.operations import compensations_of, find_operation, op_ids_of
+from outbox.storage.operations import compensations_of, db_time, find_operation, op_ids_of
 from outbox.storage.reviews import in_review
 from outbox.storage.runs import cancel_planned, request_run_cancel
+from outbox.verdict_due import Cadence, Uncertain, VerdictDue, verdict_due
 
 HANDLE_PREFIX = "run_"
 HANDLE_RE = re.compile(r"run_[A-Za-z0-9_-]{32}")
@@ -145,25 +149,40 @@ def compensate(
 # -- reading for reports -------------------------------------------------------------------
 
 
-def run_facts(session: Session, run: Run) -> RunFacts:
-    """Snapshots of a run's operations, and of compensations enqueued for them elsewhere."""
+def run_facts(session: Session, run: Run, *, cadence: Cadence | None = None) -> RunFacts:
+    """Snapshots of a run's operations, and of compensations enqueued for them elsewhere;
+    with ``cadence`` (the reconciler's numbers, ``Runtime.cadence``), each uncertain one says
+    what it waits for and the latest it is decided by (``outbox.verdict_due``)."""
     ops = storage_runs.run_operations(session, run)
     return RunFacts(
         handle=run.handle,
         cancelled=run.cancel_requested_at is not None,
-        operations=_facts(session, ops),
+        operations=_facts(session, ops, cadence),
         title=run.title,
         cancel_requested_at=run.cancel_requested_at,
     )
 
 
-def run_report(session: Session, tenant: str, handle: str) -> Report:
-    """The report of run ``handle`` (NotFound for another tenant's or a made-up handle)."""
-    return build_report(run_facts(session, find_run(session, tenant, handle)))
+def run_report(
+    session: Session, tenant: str, handle: str, *, cadence: Cadence | None = None
+) -> Report:
+    """The report of run ``handle`` (NotFound for another tenant's or a made-up handle); with
+    ``cadence``, an uncertain line says when it is decided at the latest (``run_facts``)."""
+    return build_report(run_facts(session, find_run(session, tenant, handle), cadence=cadence))
 
 
-def operation_status(session: Session, tenant: str, op_id: str) -> dict[str, Any]:
-    """One operation of ``tenant`` as the status API shows it (NotFound otherwise).
+def operation_status(
+    session: Session,
+    tenant: str,
+    op_id: str,
+    *,
+    cadence: Cadence | None = None,
+    lang: str | None = None,
+) -> dict[str, Any]:
+    """One operation of ``tenant`` as the status API shows it (NotFound otherwise); with
+    ``cadence``, an uncertain one's evidence says what it waits for and by when at the latest
+    (``waits_for``, ``verdict_by``: ``outbox.verdict_due``); with ``lang``, its sentence
+    (``text``, as the run report words it).
 
     An op_id that could never have been stored (NUL, non-ASCII, overlong: anything from a URL)
     is "not found" before any SQL, exactly like an unknown one: no database error, no oracle.
@@ -177,12 +196,14 @@ def operation_status(session: Session, tenant: str, op_id: str) -> dict[str, Any
     if op is None:
         raise NotFound("no such operation", code="operation_not_found")
     comps = compensations_of(session, tenant, op.id)
-    facts = _facts(session, [op, *comps])
+    facts = _facts(session, [op, *comps], cadence)
     run = storage_runs.run(session, op.run_id) if op.run_id is not None else None
     cancelled = run is not None and run.cancel_requested_at is not None
     line = build_line(facts[0], facts[1:], cancelled=cancelled)
+    text = {} if lang is None else {"text": render_line(line, cancelled, check_lang(lang))}
     return {
         **line.as_dict(),
+        **text,
         "run": run.handle if run is not None else None,
         "compensated_by": [f.op_id for f in facts[1:]],
         "created_at": op.created_at.isoformat(),
@@ -190,7 +211,9 @@ def operation_status(session: Session, tenant: str, op_id: str) -> dict[str, Any
     }
 
 
-def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
+def _facts(
+    session: Session, ops: Sequence[Operation], cadence: Cadence | None = None
+) -> list[OpFacts]:
     ids = [op.id for op in ops]
     codes: dict[int, str] = {}
     reviewed: set[int] = set()
@@ -204,6 +227,7 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
         assumed = not_found_assumptions(session, ids)
         given_up = [op.id for op in ops if op.reason == "not_executed"]
         stopped = give_ups(session, given_up) if given_up else {}
+    due = _verdicts_due(session, ops, reviewed, cadence) if cadence is not None else {}
     op_ids = {op.id: op.op_id for op in ops}
     missing = {op.compensates_id for op in ops if op.compensates_id is not None} - set(op_ids)
     if missing:
@@ -227,9 +251,57 @@ def _facts(session: Session, ops: Sequence[Operation]) -> list[OpFacts]:
             max_request_delay_seconds=assumed.get(op.id, {}).get("max_request_delay_seconds"),
             **_amount(op.params),
             stopped=Stopped(**stopped[op.id]) if op.id in stopped else None,
+            due=due.get(op.id),
         )
         for op in ops
     ]
+
+
+_UNCERTAIN = frozenset({State.SUBMITTED.value, State.UNKNOWN.value})
+
+
+def verdicts_due(
+    session: Session, ops: Sequence[Operation], cadence: Cadence
+) -> dict[int, VerdictDue]:
+    """Per uncertain operation of ``ops`` (by row id), what it waits for and the latest it is
+    decided by (``outbox.verdict_due``), as the report's lines say it: for lists of
+    operations (the console's search and find rows)."""
+    ids = [op.id for op in ops if op.state in _UNCERTAIN]
+    reviewed = in_review(session, ids) if ids else set()
+    return _verdicts_due(session, ops, reviewed, cadence)
+
+
+def _verdicts_due(
+    session: Session, ops: Sequence[Operation], reviewed: set[int], cadence: Cadence
+) -> dict[int, VerdictDue]:
+    """Per uncertain operation, what it waits for and the latest it is decided by, from the
+    facts the reconciler weighs (``operation_facts``) and database time. A kind this process
+    has no contract for says nothing rather than guess."""
+    uncertain = [op for op in ops if op.state in _UNCERTAIN and op.kind in cadence.contracts]
+    if not uncertain:
+        return {}
+    now, doubt = db_time(session), clock_doubt_until(session)
+    due: dict[int, VerdictDue] = {}
+    for op in uncertain:
+        facts = operation_facts(session, op.id)
+        due[op.id] = verdict_due(
+            Uncertain(
+                state=State(op.state),
+                contract=cadence.contracts[op.kind],
+                now=now,
+                deadline=op.deadline,
+                next_look_at=op.next_attempt_at,
+                in_review=op.id in reviewed,
+                unknown_since=facts.unknown_since,
+                last_sent_at=facts.last_sent_at,
+                lease_until=op.lease_until,
+                sends=facts.sends,
+                lease_ends=facts.lease_ends,
+                clock_doubt_until=doubt,
+            ),
+            cadence,
+        )
+    return due
 
 
 def _amount(params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -29,9 +29,7 @@ from outbox.downstream import (
 from outbox.kinds import DownstreamContract
 from outbox.quiescence import landing_slack, quiet_at
 from outbox.states import Event, State
-
-#: Longest the reconciler waits between two looks at one operation.
-MAX_RECHECK = timedelta(minutes=5)
+from outbox.verdict_due import MAX_RECHECK as MAX_RECHECK  # the backoff cap the answers use
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ from outbox.storage.attempts import attempt_history, operation_facts
 from outbox.storage.claims import Claimed, claim_unresolved
 from outbox.storage.operations import db_time, oldest_unknown_since
 from outbox.storage.transitions import Transition
-from reconciler.decide import MAX_RECHECK, Situation, decide
+from outbox.verdict_due import LONGEST_LOOKUP, MAX_RECHECK
+from reconciler.decide import Situation, decide
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class Reconciler:
     @property
     def lookup_seconds(self) -> float:
         """Longest one lookup may take, from its own start."""
-        return min(self.client_timeout, 30.0)
+        return min(self.client_timeout, LONGEST_LOOKUP.total_seconds())
 
     @property
     def lookup_least(self) -> float:

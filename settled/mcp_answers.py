@@ -15,6 +15,7 @@ from outbox.models import Proposal
 from outbox.proposals import APPROVED, PROPOSED, proposal_report
 from outbox.report import render_line
 from outbox.report_text import Lang
+from outbox.verdict_due import Cadence
 
 #: who withdraws a waiting proposal when the agent cancels it (``cancel_request``)
 WITHDRAWN_BY = "agent:cancel"
@@ -57,6 +58,18 @@ class ToolAnswer(BaseModel):
     )
     state: str | None = Field(None, description="Once approved: the operation's state.")
     evidence: dict[str, Any] | None = Field(None, description="What the outcome rests on.")
+    waits_for: Literal["send", "lookup", "quiescence", "clock_step", "review", "staff"] | None = (
+        Field(
+            None,
+            description="Once approved and uncertain: what it waits for (staff: support staff "
+            "decide, no time promised).",
+        )
+    )
+    verdict_by: str | None = Field(
+        None,
+        description="Once approved and uncertain: the latest it is decided (settled, or handed "
+        "to support staff), ISO 8601 in UTC; None while staff decide. Check again after it.",
+    )
     stopped: bool | None = Field(None, description="Whether the request was stopped.")
     repeat: bool | None = Field(None, description="This call repeated an earlier request.")
     note: str | None = Field(None, description="Something the user must be told.")
@@ -80,11 +93,14 @@ def describe(
     profile: AgentProfile,
     *,
     expired: bool = False,
+    cadence: Cadence | None = None,
 ) -> dict[str, Any]:
     """A proposal as the status tool shows it: its terms (as its kind's ``profile`` shows
     them, and its order), and either where its approval stands or (once approved) its
     operation's line of the run report, with evidence. ``expired``: the proposal outlived its
-    time to live (``Proposals.expired``), marked or not."""
+    time to live (``Proposals.expired``), marked or not. With ``cadence`` (the reconciler's
+    numbers), an uncertain one says what it waits for and the latest it is decided by
+    (``waits_for``, ``verdict_by``: ``outbox.verdict_due``)."""
     params = proposal.params
     data: dict[str, Any] = {"handle": proposal.handle, "kind": proposal.kind}
     for name in profile.shown or tuple(params):
@@ -92,7 +108,8 @@ def describe(
     if "order_id" not in data:  # a compensation's intent names no order: the original's
         data["order_id"] = proposal.order_ref
     data["decided_by"] = proposal.decided_by
-    report = proposal_report(session, proposal) if proposal.status == APPROVED else None
+    approved = proposal.status == APPROVED
+    report = proposal_report(session, proposal, cadence=cadence) if approved else None
     if report is None or proposal.op_id is None:
         status = "waiting_for_approval" if proposal.status == PROPOSED else proposal.status
         if status == "declined" and proposal.decided_by == WITHDRAWN_BY:
@@ -103,8 +120,10 @@ def describe(
         text = WORDS[lang][status].format(what=what, handle=proposal.handle)
         return {**data, "status": status, "text": text}
     line = report.line(proposal.op_id)
+    due = {k: line.evidence[k] for k in ("waits_for", "verdict_by") if k in line.evidence}
     return {
         **data,
+        **due,
         "status": "approved",
         "op_id": proposal.op_id,
         "outcome": line.group.value,

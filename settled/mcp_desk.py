@@ -29,6 +29,7 @@ from outbox.kinds import AgentProfile
 from outbox.models import Proposal
 from outbox.proposals import Proposals
 from outbox.report_text import Lang, check_lang
+from outbox.verdict_due import Cadence
 from settled.mcp_answers import describe, refusal
 
 T = TypeVar("T")
@@ -49,6 +50,8 @@ class AgentDesk:
     auto_approve_minor: Mapping[str, int]
     #: the one tenant a stdio server speaks for (None: the HTTP transport's API key says)
     tenant: str | None = None
+    #: the reconciler's numbers: an uncertain answer says when it is decided at the latest
+    cadence: Cadence | None = None
 
     def profile(self, kind: str) -> AgentProfile:
         """What requests of ``kind`` mean to an agent (``outbox.kinds.AgentProfile``)."""
@@ -168,7 +171,7 @@ def describe_now(
     """``describe`` with the proposal's expiry judged by the database's clock now."""
     profile = desk.profile(proposal.kind)
     expired = desk.proposals.expired(session, proposal)
-    return describe(session, proposal, lang, profile, expired=expired)
+    return describe(session, proposal, lang, profile, expired=expired, cadence=desk.cadence)
 
 
 async def guarded(

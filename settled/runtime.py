@@ -27,6 +27,7 @@ from outbox.kinds import KindRegistry, default_registry
 from outbox.port_shim import as_gateway
 from outbox.proposals import Proposals
 from outbox.settings import Settings
+from outbox.verdict_due import Cadence
 from reconciler.reconcile import Reconciler
 from settled.observe import Observed
 from support.approvals import Approvals
@@ -102,6 +103,13 @@ class Runtime:
     def gateway(self) -> Gateway:
         """The downstream of each kind as configured (``build_gateway``)."""
         return self._once("gateway", lambda: build_gateway(self.settings, self.registry))
+
+    @property
+    def cadence(self) -> Cadence:
+        """The numbers this deployment's reconciler runs with and each kind's contract: what
+        the answers (report, status API, console, MCP) say an uncertain verdict's time from
+        (``outbox.verdict_due``)."""
+        return self._once("cadence", lambda: cadence_of(self.settings, self.registry))
 
     @property
     def clock_watch(self) -> ClockWatch:
@@ -219,7 +227,7 @@ class Runtime:
 
     @property
     def finder(self) -> Finder:
-        return self._once("finder", lambda: Finder(self.sessions))
+        return self._once("finder", lambda: Finder(self.sessions, self.cadence))
 
     @property
     def overview(self) -> Overview:
@@ -236,6 +244,7 @@ class Runtime:
             self.proposals,
             dict(self.settings.agent_auto_approve_minor),
             tenant=tenant,
+            cadence=self.cadence,
         )
 
     def coalescer(self) -> Coalescer:
@@ -262,6 +271,16 @@ class Runtime:
             close()
         if self._owns_engine:
             self.engine.dispose()
+
+
+def cadence_of(settings: Settings, registry: KindRegistry) -> Cadence:
+    """The reconciler's numbers as ``Runtime.reconciler`` and beat use them."""
+    return Cadence(
+        review_after=timedelta(seconds=settings.review_after_seconds),
+        client_timeout=timedelta(seconds=settings.downstream_timeout),
+        reconcile_every=timedelta(seconds=settings.reconcile_seconds),
+        contracts={name: registry.get(name).contract for name in registry.names()},
+    )
 
 
 def worker_name() -> str:

@@ -37,6 +37,7 @@ from outbox.errors import InvalidInput, NotFound, SettledError
 from outbox.proposals import Proposals
 from outbox.settings import Settings
 from outbox.storage.connection import ping
+from outbox.verdict_due import Cadence
 from settled import metrics
 from settled.console import auth, pages
 from settled.runtime import Runtime, build_runtime
@@ -104,14 +105,29 @@ LangQuery = Annotated[
 status_api = APIRouter(responses=ERRORS)
 
 
+def _cadence(request: Request) -> Cadence:
+    """The reconciler's numbers (``Runtime.cadence``): an uncertain answer's time."""
+    cadence: Cadence = request.app.state.cadence
+    return cadence
+
+
+Timing = Annotated[Cadence, Depends(_cadence)]
+
+
 @status_api.get("/v1/runs/{handle}", summary="The report of a run")
-def get_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
-    """Done / not done / uncertain, from states and receipts; ``lang`` adds the text."""
-    return runs.run_report(s, who.tenant, handle).as_dict(lang)
+def get_run(
+    handle: str, who: Auth, s: DB, cadence: Timing, lang: LangQuery = None
+) -> dict[str, Any]:
+    """Done / not done / uncertain, from states and receipts; ``lang`` adds the text. An
+    uncertain line's evidence says what it waits for (``waits_for``) and the latest it is
+    decided by (``verdict_by``, ISO 8601; null while support staff decide)."""
+    return runs.run_report(s, who.tenant, handle, cadence=cadence).as_dict(lang)
 
 
 @status_api.post("/v1/runs/{handle}/cancel", summary="Stop a run")
-def cancel_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[str, Any]:
+def cancel_run(
+    handle: str, who: Auth, s: DB, cadence: Timing, lang: LangQuery = None
+) -> dict[str, Any]:
     """Cancel the run's unsent operations; already-sent ones stay pending confirmation."""
     # The key's check only read; the cancel is a transaction of its own, begun explicitly so
     # that on SQLite it takes the write lock first (``outbox.db.SQLITE_BEGIN``). On any error
@@ -120,7 +136,7 @@ def cancel_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[st
     with s.begin():
         done = runs.cancel_run(s, who.tenant, handle, actor=f"api_key:{who.key_id}")
     cancelled = len(done.cancelled_ids)
-    report = runs.run_report(s, who.tenant, handle)
+    report = runs.run_report(s, who.tenant, handle, cadence=cadence)
     return {
         "cancelled_now": cancelled,
         "already_requested": done.already_requested,
@@ -129,9 +145,13 @@ def cancel_run(handle: str, who: Auth, s: DB, lang: LangQuery = None) -> dict[st
 
 
 @status_api.get("/v1/operations/{op_id}", summary="One operation")
-def get_operation(op_id: str, who: Auth, s: DB) -> dict[str, Any]:
-    """One operation of the key's tenant: state, group, evidence, compensations."""
-    return runs.operation_status(s, who.tenant, op_id)
+def get_operation(
+    op_id: str, who: Auth, s: DB, cadence: Timing, lang: LangQuery = None
+) -> dict[str, Any]:
+    """One operation of the key's tenant: state, group, evidence, compensations; ``lang``
+    adds its sentence (``text``). An uncertain one's evidence says what it waits for
+    (``waits_for``) and the latest it is decided by (``verdict_by``)."""
+    return runs.operation_status(s, who.tenant, op_id, cadence=cadence, lang=lang)
 
 
 # -- for operators: health and metrics, no key, not in the API document ------------------------
@@ -311,6 +331,7 @@ def create_web_app(
         lifespan=lifespan,
     )
     app.state.sessions = runtime.sessions
+    app.state.cadence = runtime.cadence
     app.state.metrics_registry = metrics.registry(runtime.sessions)
     app.middleware("http")(console_headers)
     app.middleware("http")(log_access)

@@ -24,8 +24,10 @@ from outbox.currencies import format_amount
 from outbox.errors import InvalidInput, NotFound
 from outbox.models import Operation
 from outbox.report_lines import group_of
+from outbox.runs import verdicts_due
 from outbox.states import State
 from outbox.storage.search import MAX_FOUND, operations_by, operations_matching
+from outbox.verdict_due import Cadence, VerdictDue
 from support.operation_view import operation_page
 from support.staff import Staff
 
@@ -41,6 +43,8 @@ MIN_PREFIX = 3
 @dataclass
 class Finder:
     sessions: sessionmaker[Session]
+    #: the reconciler's numbers: an uncertain operation's page says when it is decided
+    cadence: Cadence | None = None
 
     def find(
         self, staff: Staff, key: str, value: str, *, tenant: str | None = None
@@ -52,11 +56,16 @@ class Finder:
         audit.info("console find", extra={"staff": staff.id, "key": key})
         with self.sessions() as session:
             found = operations_by(session, key, value, tenants=staff.tenants, tenant=tenant)
+            due = self._due(session, found)
             return [
                 {"tenant": op.tenant, "op_id": op.op_id, "kind": op.kind, "state": op.state,
-                 "created_at": op.created_at.isoformat()}
+                 "created_at": op.created_at.isoformat(), **_due_of(due.get(op.id))}
                 for op in found
             ]  # fmt: skip
+
+    def _due(self, session: Session, ops: list[Operation]) -> dict[int, VerdictDue]:
+        """What each uncertain one of ``ops`` waits for, and by when (``outbox.verdict_due``)."""
+        return verdicts_due(session, ops, self.cadence) if self.cadence is not None else {}
 
     def search(self, staff: Staff, q: str) -> dict[str, Any]:
         """The operations of the tenants ``staff`` may see that ``q`` names (``results``,
@@ -70,7 +79,9 @@ class Finder:
             found, more = operations_matching(
                 session, q, tenants=staff.tenants, prefix=len(q) >= MIN_PREFIX, limit=MAX_FOUND
             )
-            return {"q": q, "results": [_result(op, on) for op, on in found], "more": more}
+            due = self._due(session, [op for op, _ in found])
+            results = [{**_result(op, on), **_due_of(due.get(op.id))} for op, on in found]
+            return {"q": q, "results": results, "more": more}
 
     def operation(self, staff: Staff, tenant: str, op_id: str) -> dict[str, Any]:
         """One operation: its facts, timeline and run (``operation_view``), its open review
@@ -82,7 +93,7 @@ class Finder:
             found = operations_by(session, "op_id", op_id, tenants=staff.tenants, tenant=tenant)
             if not found:
                 raise NotFound("no such operation", code="operation_not_found")
-            return operation_page(session, found[0])
+            return operation_page(session, found[0], cadence=self.cadence)
 
 
 def _query(q: str) -> str:
@@ -96,6 +107,12 @@ def _query(q: str) -> str:
         raise InvalidInput("a search holds no NUL or control character", code="invalid_query",
                            field="q")  # fmt: skip
     return q
+
+
+def _due_of(due: VerdictDue | None) -> dict[str, Any]:
+    """An uncertain row's ``waits_for`` and ``verdict_by`` (ISO; None: staff decide, no time
+    promised); nothing where not said."""
+    return due.as_evidence() if due is not None else {}
 
 
 def _result(op: Operation, matched: list[str]) -> dict[str, Any]:

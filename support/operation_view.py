@@ -20,6 +20,7 @@ from outbox.storage.attempts import attempt_history
 from outbox.storage.events import events_of
 from outbox.storage.reviews import open_review_id
 from outbox.storage.runs import run
+from outbox.verdict_due import Cadence
 from support.timeline import timeline
 
 
@@ -51,23 +52,35 @@ def operation_view(session: Session, op: Operation) -> dict[str, Any]:
     }
 
 
-def operation_page(session: Session, op: Operation) -> dict[str, Any]:
+def operation_page(
+    session: Session, op: Operation, *, cadence: Cadence | None = None
+) -> dict[str, Any]:
     """Everything the console's operation page shows: ``operation_view``, the report's words
-    (``report``) and its open review item (``review_item``, None: none)."""
+    (``report``; with ``cadence``, an uncertain one's verdict's time) and its open review item
+    (``review_item``, None: none)."""
     return {
         **operation_view(session, op),
-        "report": report_words(session, op),
+        "report": report_words(session, op, cadence=cadence),
         "review_item": open_review_id(session, op.id),
     }
 
 
-def report_words(session: Session, op: Operation) -> dict[str, Any]:
-    """The operation's line of the run report: its group and its sentence in each language."""
-    status = runs.operation_status(session, op.tenant, op.op_id)
+def report_words(
+    session: Session, op: Operation, *, cadence: Cadence | None = None
+) -> dict[str, Any]:
+    """The operation's line of the run report: its group, its sentence in each language and,
+    for an uncertain one given the reconciler's numbers (``cadence``), what it waits for and
+    the latest it is decided by (``due``: ``waits_for``, ``verdict_by``; None: not said)."""
+    status = runs.operation_status(session, op.tenant, op.op_id, cadence=cadence)
     line = _line(status)  # its message key already says whether the run was stopped
+    evidence = status["evidence"]
+    due = None
+    if "waits_for" in evidence:
+        due = {"waits_for": evidence["waits_for"], "verdict_by": evidence["verdict_by"]}
     return {
         "group": line.group.value,
         "text": {lang: render_line(line, False, check_lang(lang)) for lang in LANGS},
+        "due": due,
     }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from outbox.currencies import format_amount
-from settled.console.formats import who
+from settled.console.formats import exact, who
 from settled.console.text import translate, word
 
 #: states after which nothing is left to do
@@ -26,7 +26,8 @@ def lead(lang: str, shown: dict[str, Any], *, acting: bool, page: str) -> str:
     if page == "item":
         can = _can_on_item(lang, shown, acting=acting, service=service)
     else:
-        can = _can_on_operation(lang, op, shown.get("review_item"))
+        due = (shown.get("report") or {}).get("due")
+        can = _can_on_operation(lang, op, shown.get("review_item"), due)
     return translate(lang, "lead.sentence", asked=asked, known=known, can=can)
 
 
@@ -95,11 +96,19 @@ def _can_on_item(lang: str, shown: dict[str, Any], *, acting: bool, service: str
     return translate(lang, "lead.can.check", service=service)
 
 
-def _can_on_operation(lang: str, op: dict[str, Any], review_item: int | None) -> str:
+def _can_on_operation(
+    lang: str, op: dict[str, Any], review_item: int | None, due: dict[str, Any] | None
+) -> str:
+    """What is left, and for an uncertain operation what it waits for and the latest it is
+    decided by (``due``, ``outbox.verdict_due``; None: not said)."""
     if op["state"] in _TERMINAL:
         return translate(lang, "lead.can.nothing")
     if review_item is not None:
-        return translate(lang, "lead.can.in_review", id=review_item)
+        key = "lead.can.in_review_staff" if due is not None else "lead.can.in_review"
+        return translate(lang, key, id=review_item)
+    if due is not None and due.get("verdict_by"):
+        waits = word(lang, "lead.waits", due["waits_for"])
+        return translate(lang, "lead.can.verdict_by", waits=waits, by=exact(due["verdict_by"]))
     if op["state"] == "unknown":
         return translate(lang, "lead.can.reconciling")
     return translate(lang, "lead.can.automatic")

@@ -223,6 +223,23 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "lead.can.nothing": "nothing is left to do",
         "lead.can.in_review": "support staff resolve it in review item #{id}",
         "lead.can.reconciling": "the reconciler keeps looking it up; nothing to do yet",
+        "lead.can.in_review_staff": (
+            "support staff resolve it in review item #{id}; no time is promised until they do"
+        ),
+        "lead.can.verdict_by": (
+            "{waits}: it is decided, or put in review, by {by} at the latest; nothing to do yet"
+        ),
+        "lead.waits.send": "Settled is waiting for the send's answer",
+        "lead.waits.lookup": "the reconciler asks the service again",
+        "lead.waits.quiescence": (
+            "the reconciler waits until no late request can still land before it trusts a "
+            '"not found"'
+        ),
+        "lead.waits.clock_step": "the reconciler waits out a step of the database's clock",
+        "lead.waits.review": "nothing automatic can settle it",
+        "row.due.before": "decided by",
+        "row.due.after": " at the latest",
+        "row.due.staff": "waits for staff, no time promised",
         "lead.can.automatic": "nothing to do: Settled sends it and records the answer",
         "tl.created": "Asked for by {actor}: planned",
         "tl.sent": "Attempt {n} sent by {actor}",
@@ -486,6 +503,16 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "lead.can.nothing": "无需再做什么",
         "lead.can.in_review": "由客服在待处理项 #{id} 中处理",
         "lead.can.reconciling": "对账进程仍在查询；暂时无需操作",
+        "lead.can.in_review_staff": "由客服在待处理项 #{id} 中处理；处理完成前无法承诺具体时间",
+        "lead.can.verdict_by": "{waits}：最迟于 {by} 得出结论或转入待处理；暂时无需操作",
+        "lead.waits.send": "Settled 正在等待本次发送的答复",
+        "lead.waits.lookup": "对账进程将再次向对方服务查询",
+        "lead.waits.quiescence": "对账进程正在等待，直到迟到的请求不再可能到达，才采信“未找到”",
+        "lead.waits.clock_step": "对账进程正在等待数据库时钟跳变的影响过去",
+        "lead.waits.review": "无法自动确认",
+        "row.due.before": "最迟于",
+        "row.due.after": " 得出结论",
+        "row.due.staff": "等待客服处理，无法承诺时间",
         "lead.can.automatic": "无需操作：Settled 会发送并记录回答",
         "tl.created": "{actor} 提出请求：待发送",
         "tl.sent": "{actor} 第 {n} 次发送",

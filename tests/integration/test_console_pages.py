@@ -234,7 +234,9 @@ def test_the_item_page_leads_with_the_sentence_naming_order_amount_and_payee(
         "您可以查看；由客服处理。"
     )
     operation = console.get("/console/operations/acme/op-1", lang="en").text
-    assert lead_of(operation).endswith(f"support staff resolve it in review item #{item}.")
+    assert lead_of(operation).endswith(
+        f"support staff resolve it in review item #{item}; no time is promised until they do."
+    )
 
 
 def test_five_reconcile_passes_are_one_folded_line_with_their_count(console: Console) -> None:
@@ -443,6 +445,54 @@ def test_an_uncertain_operation_is_reported_in_the_run_reports_words(console: Co
     assert "still pending confirmation; support staff are checking it." in r.text
     assert f'href="/console/review/{item}"' in r.text
     assert console.rig.op(op).state == "unknown"
+
+
+#: far enough ahead that the reconciler's next look is past quiescence and review threshold
+NEXT_LOOK = datetime(2099, 1, 1, 12, 0, tzinfo=UTC)
+DECIDED_BY = "2099-01-01 12:00:20 UTC"  # that look, a beat period and a lookup later
+
+
+def unknown_op(rig: Rig, op_id: str) -> None:
+    """An operation whose answer was lost (nothing sent, for speed), looked at again at
+    ``NEXT_LOOK``."""
+    rig.judged_by_ledger = False
+    with rig.sessions.begin() as s:
+        op = rig.outbox.enqueue(
+            s, tenant="acme", op_id=op_id, kind="refund", params={**GOOD, "order_id": "A88"}
+        ).operation
+        op.state = "unknown"
+        op.unknown_since = datetime.now(UTC)
+        op.next_attempt_at = NEXT_LOOK
+
+
+def test_an_uncertain_operation_says_what_it_waits_for_and_by_when(console: Console) -> None:
+    unknown_op(console.rig, "op-88")
+    c = console.as_(VERA)
+    page = c.get("/console/operations/acme/op-88", lang="en").text
+    assert lead_of(page).endswith(
+        'the reconciler waits until no late request can still land before it trusts a "not '
+        f'found": it is decided, or put in review, by {DECIDED_BY} at the latest; nothing to '
+        "do yet."
+    )
+    assert f"decided by {DECIDED_BY} at the latest, or handed to support staff." in page
+    zh = c.get("/console/operations/acme/op-88", lang="zh").text
+    assert lead_of(zh).endswith(f"最迟于 {DECIDED_BY} 得出结论或转入待处理；暂时无需操作。")
+    assert f"最迟于 {DECIDED_BY} 得出结论，或转交客服人员处理。" in zh
+    for params in ({"key": "op_id", "tenant": "acme", "value": "op-88"}, {"q": "A88"}):
+        row = c.get("/console/find", lang="en", **params).text
+        assert "decided by" in row and 'datetime="2099-01-01T12:00:20Z"' in row, params
+        assert f">{DECIDED_BY}</time> at the latest" in row, params
+        row_zh = c.get("/console/find", lang="zh", **params).text
+        assert "最迟于 <time" in row_zh and f">{DECIDED_BY}</time> 得出结论" in row_zh, params
+
+
+def test_an_operation_in_review_waits_for_staff_with_no_time_promised(console: Console) -> None:
+    parked(console.rig, "op-r1", params={**GOOD, "order_id": "A99"})
+    c = console.as_(VERA)
+    assert "waits for staff, no time promised" in c.get("/console/find", q="A99").text
+    assert "等待客服处理，无法承诺时间" in c.get("/console/find", q="A99", lang="zh").text
+    zh = lead_of(c.get("/console/operations/acme/op-r1", lang="zh").text)
+    assert zh.endswith("处理完成前无法承诺具体时间。")
 
 
 def test_overview_counts_what_was_created(console: Console) -> None:

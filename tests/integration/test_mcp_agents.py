@@ -11,12 +11,15 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from outbox.proposals import Proposals
+from outbox.storage.operations import db_time
+from outbox.verdict_due import Cadence
 from tests.support.agents import (
     REFUND,
     Human,
@@ -209,14 +212,14 @@ def test_staff_approval_of_a_waiting_proposal_then_status_says_done(rig: Rig) ->
     assert rig.control.refunded("acme", "A1042") == 10000
 
 
-def uncertain_refund(rig: Rig) -> tuple[MCPServer, list[str]]:
+def uncertain_refund(rig: Rig, cadence: Cadence | None = None) -> tuple[MCPServer, list[str]]:
     """A refund the policy approved whose send committed and then timed out: uncertain."""
     handle: list[str] = []
 
     async def ask(client: Client) -> None:
         handle.append((await call(client, "request_refund", **REFUND))["handle"])
 
-    srv = server(rig, limits={"acme": 50000})
+    srv = server(rig, limits={"acme": 50000}, cadence=cadence)
     converse(srv, ask)
     rig.control.add_rule("commit_then_timeout", hold_seconds=HOLD)
     execute_all(rig)
@@ -238,6 +241,46 @@ def test_status_spam_during_commit_then_timeout_says_pending_confirmation(rig: R
     converse(srv, spam)
     assert len(operations(rig)) == 1
     assert rig.control.refunded("acme", "A1042") == 10000  # the one effect, not yet confirmed
+
+
+def test_an_uncertain_status_says_what_it_waits_for_and_by_when(rig: Rig) -> None:
+    """The reconciler's numbers (the defaults: review after 10 min, 10 s timeout and beat):
+    the answer names the latest it is decided by, as ISO and in the text, en and zh."""
+    cadence = Cadence(
+        review_after=timedelta(seconds=600),
+        client_timeout=timedelta(seconds=10),
+        reconcile_every=timedelta(seconds=10),
+        contracts={"refund": rig.outbox.registry.get("refund").contract},
+    )
+    srv, handle = uncertain_refund(rig, cadence)
+    with rig.sessions() as s:
+        now = db_time(s)
+
+    async def status(client: Client) -> None:
+        en = await call(client, "refund_status", handle=handle[0])
+        zh = await call(client, "refund_status", handle=handle[0], lang="zh")
+        assert en["outcome"] == "uncertain" and en["waits_for"] in ("lookup", "quiescence")
+        by = datetime.fromisoformat(en["verdict_by"])
+        # at most the review threshold, a 5 min gap and a beat and a lookup from now
+        assert now < by <= now + timedelta(seconds=600 + 300 + 20 + 1)
+        said = by.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        assert f"decided by {said} at the latest, or handed to support staff." in en["text"]
+        assert f"最迟于 {said} 得出结论，或转交客服人员处理。" in zh["text"]
+        assert (zh["waits_for"], zh["verdict_by"]) == (en["waits_for"], en["verdict_by"])
+        assert en["evidence"]["verdict_by"] == en["verdict_by"]
+
+    converse(srv, status)
+
+
+def test_without_the_reconcilers_numbers_no_time_is_promised(rig: Rig) -> None:
+    srv, handle = uncertain_refund(rig)
+
+    async def status(client: Client) -> None:
+        got = await call(client, "refund_status", handle=handle[0])
+        assert got["outcome"] == "uncertain" and got.get("verdict_by") is None
+        assert "at the latest" not in got["text"]
+
+    converse(srv, status)
 
 
 def test_cancel_mid_run_stops_what_was_not_sent_and_never_claims_a_reversal(rig: Rig) -> None:

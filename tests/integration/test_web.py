@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 import httpx
@@ -24,7 +25,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 from outbox import runs
 from outbox.apikeys import create_api_key, revoke_api_key
 from outbox.intake import Outbox
-from outbox.models import ApiKey, Operation, Run
+from outbox.models import ApiKey, Operation, ReviewItem, Run
 from settled.web import NOT_FOUND, UNAUTHORIZED, create_web_app
 from tests.support.contend import contender, pausing
 from tests.support.rig import GOOD
@@ -228,8 +229,8 @@ def test_report_in_english_and_chinese_through_http(api: Api) -> None:
     assert "操作 op-acme-1（refund，100.00 CNY）在发送前已取消。" in str(zh["text"])
     (uncertain,) = zh["uncertain"]  # type: ignore[misc]
     assert uncertain["op_id"] == "op-acme-2"
-    assert (
-        uncertain["text"] == "已停止继续处理，但操作 op-acme-2（refund，0.05 CNY）的结果仍待确认。"
+    assert uncertain["text"].startswith(
+        "已停止继续处理，但操作 op-acme-2（refund，0.05 CNY）的结果仍待确认。"
     )
 
     status, plain = api.get(f"/v1/runs/{t.handle}", t.key)
@@ -270,6 +271,46 @@ def test_one_operation_by_op_id(api: Api) -> None:
         "op-acme-2", "unknown", "uncertain", api.acme.handle,
     )  # fmt: skip
     assert "params" not in body and "P-7" not in str(body)  # no payee
+
+
+#: far enough ahead that the reconciler's next look is past quiescence and review threshold
+NEXT_LOOK = datetime(2099, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def test_an_uncertain_answer_says_what_it_waits_for_and_by_when(api: Api) -> None:
+    """The next look is past quiescence and the review threshold, so it decides: the latest
+    is that look, a beat period (10 s) and a lookup (10 s) later (the defaults)."""
+    with api.sessions.begin() as s:
+        s.execute(
+            update(Operation)
+            .where(Operation.op_id == "op-acme-2")
+            .values(next_attempt_at=NEXT_LOOK)
+        )
+    status, op = api.get("/v1/operations/op-acme-2?lang=en", api.acme.key)
+    assert status == 200
+    assert op["evidence"]["waits_for"] == "quiescence"  # type: ignore[index]
+    verdict_by = datetime.fromisoformat(op["evidence"]["verdict_by"])  # type: ignore[index]
+    assert verdict_by == NEXT_LOOK + timedelta(seconds=20)
+    assert "decided by 2099-01-01 12:00:20 UTC at the latest" in str(op["text"])
+    status, zh = api.get(f"/v1/runs/{api.acme.handle}?lang=zh", api.acme.key)
+    assert status == 200
+    (line,) = zh["uncertain"]  # type: ignore[misc]
+    assert line["evidence"]["verdict_by"] == op["evidence"]["verdict_by"]  # type: ignore[index]
+    assert "最迟于 2099-01-01 12:00:20 UTC 得出结论" in line["text"]
+    assert "最迟于 2099-01-01 12:00:20 UTC 得出结论" in str(zh["text"])
+    status, plain = api.get("/v1/operations/op-acme-2", api.acme.key)
+    assert "text" not in plain and plain["evidence"]["waits_for"] == "quiescence"  # type: ignore[index]
+
+
+def test_an_operation_in_review_waits_for_staff_with_no_time(api: Api) -> None:
+    with api.sessions.begin() as s:
+        op = s.scalars(select(Operation).where(Operation.op_id == "op-acme-2")).one()
+        s.add(ReviewItem(operation_id=op.id, tenant="acme", reason="x", evidence={}))
+    status, body = api.get("/v1/operations/op-acme-2?lang=zh", api.acme.key)
+    assert status == 200
+    assert body["evidence"]["waits_for"] == "staff"  # type: ignore[index]
+    assert body["evidence"]["verdict_by"] is None  # type: ignore[index]
+    assert str(body["text"]).endswith("客服人员正在核查。客服人员核查完成前，无法承诺具体时间。")
 
 
 def test_bad_language_is_a_typed_422(api: Api) -> None:

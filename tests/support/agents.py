@@ -15,6 +15,7 @@ from sqlalchemy import select, update
 
 from outbox.models import Operation, Proposal
 from outbox.proposals import Proposals
+from outbox.verdict_due import Cadence
 from settled.mcp_server import AgentDesk, build_server
 from tests.support.rig import Rig
 
@@ -41,9 +42,15 @@ class Human:
         return ElicitResult(action=action, content=content)
 
 
-def server(rig: Rig, limits: dict[str, int] | None = None, tenant: str = "acme") -> MCPServer:
+def server(
+    rig: Rig,
+    limits: dict[str, int] | None = None,
+    tenant: str = "acme",
+    cadence: Cadence | None = None,
+) -> MCPServer:
     proposals = Proposals(rig.outbox, timedelta(hours=1))
-    return build_server(AgentDesk(rig.sessions, proposals, limits or {}, tenant=tenant))
+    desk = AgentDesk(rig.sessions, proposals, limits or {}, tenant=tenant, cadence=cadence)
+    return build_server(desk)
 
 
 Model = Callable[[Client], Awaitable[None]]

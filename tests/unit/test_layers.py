@@ -59,6 +59,8 @@ PURE = (
     "outbox.report",
     "outbox.report_lines",
     "outbox.report_text",
+    "outbox.quiescence",
+    "outbox.verdict_due",
     "workers.verdicts",
     "workers.http_classify",
     "workers.downstreams",
