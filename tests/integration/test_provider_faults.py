@@ -17,7 +17,6 @@ The fault tests left to the wire protocol are named, with why, at the end of the
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -239,18 +238,13 @@ def test_a_payment_intent_read_delayed_or_cut_sends_nothing_and_the_retry_refund
 
 #: Where a real worker is SIGKILLed, and the path its operation then takes to ``succeeded``.
 REAL_WORKER_KILLS = {
-    # never sent: the lookups find nothing, so unknown; once quiet the reconciler requeues it
-    # with the same key and it is sent once
-    "after_claim": ["planned", "submitted", "unknown", "planned", "submitted", "succeeded"],
+    # never sent: the lookups find nothing, so unknown; long before that proves anything (the
+    # provider's default delay bound is 5 minutes) the reconciler has it sent again with the
+    # same key, and it is sent once
+    "after_claim": ["planned", "submitted", "unknown", "submitted", "succeeded"],
     # sent, not recorded: the next worker's recovery lookup finds the refund
     "after_send": ["planned", "submitted", "succeeded"],
 }
-
-#: The refund's contract in these workers' settings: the delay bound (5 minutes for WeChat Pay
-#: and Alipay) and the processing time (Alipay's 30 s) declared short, so that the "not found"
-#: of a send that never left is trusted within the test; it rests on the bound, as the
-#: providers' own contracts do (a lookup that finds the refund needs neither).
-SHORT_DELAY_BOUND = {"refund": {"max_request_delay_seconds": 0.5, "processing_seconds": 0.5}}
 
 
 @pytest.mark.slow
@@ -274,8 +268,7 @@ def test_real_workers_killed_after_the_claim_and_after_the_send_are_recovered_wi
     once. The two kills share one stack, to start the workers once: both victims start together,
     and each takes one operation (the first to take one dies before the second is enqueued; they
     claim only the operations they are hinted)."""
-    env = provider_env(mode, simulator.url, sim_control, sim_tenant)
-    env["SETTLED_DOWNSTREAM_CONTRACTS"] = json.dumps(SHORT_DELAY_BOUND)
+    env = provider_env(mode, simulator.url, sim_control, sim_tenant)  # the default contract
     stack = Stack(
         database_url=pg_url,
         broker_url=redis_url,
@@ -348,3 +341,21 @@ def test_real_workers_killed_after_the_claim_and_after_the_send_are_recovered_wi
     finally:
         stack.stop_all()
         app.close()
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("provider_rig", PROVIDERS, indirect=True)
+def test_an_unknown_send_is_settled_by_a_same_key_resend_in_provider_mode(
+    provider_rig: Rig,
+) -> None:
+    """The provider's default contract has no fence and a 5-minute delay bound: a "not found"
+    proves nothing for minutes. Sent again with the same key through the provider's own
+    gateway, the refund is made once and settles at the first pass."""
+    rig = provider_rig
+    rig.control.add_rule("reset_before", times=1)
+    op = rig.enqueue_on_its_own_order("op-resend")
+    assert rig.executor().execute([op]) == {op: State.UNKNOWN}
+    report = rig.reconciler(resender=rig.executor(worker="w2")).run_once()
+    assert report.outcomes == {"resent": 1}
+    assert rig.op(op).state == "succeeded"
+    assert rig.effects(op) == 1 and rig.sends(op) == 2
