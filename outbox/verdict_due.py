@@ -18,9 +18,10 @@ clock's trust, both at most ``X``; so the first look due at or after ``X`` is du
 lookup's time. A same-key resend settles it sooner when it is answered; one that itself goes
 unanswered is a new attempt, which moves quiescence on, and the next answer gives the new bound
 (a promise made before it is not kept then: at most ``max_attempts`` sends in all, each moving
-it by at most its lease and the landing slack). It assumes the reconciler keeps up: a pass takes every due operation (``SETTLED_RECONCILE_SECONDS``
-periods with a backlog larger than a pass's batch come on top), and no new step of the
-database's clock. An operation in review waits for staff: no time is promised.
+it by at most its lease and the landing slack). It assumes the reconciler keeps up: a pass
+takes every due operation (``SETTLED_RECONCILE_SECONDS`` periods with a backlog larger than a
+pass's batch come on top), and no new step of the database's clock. An operation in review
+waits for staff: no time is promised.
 """
 
 from __future__ import annotations
