@@ -58,7 +58,12 @@ class Started:
 
     def line(self, command: str) -> str:
         broker = f", broker {self.broker}" if self.broker else ""
-        return f"settled {command}: database {self.database} at schema {self.schema}{broker}"
+        fences = ""
+        if self.fences:
+            fences = f", deadline fence verified for {', '.join(c.kind for c in self.fences)}"
+        return (
+            f"settled {command}: database {self.database} at schema {self.schema}{broker}{fences}"
+        )
 
     def fence_lines(self, command: str) -> list[str]:
         """One line per probed fence, what ``settled check`` prints after its line."""
@@ -79,6 +84,8 @@ def announce(started: Started, command: str) -> None:
     fields = {"command": command, "database": started.database, "schema": started.schema}
     if started.broker is not None:
         fields["broker"] = started.broker
+    if started.fences:
+        fields["fences_verified"] = ",".join(check.kind for check in started.fences)
     log.info(started.line(command), extra=fields)
 
 
