@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from outbox.aio import AsyncOutbox
     from outbox.db import make_engine, upgrade
     from outbox.errors import (
+        FenceNotVerified,
         Forbidden,
         IdempotencyConflict,
         IllegalTransition,
@@ -83,6 +84,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
             "UnknownKind",
             "InvalidParams",
             "InvalidSetting",
+            "FenceNotVerified",
             "IdempotencyConflict",
             "IllegalTransition",
             "StaleLease",
@@ -98,6 +100,7 @@ __all__ = [
     "AsyncOutbox",
     "Enqueued",
     "FakeGateway",
+    "FenceNotVerified",
     "Forbidden",
     "IdempotencyConflict",
     "IllegalTransition",

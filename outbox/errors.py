@@ -9,7 +9,9 @@ misuse, bad input and broken invariants::
     │   ├── UnknownKind         no operation kind of that name is registered
     │   ├── InvalidParams       params fail the kind's intent model
     │   └── InvalidSetting      the configuration is refused: nothing was started, written
-    │                           or sent (``setting`` names the variable)
+    │       │                   or sent (``setting`` names the variable)
+    │       └── FenceNotVerified  a kind's contract declares a deadline fence its downstream
+    │                           did not show when probed (``kinds``, ``urls``)
     ├── IdempotencyConflict     same (tenant, op_id) already holds another intent
     ├── IllegalTransition       the state machine forbids this event in this state
     ├── StaleLease              a write whose fencing version is no longer current
@@ -73,6 +75,13 @@ class InvalidSetting(InvalidInput):
     """The configuration is refused; nothing was started, written or sent."""
 
     code = "invalid_setting"
+
+
+class FenceNotVerified(InvalidSetting):
+    """A declared deadline fence was not verified: the downstream did not refuse the probe
+    with 408 deadline_exceeded; nothing was started, written or sent."""
+
+    code = "fence_not_verified"
 
 
 class IdempotencyConflict(SettledError):

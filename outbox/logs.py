@@ -73,6 +73,7 @@ ALLOWED = frozenset(
         "database",
         "schema",
         "broker",
+        "fences_verified",
         # a step of the database's clock (outbox.clock_steps)
         "step_seconds",
         "direction",

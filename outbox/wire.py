@@ -8,6 +8,21 @@ from datetime import UTC, datetime
 AUTHORIZATION = "Authorization"
 IDEMPOTENCY_KEY = "Idempotency-Key"
 DEADLINE = "Settled-Deadline"
+#: Marks a request as the deadline fence's probe (docs/wire-protocol.md, "The fence's probe"):
+#: a submit no server may execute, sent to check that a downstream declared to enforce the
+#: deadline refuses a late request.
+PROBE = "Settled-Probe"
+#: The value of ``PROBE`` on the fence's probe.
+PROBE_DEADLINE_FENCE = "deadline-fence"
+#: How an idempotency key of a probe starts: an operation's key starts with ``stl_``
+#: (``outbox.ids``), so a probe's key is never one an operation has or will have.
+PROBE_KEY_PREFIX = "settled-probe-"
+#: The probe's body: none of the fields of any kind's intent, so a server that executes what
+#: it validates refuses it (400 / 422) and never runs it.
+PROBE_BODY = {"settled_probe": PROBE_DEADLINE_FENCE}
+#: How far in the past the probe's ``Settled-Deadline`` lies: far beyond any clock offset
+#: between Settled and a downstream that still works, so a fence refuses it whatever its clock.
+PROBE_DEADLINE_AGO_SECONDS = 3600
 #: Response headers.
 REPLAYED = "Idempotent-Replayed"
 RETRY_AFTER = "Retry-After"

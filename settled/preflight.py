@@ -21,9 +21,18 @@ against PostgreSQL itself. In order:
     a broker URL of no known transport       SETTLED_BROKER_URL
     the database: answers, at the newest migration
     the broker answers (processes that publish or consume hints)
+    each declared deadline fence is kept:    SETTLED_DOWNSTREAM_CONTRACTS (enforces_deadline)
+      the kind's downstream refuses the      (``probe``: the processes that send or settle by
+      fence's probe with 408                 themselves, and ``check``)
 
 ``Started.line`` is the one line a start says: the database and the broker (passwords
-masked) and the schema version.
+masked) and the schema version; ``Started.fences`` what each fence's probe found.
+
+A fence is probed rather than believed because believing it is what makes a "not found"
+proof at the lease end: a downstream that does not refuse a late request could still execute
+one after the operation was called not done. A downstream that cannot be reached at start
+cannot show its fence either, and the start stops too (docs/configuration.md, "Checks at
+start", says why).
 """
 
 from __future__ import annotations
@@ -31,10 +40,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from outbox.errors import InvalidSetting
+from outbox.errors import FenceNotVerified, InvalidSetting
 from outbox.kinds import KindRegistry, default_registry
 from outbox.settings import Settings, masked
-from settled.runtime import check_providers, wechatpay_parts
+from settled.runtime import FenceCheck, check_providers, probe_fences, wechatpay_parts
 
 
 @dataclass(frozen=True)
@@ -44,10 +53,25 @@ class Started:
     database: str
     schema: str
     broker: str | None
+    #: each declared deadline fence, probed and verified (none when not probed)
+    fences: tuple[FenceCheck, ...] = ()
 
     def line(self, command: str) -> str:
         broker = f", broker {self.broker}" if self.broker else ""
-        return f"settled {command}: database {self.database} at schema {self.schema}{broker}"
+        fences = ""
+        if self.fences:
+            fences = f", deadline fence verified for {', '.join(c.kind for c in self.fences)}"
+        return (
+            f"settled {command}: database {self.database} at schema {self.schema}{broker}{fences}"
+        )
+
+    def fence_lines(self, command: str) -> list[str]:
+        """One line per probed fence, what ``settled check`` prints after its line."""
+        return [
+            f"settled {command}: kind {check.kind}: deadline fence verified at {check.url} "
+            f"({check.probe.detail})"
+            for check in self.fences
+        ]
 
 
 def announce(started: Started, command: str) -> None:
@@ -60,23 +84,59 @@ def announce(started: Started, command: str) -> None:
     fields = {"command": command, "database": started.database, "schema": started.schema}
     if started.broker is not None:
         fields["broker"] = started.broker
+    if started.fences:
+        fields["fences_verified"] = ",".join(check.kind for check in started.fences)
     log.info(started.line(command), extra=fields)
 
 
-def preflight(settings: Settings, *, broker: bool, registry: KindRegistry | None = None) -> Started:
+def preflight(
+    settings: Settings,
+    *,
+    broker: bool,
+    registry: KindRegistry | None = None,
+    probe: bool = False,
+) -> Started:
     """Refuse a misconfiguration before anything runs (module docstring), then check that the
-    database answers and is migrated, and (``broker``: a process that publishes or consumes
-    hints) that the broker answers. Returns what the start line says."""
+    database answers and is migrated, (``broker``: a process that publishes or consumes
+    hints) that the broker answers, and (``probe``: a process that sends or settles by itself)
+    that each declared deadline fence is kept (``check_fences``). Returns what the start line
+    says."""
     from outbox.db import check_schema
 
     registry = check_configuration(settings, registry)
     schema = check_schema(settings.database_url)
-    if not broker:
-        return Started(masked(settings.database_url), schema, None)
-    from settled.celery_app import check_broker
+    shown_broker = None
+    if broker:
+        from settled.celery_app import check_broker
 
-    check_broker(settings)
-    return Started(masked(settings.database_url), schema, masked(settings.broker_url))
+        check_broker(settings)
+        shown_broker = masked(settings.broker_url)
+    fences = check_fences(settings, registry) if probe else ()
+    return Started(masked(settings.database_url), schema, shown_broker, fences)
+
+
+def check_fences(settings: Settings, registry: KindRegistry) -> tuple[FenceCheck, ...]:
+    """Probe each kind whose contract declares ``enforces_deadline`` on the wire protocol
+    (``settled.runtime.probe_fences``); raise FenceNotVerified naming every kind whose
+    downstream did not refuse the probe with ``408 deadline_exceeded``, with its URL (never a
+    key) and what came back. Returns the verified checks."""
+    checks = probe_fences(settings, registry)
+    failed = [check for check in checks if not check.probe.verified]
+    if failed:
+        told = "; ".join(
+            f"kind {check.kind!r} at {check.url}: {check.probe.detail}" for check in failed
+        )
+        raise FenceNotVerified(
+            "SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline, but the downstream did "
+            f"not refuse the deadline fence's probe with 408 deadline_exceeded ({told}); "
+            'a "not found" would be trusted before a late request could no longer land: '
+            "make the downstream enforce the deadline (and reachable), or remove the declaration "
+            'for the kind (its "not found" then waits out max_request_delay_seconds)',
+            setting="SETTLED_DOWNSTREAM_CONTRACTS",
+            kinds=[check.kind for check in failed],
+            urls=[check.url for check in failed],
+        )
+    return tuple(checks)
 
 
 def check_configuration(settings: Settings, registry: KindRegistry | None = None) -> KindRegistry:

@@ -13,7 +13,7 @@ import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -38,6 +38,7 @@ from workers.alipay_gateway import AlipayApp, AlipayGateway, load_private_key, l
 from workers.coalesce import Coalescer
 from workers.downstreams import Downstreams
 from workers.executor import Executor
+from workers.http_classify import FenceProbe
 from workers.http_client import HttpGateway
 from workers.recovery_probe import RecoveryProbe
 from workers.routing import GatewayByKind
@@ -445,6 +446,37 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
         )
         by_kind.update(dict.fromkeys(alipay_kinds, alipay))
     return GatewayByKind(http, by_kind)
+
+
+class FenceCheck(NamedTuple):
+    """One kind's declared deadline fence, probed: where, and what the probe found."""
+
+    kind: str
+    url: str
+    probe: FenceProbe
+
+
+def probe_fences(settings: Settings, registry: KindRegistry) -> list[FenceCheck]:
+    """Probe the deadline fence of each kind whose contract declares ``enforces_deadline`` and
+    which the wire protocol serves (the other providers refuse the declaration:
+    ``outbox.settings_contracts``), one kind after the other, through the gateway the kind's
+    sends take; the kinds by name."""
+    fenced = [
+        name
+        for name in registry.names()
+        if registry.get(name).contract.enforces_deadline
+        and settings.downstream_providers.get(name, "http") == "http"
+    ]
+    if not fenced:
+        return []
+    with HttpGateway(
+        settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
+    ) as http:
+        return [
+            FenceCheck(name, http.endpoint_shown(kind), http.probe_fence(kind))
+            for name in sorted(fenced)
+            for kind in (registry.get(name),)
+        ]
 
 
 def build_runtime(

@@ -3,13 +3,16 @@ the client classifies responses", as pure functions (DESIGN.md, "What an outcome
 
 ``classify_submit`` and ``classify_lookup`` read a response that came back (its status, its
 headers, its JSON body) and return the gateway's outcome value; a response that never came back
-is the adapter's to classify by phase (``workers.http_client``). Pure: no I/O, no clock (``now``
-is passed in); httpx is named for its types only and never loaded by importing this module.
+is the adapter's to classify by phase (``workers.http_client``). ``classify_probe`` reads the
+answer to the deadline fence's probe (docs/wire-protocol.md, "The fence's probe"). Pure: no
+I/O, no clock (``now`` is passed in); httpx is named for its types only and never loaded by
+importing this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +115,45 @@ def classify_lookup(
         return Found(receipt)
     _, code = _error(body)
     return Found(receipt, RejectReason.BUSINESS_REJECTED, code or "business_error")
+
+
+@dataclass(frozen=True)
+class FenceProbe:
+    """What the deadline fence's probe found. ``verified`` only for the fence's own answer;
+    ``detail`` says what came back, in words for the operator (never a secret)."""
+
+    verified: bool
+    detail: str
+
+
+def classify_probe(response: httpx.Response) -> FenceProbe:
+    """What the answer to the fence's probe proves: only ``408 deadline_error /
+    deadline_exceeded`` shows a fence; anything else, a success above all, shows none."""
+    status = response.status_code
+    body = _json_object(response)
+    if _deadline_exceeded(status, body):
+        return FenceProbe(True, "refused a request past its deadline: 408 deadline_exceeded")
+    error_type, code = _error(body)
+    named = " ".join(part for part in (error_type, code) if part)
+    answered = f"answered HTTP {status}" + (f" {named}" if named else "")
+    if 200 <= status < 300:
+        why = "it accepted a request past its deadline: it does not enforce the deadline"
+    elif status in (401, 403):
+        why = "the probe's API key was refused, so the fence could not be checked"
+    elif status in (404, 405):
+        why = "no submit endpoint of the kind at this URL"
+    elif status in (400, 422):
+        why = "it read a request past its deadline instead of refusing it: no fence"
+    elif status == wire.DEADLINE_EXCEEDED_STATUS:
+        why = "a 408 without deadline_error / deadline_exceeded is not the fence's answer"
+    else:
+        why = "not the fence's answer (408 deadline_exceeded)"
+    return FenceProbe(False, f"{answered}: {why}")
+
+
+def probe_unanswered(error: str) -> FenceProbe:
+    """The probe got no answer (``error``: the transport error's name): nothing shows a fence."""
+    return FenceProbe(False, f"no answer ({error}): the fence could not be checked")
 
 
 #: Why a readable receipt is still not this operation's proof; each goes to review at once.

@@ -5,7 +5,8 @@ splits transport errors by phase: nothing sent (pool, resolve, connect, TLS, the
 refused once the bound passed: ``workers.transport``) vs maybe sent (read, write, protocol).
 No byte of a request leaves after its attempt's bound (``workers.transport``). The protocol
 is documented in docs/wire-protocol.md; what a response that came back proves is
-``workers.http_classify``.
+``workers.http_classify``. ``probe_fence`` sends the deadline fence's probe, which the start's
+checks ask for (``settled.preflight``).
 
 Connections are kept alive in a pool shared by the threads that send a batch, and what does not
 change between calls (endpoint URLs, the tenants' Authorization values) is built once. An
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -39,9 +41,16 @@ from outbox.downstream import (
     Unavailable,
     Unknown,
 )
+from outbox.kinds import Kind
 from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
-from workers.http_classify import classify_lookup, classify_submit
+from workers.http_classify import (
+    FenceProbe,
+    classify_lookup,
+    classify_probe,
+    classify_submit,
+    probe_unanswered,
+)
 from workers.transport import (
     NOT_SENT_ERRORS,
     BoundedTransport,
@@ -67,6 +76,10 @@ KEEPALIVE_EXPIRY_SECONDS = 5.0
 #: At most this many connections at once (more callers than this wait for one, within their
 #: timeout, and end as PoolTimeout: not sent).
 MAX_CONNECTIONS = 64
+
+#: The longest the fence's probe waits for its answer (never more than the gateway's timeout):
+#: a start waits for it, once per fenced kind.
+PROBE_TIMEOUT_SECONDS = 5.0
 
 #: The request may have reached the downstream: its outcome is unknown.
 _MAYBE_SENT_ERRORS = (
@@ -249,6 +262,51 @@ class HttpGateway:
             },
         )
         return outcome
+
+    def probe_fence(self, kind: Kind, *, timeout: float = PROBE_TIMEOUT_SECONDS) -> FenceProbe:
+        """Send the deadline fence's probe to ``kind``'s endpoint and say what its answer proves
+        (docs/wire-protocol.md, "The fence's probe"): one request past its ``Settled-Deadline``,
+        under a key of its own and with a body no intent has, so no server executes it; bounded
+        by ``timeout`` (and the gateway's own), never retried."""
+        tenants = sorted(self._authorization)
+        if not tenants:
+            return FenceProbe(
+                False, "no API key configured (SETTLED_DOWNSTREAM_API_KEYS) to send the probe with"
+            )
+        seconds = min(timeout, self._timeout)
+        now = self._clock()
+        until = Deadline(now + timedelta(seconds=seconds), time.monotonic() + seconds)
+        headers = {
+            wire.AUTHORIZATION: self._authorization[tenants[0]].get_secret_value(),
+            # Past on any clock within an hour of ours: a fence refuses it before anything else.
+            wire.DEADLINE: wire.format_deadline(
+                now - timedelta(seconds=wire.PROBE_DEADLINE_AGO_SECONDS)
+            ),
+            wire.PROBE: wire.PROBE_DEADLINE_FENCE,
+            wire.IDEMPOTENCY_KEY: wire.PROBE_KEY_PREFIX + secrets.token_hex(16),
+            "Content-Type": "application/json",
+        }
+        body = json.dumps(wire.PROBE_BODY, separators=(",", ":")).encode()
+        url = httpx.URL(self._base_url + kind.endpoint)
+        started = time.monotonic()
+        try:
+            response = self._send("POST", url, headers, body, until)
+        except httpx.TransportError as exc:
+            found = probe_unanswered(error_name(exc))
+        else:
+            found = classify_probe(response)
+        # Debug: the start line says which fences were verified, and a failure stops the start.
+        log.debug(
+            "deadline fence probed: " + ("verified" if found.verified else "not verified"),
+            extra={"kind": kind.name, "duration_ms": _ms_since(started)},
+        )
+        return found
+
+    def endpoint_shown(self, kind: Kind) -> str:
+        """``kind``'s endpoint URL as a message may show it: no user, password or query."""
+        url = httpx.URL(self._base_url + kind.endpoint)
+        port = f":{url.port}" if url.port is not None else ""
+        return f"{url.scheme}://{url.host}{port}{url.path}"
 
     def _deadline(self, deadline: Deadline | datetime) -> Deadline:
         """The attempt's deadline: the caller's, and never more than the configured timeout."""

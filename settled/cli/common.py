@@ -141,15 +141,16 @@ CONCURRENCY = click.IntRange(1, 256)
 LOGLEVEL = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False)
 
 
-def runtime() -> Any:
+def runtime(*, probe: bool = False) -> Any:
     """The runtime (engine, reconciler, review queue, ...) built from the settings, once they
-    passed the preflight (``settled.preflight``); the caller closes it."""
+    passed the preflight (``settled.preflight``; ``probe``: with the declared deadline fences
+    probed, for a command that settles by itself); the caller closes it."""
     from outbox.settings import Settings
     from settled.preflight import preflight
     from settled.runtime import build_runtime
 
     settings = Settings()
-    preflight(settings, broker=False)
+    preflight(settings, broker=False, probe=probe)
     return build_runtime(settings)
 
 

@@ -11,12 +11,14 @@ import click
 from settled.cli.common import CONCURRENCY, LOGLEVEL, PORT, TEXT
 
 
-def _preflight(settings: Any, command: str, *, broker: bool) -> None:
+def _preflight(settings: Any, command: str, *, broker: bool, probe: bool = False) -> None:
     """Refuse to start on a misconfiguration, before anything runs (``settled.preflight``:
-    one line naming what to fix); then say, in one line, what this start runs against."""
+    one line naming what to fix; ``probe``: a process that sends or settles by itself, whose
+    declared deadline fences are probed); then say, in one line, what this start runs
+    against."""
     from settled.preflight import announce, preflight
 
-    announce(preflight(settings, broker=broker), command)
+    announce(preflight(settings, broker=broker, probe=probe), command)
 
 
 @click.command()
@@ -44,7 +46,7 @@ def worker(beat: bool, pool: str, concurrency: int, loglevel: str, hostname: str
 
     settings = Settings()
     logs.configure(loglevel)
-    _preflight(settings, "worker", broker=True)
+    _preflight(settings, "worker", broker=True, probe=True)
     if beat:
         _beat_folder(settings)
     if settings.metrics_port is not None:
@@ -123,7 +125,7 @@ def beat(loglevel: str) -> None:
 
     logs.configure(loglevel)
     settings = Settings()
-    _preflight(settings, "beat", broker=True)
+    _preflight(settings, "beat", broker=True, probe=True)
     _beat_folder(settings)
     beat_init.connect(lambda **_: say_ready(), weak=False)
     # Beat returns when a stop signal ends it; any failure is raised (exit status 1).
@@ -183,7 +185,7 @@ def run_stack(web_host: str, web_port: int, concurrency: int) -> None:
     from outbox.settings import Settings
     from settled.supervise import settled_command, supervise
 
-    _preflight(Settings(), "run", broker=True)
+    _preflight(Settings(), "run", broker=True, probe=True)
     children = run_children(web_host=web_host, web_port=web_port, concurrency=concurrency)
     raise SystemExit(supervise([settled_command(*args) for args in children]))
 
@@ -195,11 +197,21 @@ def run_stack(web_host: str, web_port: int, concurrency: int) -> None:
     show_default=True,
     help="check that the broker answers too (web alone needs none)",
 )
-def check(broker: bool) -> None:
+@click.option(
+    "--probe/--no-probe",
+    default=True,
+    show_default=True,
+    help="probe each declared deadline fence, as worker and beat do at start",
+)
+def check(broker: bool, probe: bool) -> None:
     """Run the preflight alone, as every start runs it (for a deploy pipeline): exit 0 and one
-    line naming the database, its schema and the broker; or one ``Error:`` line and exit 1.
-    Writes nothing, sends nothing."""
+    line naming the database, its schema and the broker, then one line per kind whose declared
+    deadline fence was probed and verified; or one ``Error:`` line and exit 1. Writes nothing;
+    sends nothing but the fences' probes, which no downstream executes."""
     from outbox.settings import Settings
     from settled.preflight import preflight
 
-    click.echo(preflight(Settings(), broker=broker).line("check"))
+    started = preflight(Settings(), broker=broker, probe=probe)
+    click.echo(started.line("check"))
+    for line in started.fence_lines("check"):
+        click.echo(line)

@@ -1,7 +1,10 @@
 """The submit path, one step at a time, numbered as in docs/wire-protocol.md, "Order of
 processing a submit" (step 1's route and body are the HTTP layer's and ``app``'s):
 
-1. authenticate (401);
+1. authenticate (401); the deadline fence's probe (``Settled-Probe: deadline-fence``) that
+   arrived after its ``Settled-Deadline`` answers ``408 deadline_exceeded`` here, before it is
+   counted, before any fault and before its body or key are read (the ``deadline_fence``
+   switch; switched off, a probe goes on as any submit and its body answers 400);
 2. require an ``Idempotency-Key`` (400);
 3. count the request and draw a fault (rules first, then the seeded schedule);
 4. the faults before the idempotency layer: ``429``, ``403``, ``503_before``, ``reset_before``;
@@ -36,6 +39,7 @@ from settled.simulator.state import Simulator
 
 _IDEMPOTENCY_KEY = wire.IDEMPOTENCY_KEY.lower()
 _DEADLINE = wire.DEADLINE.lower()
+_PROBE = wire.PROBE.lower()
 
 _KEY_MISSING = error(
     400, wire.INVALID_REQUEST, "idempotency_key_missing", "Idempotency-Key header is required"
@@ -59,14 +63,21 @@ def submit(sim: Simulator, kind: Kind, request: Request, connection: Connection)
     # Read as the request arrives: the fence judges arrival, not how long it was then held.
     arrived = sim.now()
     tenant = authenticate(sim, request)
-    key = _idempotency_key(request)
     deadline = request.fields.get(_DEADLINE)
+    fenced = sim.switches.deadline_fence
+    if (
+        fenced
+        and request.fields.get(_PROBE) == wire.PROBE_DEADLINE_FENCE
+        and _past(deadline, arrived)
+    ):
+        raise Answer(_DEADLINE_EXCEEDED)  # the fence's probe: refused before anything else
+    key = _idempotency_key(request)
     number = sim.count_request("submit", tenant, key, deadline)
     faults = Injection(sim, sim.faults.pick("submit", tenant, kind.name, key, number), connection)
     faults.before_idempotency()
     params = _intent(kind, request.body)
     fp = fingerprint(request.path, params)
-    late = sim.switches.deadline_fence and _past(deadline, arrived)
+    late = fenced and _past(deadline, arrived)
     replay = claim_key(sim, tenant, key, fp, late=late)
     if replay is not None:
         return faults.on_answer(replay)

@@ -108,7 +108,12 @@ def test_a_30_s_outage_of_refused_connections_under_load_costs_latency_only(
 ) -> None:
     app = App(stack, pg, outbox)
     try:
-        stack.start_worker(pool="prefork", concurrency=2, beat=True)
+        worker = stack.start_worker(pool="prefork", concurrency=2, beat=True)
+        # Its start probes the declared fences: the outage begins once it passed (a start
+        # that cannot reach its downstream stops).
+        wait_until(
+            lambda: "deadline fence verified" in stack.log_of(worker), 60, "the worker's start"
+        )
         ids = app.enqueue(BEFORE, prefix="before")
         sim_proxy.refuse_for(OUTAGE_SECONDS)
         # The producer goes on enqueueing while the worker meets refused connections: each

@@ -298,10 +298,11 @@ def test_check_with_the_broker_down_fails_and_without_it_passes(world: World) ->
     assert settled(world, "check", "--no-broker", env=down).returncode == 0
 
 
-def test_a_worker_that_starts_says_on_what_in_one_line(world: World) -> None:
+def first_line_of_a_worker(world: World, **env: str) -> str:
+    """The first line a ``settled worker`` that starts writes (it is then stopped)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "settled.cli", "worker", "--pool=solo"],
-        env=world.env(),
+        env=world.env(**env),
         cwd=world.workdir.parent,
         stderr=subprocess.PIPE,
         text=True,
@@ -313,6 +314,11 @@ def test_a_worker_that_starts_says_on_what_in_one_line(world: World) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=60)
+    return first
+
+
+def test_a_worker_that_starts_says_on_what_in_one_line(world: World) -> None:
+    first = first_line_of_a_worker(world)
     shown = make_url(world.database_url).render_as_string(hide_password=True)
     line = json.loads(first)  # a JSON line like every other
     assert line["msg"] == (
@@ -320,6 +326,67 @@ def test_a_worker_that_starts_says_on_what_in_one_line(world: World) -> None:
     )
     assert (line["database"], line["schema"], line["broker"]) == (shown, HEAD, world.broker_url)
     assert PASSWORD not in first
+
+
+# -- a declared deadline fence, probed ------------------------------------------------------
+
+#: The refund's contract declares the deadline fence (the simulator keeps it while its
+#: ``deadline_fence`` switch is on).
+FENCED = {"SETTLED_DOWNSTREAM_CONTRACTS": json.dumps({"refund": {"enforces_deadline": True}})}
+#: The commands that send or settle by themselves: each probes the declared fences at start.
+PROBED = ["worker", "beat", "run", "reconcile", "check"]
+
+
+def test_check_probes_each_declared_fence_and_names_the_kind_and_url(world: World) -> None:
+    result = settled(world, "check", env=FENCED)
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.splitlines()
+    assert first.endswith(f"broker {world.broker_url}, deadline fence verified for refund")
+    assert second == (
+        f"settled check: kind refund: deadline fence verified at {world.downstream_url}"
+        "/v1/refunds (refused a request past its deadline: 408 deadline_exceeded)"
+    )
+    world.untouched()
+    assert world.control.ledger()["requests"] == []  # refused before it was even counted
+
+
+@pytest.mark.parametrize("command", PROBED)
+def test_a_start_against_a_downstream_without_the_declared_fence_stops_naming_the_kind(
+    world: World, command: str
+) -> None:
+    world.control.set_switches(deadline_fence=False)
+    line = one_line_error(settled(world, *argv(command), env=FENCED))
+    assert "SETTLED_DOWNSTREAM_CONTRACTS declares enforces_deadline" in line, line
+    assert (
+        f"kind 'refund' at {world.downstream_url}/v1/refunds: answered HTTP 400 invalid_request"
+    ) in line, line
+    assert world.api_keys["acme"] not in line
+    world.untouched()
+
+
+def test_a_start_with_the_fenced_downstream_unreachable_stops_naming_kind_and_url(
+    world: World,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {**FENCED, "SETTLED_DOWNSTREAM_URL": url}
+    line = one_line_error(settled(world, *argv("worker"), env=env))
+    assert f"kind 'refund' at {url}/v1/refunds: no answer (ConnectError)" in line, line
+    world.untouched()
+
+
+def test_check_without_the_probe_does_not_ask_the_downstream(world: World) -> None:
+    world.control.set_switches(deadline_fence=False)
+    result = settled(world, "check", "--no-probe", env=FENCED)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+    assert world.control.ledger()["requests"] == []
+
+
+def test_a_worker_whose_declared_fence_is_kept_starts_and_says_so(world: World) -> None:
+    line = json.loads(first_line_of_a_worker(world, **FENCED))
+    assert line["msg"].startswith("settled worker: database "), line
+    assert line["msg"].endswith(", deadline fence verified for refund")
+    assert line["fences_verified"] == "refund"
 
 
 # -- settled run ----------------------------------------------------------------------------

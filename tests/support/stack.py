@@ -180,7 +180,8 @@ def provider_env(
 def embedded_stack(workdir: Path) -> Iterator[Stack]:
     """A stack on the embedded default in ``workdir``: a migrated SQLite file (the worker and
     beat refuse to start on a database never migrated) and the filesystem broker; its
-    downstream answers nothing. Every process it started is stopped on the way out."""
+    downstream answers nothing (so it declares no deadline fence, which a start probes). Every
+    process it started is stopped on the way out."""
     url = f"sqlite:///{workdir / 'settled.sqlite3'}"
     upgrade(url)
     stack = Stack(
@@ -189,7 +190,11 @@ def embedded_stack(workdir: Path) -> Iterator[Stack]:
         downstream_url="http://127.0.0.1:9",
         api_keys={},
         workdir=workdir,
-        env_extra={"SETTLED_BROKER_FOLDER": str(workdir / "broker")},
+        # It declares no deadline fence: nothing answers its probe at start.
+        env_extra={
+            "SETTLED_BROKER_FOLDER": str(workdir / "broker"),
+            "SETTLED_DOWNSTREAM_CONTRACTS": "{}",
+        },
     )
     try:
         yield stack

@@ -39,6 +39,7 @@ CURATED = [
     "UnknownKind",
     "InvalidParams",
     "InvalidSetting",
+    "FenceNotVerified",
     "IdempotencyConflict",
     "IllegalTransition",
     "StaleLease",
