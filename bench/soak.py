@@ -87,6 +87,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sim-ledger", default=":memory:", help="the simulator's ledger")
     parser.add_argument("--loglevel", default="WARNING", help="of workers, beats, simulator")
     parser.add_argument("--keep-db", action="store_true", help="keep the PostgreSQL data folder")
+    parser.add_argument(
+        "--unfenced",
+        action="store_true",
+        help="declare no deadline fence (each kind's default contract: a 5-minute delay bound), "
+        "as for a downstream that does not enforce Settled-Deadline",
+    )
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = max(40.0, args.ops / 25)

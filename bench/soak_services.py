@@ -104,9 +104,13 @@ class SoakBase:
             SETTLED_DOWNSTREAM_URL=self.sim_url,
             SETTLED_DOWNSTREAM_API_KEYS=json.dumps(self.api_keys),
             SETTLED_DOWNSTREAM_TIMEOUT=str(self.args.downstream_timeout),
-            # The downstream is the simulator, which refuses requests past their deadline.
+            # The downstream is the simulator, which refuses requests past their deadline
+            # (``--unfenced``: declared as a downstream that does not, each kind's default).
             SETTLED_DOWNSTREAM_CONTRACTS=json.dumps(
-                {name: {"enforces_deadline": True} for name in default_registry().names()}
+                {
+                    name: {"enforces_deadline": not self.args.unfenced}
+                    for name in default_registry().names()
+                }
             ),
             SETTLED_FINGERPRINT_KEYS=json.dumps({"v1": self.fingerprint_key}),
             SETTLED_IDEMPOTENCY_SECRET=self.idempotency_secret,
