@@ -224,7 +224,7 @@ def test_from_the_queue_one_search_tells_two_partial_refunds_on_an_order_apart(
     found = page.locator("#results tbody tr")
     expect(found).to_have_count(2)
     unsure_row, paid_row = found.nth(0), found.nth(1)  # newest first
-    expect(unsure_row.locator(".answer")).to_have_text("Uncertain")
+    expect(unsure_row.locator(".answer strong")).to_have_text("Uncertain")
     expect(unsure_row.locator(".amount")).to_have_text("50.00 CNY")
     expect(paid_row.locator(".answer")).to_contain_text("Done")
     expect(paid_row.locator(".amount")).to_have_text("100.00 CNY")

@@ -56,11 +56,29 @@ def test_without_idempotency_an_ambiguous_send_is_never_sent_again(
 
 
 @pytest.mark.parametrize("runtime", [{"refund": {"queryable": False}}], indirect=True)
-def test_without_a_lookup_an_ambiguous_send_goes_to_review_and_nothing_is_asked(
+def test_without_a_lookup_an_ambiguous_send_is_settled_by_a_same_key_replay(
     rig: Rig, runtime: Runtime
 ) -> None:
+    """Nothing to ask, but the downstream is idempotent: the same key sent again replays the
+    first request's answer, and the refund is done once."""
     rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
     op = rig.enqueue()
+    runtime.executor.execute([op])
+    assert runtime.reconciler.run_once().outcomes == {"resent": 1}
+    assert rig.op(op).state == "succeeded"
+    key = rig.op(op).idempotency_key
+    assert (rig.effects(op), rig.sends(op)) == (1, 2)
+    assert rig.control.requests("acme", key, phase="lookup") == 0
+
+
+@pytest.mark.parametrize("runtime", [{"refund": {"queryable": False}}], indirect=True)
+def test_without_a_lookup_an_ambiguous_send_no_replay_may_settle_goes_to_review(
+    rig: Rig, runtime: Runtime
+) -> None:
+    """No lookup, and no resend allowed (its attempt budget is spent): review, and nothing is
+    asked."""
+    rig.control.add_rule("commit_then_timeout", times=1, hold_seconds=HOLD)
+    op = rig.enqueue(max_attempts=1)
     runtime.executor.execute([op])
     assert runtime.reconciler.run_once().outcomes == {"to_review": 1}
     (item,) = rig.reviews(op)

@@ -54,6 +54,21 @@ def test_an_unknown_send_is_settled_by_a_same_key_resend_before_quiescence(rig: 
     assert moves(rig, op)[-2:] == [("unknown", "submitted"), ("submitted", "succeeded")]
 
 
+def test_a_resend_of_a_request_that_was_carried_out_replays_its_answer_once(rig: Rig) -> None:
+    """The first request was carried out, its answer lost, and the downstream's lookup does not
+    show it yet: the resend gets the replay of the key, and the refund is made once."""
+    rig.control.add_rule("commit_then_reset", times=1)
+    rig.control.set_switches(lookup_visibility_delay=3600)  # done, not visible yet
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    assert rig.op(op).state == "unknown" and rig.effects(op) == 1
+    assert resending(rig).run_once().outcomes == {"resent": 1}
+    row = rig.op(op)
+    assert row.state == "succeeded" and row.receipt is not None
+    assert row.downstream_ref == row.receipt["reference"]  # the replay's receipt, the one refund's
+    assert rig.effects(op) == 1 and rig.sends(op) == 2
+
+
 def test_a_replay_unlike_the_intent_goes_to_review_and_is_never_success(rig: Rig) -> None:
     op = lost_before_execution(rig)
     rig.control.add_rule("mismatched_receipt", times=1)
