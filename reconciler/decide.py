@@ -64,7 +64,8 @@ class Situation:
     #: measurements); None: no answer said the downstream's time, its clock is assumed within
     #: ``clock_margin``
     downstream_lag: timedelta | None = None
-    #: the clock margin the sender took off each ``Settled-Deadline`` (``SETTLED_CLOCK_MARGIN_SECONDS``)
+    #: the clock margin the sender took off each ``Settled-Deadline``
+    #: (``SETTLED_CLOCK_MARGIN_SECONDS``)
     clock_margin: timedelta = timedelta(0)
 
     @property
