@@ -18,16 +18,21 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from outbox.clock_steps import ClockWatch
+from outbox.downstream_clock import Episode
+from outbox.errors import ReviewConflict
 from outbox.models import DownstreamClockLag
 from outbox.states import State
+from outbox.storage.downstream_clock import record_lag
+from outbox.storage.operations import db_time
 from reconciler.reconcile import Reconciler
 from settled.metrics import registry
 from settled.simulator import SimulatorHandle
 from settled.simulator.proxy import FaultProxy
 from tests.integration.test_metrics import scrape
+from tests.integration.test_review import ALICE, in_review, queue
 from tests.support.rig import GOOD, RIG_CLIENT_TIMEOUT, Rig
 from tests.support.simtools import wait_until
 from workers.http_client import HttpGateway
@@ -193,3 +198,21 @@ def test_once_the_measured_lag_is_covered_a_not_found_is_trusted(
     assert rig.effects(op) == 0
     assert rig.executor().execute([op]) == {op: State.SUCCEEDED}
     assert rig.effects(op) == 1
+
+
+def test_staff_cannot_resolve_rejected_on_a_not_found_inside_a_recorded_lag(rig: Rig) -> None:
+    """A lag a worker recorded reaches staff's lookup in another process: "rejected" on a
+    "not found" is refused until the lease's end plus the lag beyond the margin is over."""
+    op, item = in_review(rig, fault="reset_before")  # never executed downstream
+    rig.age_attempts(op, 60)  # quiet by the fence alone: lease end + processing long past
+    with rig.sessions.begin() as s:
+        record_lag(s, Episode("refund", 120.0, True, db_time(s)), by="w9")
+    why = "downstream has no record after 1 h; customer informed"
+    with pytest.raises(ReviewConflict) as conflict:
+        queue(rig).resolve(ALICE, item, outcome="rejected", version=1, justification=why)
+    assert (conflict.value.code, conflict.value.data["why"]) == ("not_found_unproven", "not_quiet")
+    assert rig.op(op).state == "unknown"
+    with rig.sessions.begin() as s:  # a smaller lag, within what has passed since
+        s.execute(update(DownstreamClockLag).values(lag_seconds=30.0))
+    queue(rig).resolve(ALICE, item, outcome="rejected", version=1, justification=why)
+    assert (rig.op(op).state, rig.effects(op)) == ("rejected", 0)
