@@ -24,11 +24,13 @@ from outbox.clock_steps import ClockWatch
 from outbox.downstream_clock import Episode
 from outbox.errors import ReviewConflict
 from outbox.models import DownstreamClockLag
+from outbox.settings import Settings
 from outbox.states import State
 from outbox.storage.downstream_clock import record_lag
 from outbox.storage.operations import db_time
 from reconciler.reconcile import Reconciler
 from settled.metrics import registry
+from settled.runtime import build_runtime, worker_name
 from settled.simulator import SimulatorHandle
 from settled.simulator.proxy import FaultProxy
 from tests.integration.test_metrics import scrape
@@ -216,3 +218,29 @@ def test_staff_cannot_resolve_rejected_on_a_not_found_inside_a_recorded_lag(rig:
         s.execute(update(DownstreamClockLag).values(lag_seconds=30.0))
     queue(rig).resolve(ALICE, item, outcome="rejected", version=1, justification=why)
     assert (rig.op(op).state, rig.effects(op)) == ("rejected", 0)
+
+
+@pytest.mark.usefixtures("behind")
+def test_the_runtimes_gateway_measures_every_answer_for_the_process(
+    rig: Rig, settings: Settings
+) -> None:
+    """As every process builds it (``build_runtime``): the worker's sends are measured by the
+    process's clock watch, and the episode recorded under the process's name."""
+    configured = settings.model_copy(
+        update={
+            "database_url": rig.engine.url.render_as_string(hide_password=False),
+            "downstream_url": rig.url,
+            "downstream_api_keys": {rig.tenant.name: rig.tenant.api_key},
+            "downstream_timeout": 1.0,
+        }
+    )
+    runtime = build_runtime(configured)
+    try:
+        op = rig.enqueue()
+        assert runtime.executor.execute([op]) == {op: State.SUCCEEDED}
+        assert runtime.clock_watch.downstreams.beyond("refund")
+    finally:
+        runtime.close()
+    ((downstream, lag, begins, by),) = lag_rows(rig)
+    assert (downstream, begins, by) == ("refund", True, worker_name())
+    assert BEHIND <= lag < BEHIND + 1
