@@ -76,6 +76,11 @@ class Deadline:
             return self
         return Deadline(self.at - timedelta(seconds=over), now + seconds, self.monotonic)
 
+    def time_at(self, mono: float) -> datetime:
+        """The time (in the deadline's time base, database time) at monotonic time ``mono``:
+        as ``DbClock.now`` reckons it, ahead of the database's clock, never behind."""
+        return self.at - timedelta(seconds=self.expires - mono)
+
     def earlier(self, other: Deadline) -> Deadline:
         """Whichever of the two deadlines comes first."""
         return self if self.expires <= other.expires else other

@@ -237,6 +237,29 @@ class ClockStep(Base):
     detected_by: Mapped[str] = mapped_column(String(100))
 
 
+class DownstreamClockLag(Base):
+    """A downstream's clock seen behind the database's beyond the clock margin
+    (``outbox.downstream_clock``): one row when an episode begins (counted and alerted), one
+    each time its worst grows; the reconciler's fence allows for the worst recent one."""
+
+    __tablename__ = "downstream_clock_lags"
+    __table_args__ = (
+        Index("ix_downstream_clock_lags_downstream_detected_at", "downstream", "detected_at"),
+    )
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    #: database time (estimated) when the answer that showed it came back
+    detected_at: Mapped[datetime]
+    #: the kind whose downstream it is
+    downstream: Mapped[str] = mapped_column(String(100))
+    #: at most this far behind (seconds, rounded up)
+    lag_seconds: Mapped[float]
+    #: True: the episode began here; False: its worst grew
+    begins: Mapped[bool]
+    #: the process that saw it (its worker or reconciler name)
+    detected_by: Mapped[str] = mapped_column(String(100))
+
+
 class StaffAccount(Base):
     """A member of staff who signs in to the console; only an argon2id hash of the password."""
 

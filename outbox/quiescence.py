@@ -29,6 +29,7 @@ def quiet_at(
     client_timeout: timedelta,
     last_sent_at: datetime | None = None,
     now: datetime,
+    lag_excess: timedelta = timedelta(0),
 ) -> datetime:
     """When no request of any attempt can still land, and whatever landed is visible.
 
@@ -38,7 +39,11 @@ def quiet_at(
     on, and the fence stops it there); an unfenced one from the end its sender knew, plus the
     delay bound (``landing_slack``). An attempt with neither bound (written before 0.2) counts
     from its start plus the client timeout; no attempt at all from ``last_sent_at`` (else
-    ``now``) plus the client timeout."""
+    ``now``) plus the client timeout.
+
+    ``lag_excess`` is how far the downstream's clock was measured behind the database's beyond
+    the clock margin (``outbox.downstream_clock.fence_excess``): a fence enforced by that clock
+    holds that much later than the lease's end, so every fenced attempt counts from then."""
     fenced = contract.enforces_deadline
     if sends:
         ends = tuple(lease_ends) or (None,) * len(sends)
@@ -48,4 +53,6 @@ def quiet_at(
         )
     else:
         last = (last_sent_at or now) + client_timeout
+    if fenced:
+        last += max(lag_excess, timedelta(0))
     return last + landing_slack(contract)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 #: Request headers.
 AUTHORIZATION = "Authorization"
@@ -26,6 +28,15 @@ PROBE_DEADLINE_AGO_SECONDS = 3600
 #: Response headers.
 REPLAYED = "Idempotent-Replayed"
 RETRY_AFTER = "Retry-After"
+#: The downstream's clock when it wrote the answer, RFC 3339 UTC with milliseconds (as
+#: ``Settled-Deadline``): on every answer of a server that speaks this protocol, so a client can
+#: measure how far the downstream's clock is from its own time base (``outbox.downstream_clock``).
+SERVER_TIME = "Settled-Server-Time"
+#: HTTP's own ``Date`` (RFC 9110, whole seconds): read where ``SERVER_TIME`` is absent.
+DATE = "Date"
+#: The resolution of each, in seconds: the true time lies in [said, said + resolution).
+SERVER_TIME_RESOLUTION = 0.001
+DATE_RESOLUTION = 1.0
 
 #: Path of the lookup by idempotency key.
 LOOKUP_PATH = "/v1/lookup/{key}"
@@ -73,3 +84,25 @@ def parse_deadline(value: str) -> datetime | None:
     if parsed.tzinfo is None:
         return None
     return parsed.astimezone(UTC)
+
+
+def server_time(headers: Mapping[str, str]) -> tuple[datetime, float] | None:
+    """The downstream's clock as an answer's headers say it, with its resolution in seconds:
+    ``Settled-Server-Time`` (milliseconds), else ``Date`` (whole seconds); None when neither
+    is there or readable (a downstream that says no time: the contract's clock margin is
+    assumed, as before). ``headers`` looks names up case-insensitively (httpx's ``Headers``)."""
+    said = headers.get(SERVER_TIME)
+    if said is not None:
+        parsed = parse_deadline(said)
+        if parsed is not None:
+            return parsed, SERVER_TIME_RESOLUTION
+    date = headers.get(DATE)
+    if date is None:
+        return None
+    try:
+        when = parsedate_to_datetime(date)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.astimezone(UTC), DATE_RESOLUTION

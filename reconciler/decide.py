@@ -59,6 +59,14 @@ class Situation:
     clock_doubt_until: datetime | None = None
     #: the reconciler can hand a send to the executor (``Reconciler.resender``)
     resend: bool = False
+    #: how far the downstream's clock was measured behind the database's at worst, recently
+    #: (``outbox.clock_steps.ClockWatch.downstream_lag``; this lookup's own answer among the
+    #: measurements); None: no answer said the downstream's time, its clock is assumed within
+    #: ``clock_margin``
+    downstream_lag: timedelta | None = None
+    #: the clock margin the sender took off each ``Settled-Deadline``
+    #: (``SETTLED_CLOCK_MARGIN_SECONDS``)
+    clock_margin: timedelta = timedelta(0)
 
     @property
     def quiet_at(self) -> datetime:
@@ -73,6 +81,10 @@ class Situation:
           request it accepts arrived by database time D + margin, i.e. by the lease end.
           Each attempt counts from its lease end, even when its outcome was written earlier:
           its client gave up, but a proxy or the network may still hold the request.
+          The downstream's clock is measured, not assumed: where its answers say its time and
+          it was seen ``downstream_lag`` behind the database's, beyond the margin, the fence
+          holds that much later (``lag_excess``): a "not found" is trusted only once the
+          header's deadline has passed in the downstream's own clock, plus processing.
         - otherwise (``delay_bound``): only the declared bound stops a late request. Each
           attempt counts from the end its sender knew (its outcome written, or its lease's
           end) plus ``max_request_delay``.
@@ -86,7 +98,16 @@ class Situation:
             client_timeout=self.client_timeout,
             last_sent_at=self.last_sent_at or self.first_sent_at,
             now=self.now,
+            lag_excess=self.lag_excess,
         )
+
+    @property
+    def lag_excess(self) -> timedelta:
+        """How much later than its lease's end the downstream's fence may accept a request:
+        its measured lag beyond the clock margin (0 within it, or not measured)."""
+        if self.downstream_lag is None:
+            return timedelta(0)
+        return max(timedelta(0), self.downstream_lag - self.clock_margin)
 
     @property
     def landing_slack(self) -> timedelta:
@@ -234,6 +255,11 @@ def decide(s: Situation, lookup: LookupOutcome | None) -> Change:
                 "lookup": "not_found",
                 "quiet_since": s.quiet_at.isoformat(),
                 **s.contract.assumption(),
+                **(
+                    {"downstream_lag_seconds": round(s.downstream_lag.total_seconds(), 3)}
+                    if s.downstream_lag is not None
+                    else {}
+                ),
             },
             code="requeued",
         )

@@ -197,6 +197,12 @@ class Reconciler:
             log.info("reconcile pass", extra=report.as_dict())
         return report
 
+    def _downstream_lag(self, session: Session, kind: Kind, now: datetime) -> timedelta | None:
+        """How far ``kind``'s downstream's clock was seen behind the database's, at worst and
+        recently (this lookup's answer, this process's and every recorded measurement)."""
+        lag = self.clock_watch.downstream_lag(session, kind.name, now)
+        return None if lag is None else timedelta(seconds=lag)
+
     def _clock_read(self, db_at: datetime, before: float, session: Session | None = None) -> None:
         """A reading of the database's clock taken from ``before``: a step it shows is logged
         and recorded (in ``session``, else in a transaction of its own)."""
@@ -287,6 +293,8 @@ class Reconciler:
                 lease_ends=facts.lease_ends,
                 clock_doubt_until=self.clock_watch.doubt_until(session),
                 resend=self.resender is not None,
+                downstream_lag=self._downstream_lag(session, kind, now),
+                clock_margin=timedelta(seconds=self.clock_watch.downstreams.margin),
             )
             decision = decide(situation, lookup)
             if decision.event is not Event.RESEND:

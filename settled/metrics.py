@@ -149,17 +149,38 @@ class ClockStepCounter:
         return scrape.clock_steps_after(session, self._after)
 
 
+class LagEpisodeCounter:
+    """Episodes of a downstream's clock behind the database's beyond the clock margin, begun
+    since this process started (the process that measured one recorded it:
+    ``outbox.clock_steps.ClockWatch.downstream_answered``)."""
+
+    def __init__(self, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
+        self._born = monotonic()
+        #: rows up to this id came before this process
+        self._after: int | None = None
+
+    def read(self, session: Session, now: datetime) -> int:
+        """The episodes begun since this process started (``now``: database time)."""
+        if self._after is None:
+            since = now - timedelta(seconds=self.monotonic() - self._born)
+            self._after = scrape.last_lag_before(session, since)
+        return scrape.lag_episodes_after(session, self._after)
+
+
 class SettledCollector(Collector):
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
         self.counters = EventCounters()
         self.clock_steps = ClockStepCounter()
+        self.lag_episodes = LagEpisodeCounter()
 
     def collect(self) -> Iterator[Metric]:
         with self.sessions() as s:
             live = scrape.live_counts(s)
             self.counters.advance(s, live.now)
             steps = self.clock_steps.read(s, live.now)
+            lagging = self.lag_episodes.read(s, live.now)
         yield from self._gauges(live)
         yield from self._counters()
         clock = CounterMetricFamily(
@@ -171,6 +192,14 @@ class SettledCollector(Collector):
         for direction in ("backward", "forward"):
             clock.add_metric([direction], steps.get(direction, 0))
         yield clock
+        behind = CounterMetricFamily(
+            "settled_downstream_clock_lag_episodes",
+            "Episodes of a downstream's clock seen behind the database's beyond the clock "
+            "margin, begun since this process started (the log line names the kind); during "
+            "each, its deadline fence is trusted only as much later as the lag measured.",
+        )
+        behind.add_metric([], lagging)
+        yield behind
 
     def _gauges(self, live: scrape.LiveCounts) -> Iterator[Metric]:
         """What is live now: operations by state, the oldest waits, the review queue."""

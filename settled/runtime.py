@@ -7,12 +7,13 @@ downstream of each kind (``build_gateway``) with the same rules.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import socket
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from sqlalchemy import Engine
@@ -39,7 +40,7 @@ from workers.coalesce import Coalescer
 from workers.downstreams import Downstreams
 from workers.executor import Executor
 from workers.http_classify import FenceProbe
-from workers.http_client import HttpGateway
+from workers.http_client import HttpGateway, TimeSeen
 from workers.recovery_probe import RecoveryProbe
 from workers.routing import GatewayByKind
 from workers.stripe_gateway import StripeGateway
@@ -102,8 +103,18 @@ class Runtime:
 
     @property
     def gateway(self) -> Gateway:
-        """The downstream of each kind as configured (``build_gateway``)."""
-        return self._once("gateway", lambda: build_gateway(self.settings, self.registry))
+        """The downstream of each kind as configured (``build_gateway``); the time each answer
+        says is measured by the process's clock watch (``ClockWatch.downstream_answered``)."""
+        return self._once(
+            "gateway",
+            lambda: build_gateway(
+                self.settings,
+                self.registry,
+                time_seen=functools.partial(
+                    _downstream_answered, self.clock_watch, self.sessions, worker_name()
+                ),
+            ),
+        )
 
     @property
     def cadence(self) -> Cadence:
@@ -413,7 +424,30 @@ def alipay_apps(settings: Settings) -> dict[str, AlipayApp]:
     }
 
 
-def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
+def _downstream_answered(
+    watch: ClockWatch,
+    sessions: sessionmaker[Session],
+    by: str,
+    downstream: str,
+    said: datetime,
+    resolution: float,
+    db_before: datetime,
+    db_after: datetime,
+) -> None:
+    watch.downstream_answered(
+        downstream,
+        said,
+        resolution,
+        db_before=db_before,
+        db_after=db_after,
+        by=by,
+        sessions=sessions,
+    )
+
+
+def build_gateway(
+    settings: Settings, registry: KindRegistry, *, time_seen: TimeSeen | None = None
+) -> Gateway:
     """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
     protocol's ``HttpGateway`` unless a kind names ``stripe``, ``wechatpay`` or ``alipay``.
 
@@ -421,7 +455,10 @@ def build_gateway(settings: Settings, registry: KindRegistry) -> Gateway:
     """
     check_providers(settings, registry)
     http = HttpGateway(
-        settings.downstream_url, settings.downstream_api_keys, timeout=settings.downstream_timeout
+        settings.downstream_url,
+        settings.downstream_api_keys,
+        timeout=settings.downstream_timeout,
+        time_seen=time_seen,
     )
     stripe_kinds = [k for k, p in settings.downstream_providers.items() if p == "stripe"]
     wechat_kinds = [k for k, p in settings.downstream_providers.items() if p == "wechatpay"]

@@ -115,10 +115,14 @@ def doubt_of(
     *,
     lookup_timeout: float,
     clock_doubt_until: datetime | None = None,
+    downstream_lag: timedelta | None = None,
+    clock_margin: timedelta = timedelta(0),
 ) -> str | None:
     """Why the lookup's "not found" cannot prove that nothing ran (the reconciler's rule,
     ``reconciler.decide.not_found_doubt``), or None: it can, or it was no "not found".
-    ``clock_doubt_until``: after a step of the database's clock (``outbox.clock_steps``)."""
+    ``clock_doubt_until``: after a step of the database's clock (``outbox.clock_steps``);
+    ``downstream_lag``: how far the downstream's clock was seen behind the database's
+    (``ClockWatch.downstream_lag``), beyond ``clock_margin`` its fence holds later."""
     if not isinstance(lookup, LookupNotFound):
         return None
     return not_found_doubt(
@@ -138,6 +142,8 @@ def doubt_of(
             sends=facts.sends,
             lease_ends=facts.lease_ends,
             clock_doubt_until=clock_doubt_until,
+            downstream_lag=downstream_lag,
+            clock_margin=clock_margin,
         )
     )
 

@@ -260,9 +260,13 @@ class ReviewQueue:
             return self._resolved(resolution, snapshot["op_id"])
         contract = self.registry.get(snapshot["kind"]).contract
         lookup = self._lookup(snapshot, clock)
+        with self.sessions() as session:  # the lookup's own answer measured among the rest
+            lag = self.clock_watch.downstream_lag(session, snapshot["kind"], clock.now())
         doubt = doubt_of(
             lookup, snapshot, contract, facts, clock, lookup_timeout=self.lookup_timeout,
             clock_doubt_until=clock_doubt,
+            downstream_lag=None if lag is None else timedelta(seconds=lag),
+            clock_margin=timedelta(seconds=self.clock_watch.downstreams.margin),
         )  # fmt: skip
         record = record_of(resolution, lookup, doubt=doubt, contract=contract)
         with self.sessions.begin() as session:

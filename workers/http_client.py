@@ -62,6 +62,11 @@ from workers.transport import (
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+#: Told the downstream's time each answer says (``outbox.wire.server_time``): the kind, the
+#: time said, its resolution (seconds), and the database's time (estimated from the attempt's
+#: deadline) at the request's start and at the answer's arrival
+#: (``outbox.clock_steps.ClockWatch.downstream_answered``).
+TimeSeen = Callable[[str, datetime, float, datetime, datetime], object]
 
 #: Keep-alive connections the pool keeps: the executor sends a batch from up to 16 threads
 #: through one gateway.
@@ -128,6 +133,7 @@ class HttpGateway:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
         clock: Clock = _utcnow,
+        time_seen: TimeSeen | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -138,6 +144,7 @@ class HttpGateway:
         }
         self._timeout = timeout
         self._clock = clock
+        self._time_seen = time_seen
         # httpx's base_url semantics: the endpoint's path is appended to the base URL's path.
         self._base_url = str(httpx.URL(base_url)).rstrip("/")
         self._urls: dict[str, httpx.URL] = {}
@@ -190,7 +197,7 @@ class HttpGateway:
         # As httpx encodes ``json=``: compact, UTF-8, no NaN.
         body = json.dumps(dict(params), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         fields = {"tenant": tenant, "kind": kind.name, "key": idempotency_key}
-        started = time.monotonic()
+        started, began = time.monotonic(), until.monotonic()
         try:
             response = self._send("POST", url, headers, body.encode(), until)
         except NOT_SENT_ERRORS as exc:
@@ -212,6 +219,7 @@ class HttpGateway:
                 extra={**fields, "error": type(exc).__name__, "duration_ms": _ms_since(started)},
             )
             return Unknown(type(exc).__name__)
+        self._saw_time(kind, response, until, began)
         outcome = classify_submit(
             response, kind, params, now=self._clock(), idempotency_key=idempotency_key
         )
@@ -242,7 +250,7 @@ class HttpGateway:
         path = wire.LOOKUP_PATH.format(key=quote(idempotency_key, safe=""))
         url = httpx.URL(self._base_url + path)
         fields = {"tenant": tenant, "kind": kind.name, "key": idempotency_key}
-        started = time.monotonic()
+        started, began = time.monotonic(), until.monotonic()
         try:
             response = self._send("GET", url, self._headers(key, until), None, until)
         except httpx.TransportError as exc:
@@ -251,6 +259,7 @@ class HttpGateway:
                 extra={**fields, "error": error_name(exc), "duration_ms": _ms_since(started)},
             )
             return Unavailable(error_name(exc))
+        self._saw_time(kind, response, until, began)
         outcome = classify_lookup(response, params, idempotency_key=idempotency_key)
         log.info(
             "lookup answered",
@@ -313,6 +322,19 @@ class HttpGateway:
         if isinstance(deadline, datetime):  # on this process's wall clock
             deadline = Deadline.from_wall(deadline, self._clock())
         return deadline.capped(self._timeout)
+
+    def _saw_time(
+        self, kind: Kind, response: httpx.Response, until: Deadline, began: float
+    ) -> None:
+        """Tell ``time_seen`` the downstream's time the answer says, if it says one (``began``:
+        the deadline's monotonic clock when the request started)."""
+        if self._time_seen is None:
+            return
+        said = wire.server_time(response.headers)
+        if said is None:
+            return  # a downstream that says no time: its clock is assumed within the margin
+        arrived = until.monotonic()
+        self._time_seen(kind.name, *said, until.time_at(began), until.time_at(arrived))
 
     def _headers(self, authorization: SecretStr, deadline: Deadline) -> dict[str, str]:
         # The downstream is told the caller's deadline (database time), capped by this

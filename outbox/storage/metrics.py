@@ -18,7 +18,14 @@ from sqlalchemy import Integer, Table, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from outbox.db import db_now
-from outbox.models import Attempt, ClockStep, Operation, OperationEvent, ReviewItem
+from outbox.models import (
+    Attempt,
+    ClockStep,
+    DownstreamClockLag,
+    Operation,
+    OperationEvent,
+    ReviewItem,
+)
 from outbox.states import State
 
 ops: Table = Operation.__table__  # type: ignore[assignment]
@@ -26,6 +33,7 @@ events: Table = OperationEvent.__table__  # type: ignore[assignment]
 attempts: Table = Attempt.__table__  # type: ignore[assignment]
 reviews: Table = ReviewItem.__table__  # type: ignore[assignment]
 clock_steps: Table = ClockStep.__table__  # type: ignore[assignment]
+lags: Table = DownstreamClockLag.__table__  # type: ignore[assignment]
 
 #: Planned operations: how many, the longest-due one's due time, how many are due (waiting
 #: for a worker, not for a later retry), and the database's time.
@@ -102,6 +110,11 @@ CLOCK_STEPS_AFTER = (
     .where(clock_steps.c.id > _LO)
     .group_by(clock_steps.c.direction)
 )
+
+#: The id of the last downstream clock lag row recorded before ``since``.
+LAST_LAG_BEFORE = select(func.max(lags.c.id)).where(lags.c.detected_at < bindparam("since"))
+#: Episodes of a downstream's clock lag beyond the margin begun after id ``lo`` (a key range).
+LAG_EPISODES_AFTER = select(func.count()).where(lags.c.id > _LO, lags.c.begins.is_(True))
 
 
 @dataclass(frozen=True)
@@ -180,3 +193,13 @@ def last_clock_step_before(session: Session, since: datetime) -> int:
 def clock_steps_after(session: Session, lo: int) -> dict[str, int]:
     """Steps of the database's clock recorded after id ``lo``, by direction."""
     return {direction: n for direction, n in session.execute(CLOCK_STEPS_AFTER, {"lo": lo})}
+
+
+def last_lag_before(session: Session, since: datetime) -> int:
+    """The id of the last downstream clock lag row recorded before ``since`` (0: none)."""
+    return session.scalar(LAST_LAG_BEFORE, {"since": since}) or 0
+
+
+def lag_episodes_after(session: Session, lo: int) -> int:
+    """Episodes of a downstream's clock lag beyond the margin begun after id ``lo``."""
+    return session.scalar(LAG_EPISODES_AFTER, {"lo": lo}) or 0

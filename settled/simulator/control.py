@@ -204,7 +204,8 @@ class SimulatorControl:
         self._call("POST", "stripe_refunds", body)
 
     def advance_clock(self, seconds: float) -> None:
-        """Move the simulator's clock forward (key retention, lookup visibility)."""
+        """Move the simulator's clock (key retention, lookup visibility, the deadline fence and
+        the time every answer says); negative ``seconds`` set it back: a downstream behind."""
         self._call("POST", "clock", {"advance_seconds": seconds})
 
     def add_wechatpay_merchant(

@@ -25,6 +25,8 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn, Protocol
 
@@ -76,8 +78,12 @@ class HttpServer(ThreadingHTTPServer):
         *,
         stopping: threading.Event,
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.app = app
+        #: the server's clock (the simulator's, which a test may set off): every answer says it
+        #: (``Settled-Server-Time`` and ``Date``), and the deadline fence reads the same clock
+        self.clock = clock
         self.stopping = stopping
         self.idle_timeout = idle_timeout
         self._connections: set[socket.socket] = set()
@@ -277,10 +283,13 @@ class _Handler(BaseHTTPRequestHandler):
         """Answer in one write: status line, header fields and body."""
         status = response.status
         payload = json.dumps(response.body).encode()
+        now = self.server.clock()
+        said = wire.format_deadline(datetime.fromtimestamp(now, UTC))
         head = [
             f"{self.protocol_version} {status} {self.responses[status][0]}\r\n"
             f"Server: {self.version_string()}\r\n"
-            f"Date: {_http_date(int(time.time()))}\r\n"
+            f"Date: {_http_date(int(now))}\r\n"
+            f"{wire.SERVER_TIME}: {said}\r\n"
             "Content-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\n"
         ]

@@ -75,7 +75,9 @@ def _serve(
         sim = Simulator(book, test_mode=test_mode, switches=Switches(deadline_fence=deadline_fence))
         app = Application(sim)
         keys = app.make_provider_keys() if provider_keys else {}
-        server = HttpServer((host, port), app, stopping=sim.stopping, idle_timeout=idle_timeout)
+        server = HttpServer(
+            (host, port), app, stopping=sim.stopping, idle_timeout=idle_timeout, clock=sim.now
+        )
     except BaseException:
         book.close()
         raise

@@ -29,6 +29,9 @@ CI: tuple[Config, ...] = (
     Config(name="refusals", refusals=True, lease=1, deadline=2),
     # the database's clock set forward or back by a point (10 s), once, at any moment
     Config(name="fenced-clock-step", clock_steps=(1, -1), lease=1, deadline=1, throttle=False),
+    # the downstream's clock 11 s behind the database's (a point beyond the margin), said on
+    # every answer and measured: the fence allows for it
+    Config(name="fenced-downstream-behind", downstream_lag=11, lease=1, deadline=2, throttle=False),
     Config(
         name="delay-bound-clock-step",
         enforces_deadline=False,

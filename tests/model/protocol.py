@@ -32,12 +32,14 @@ instead of a version number, so that equal situations are one state.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+from outbox import wire
 from outbox.change import Change
 from outbox.clock import DbClock, Deadline, Reading, StepDetector
 from outbox.downstream import (
@@ -55,6 +57,7 @@ from outbox.downstream import (
     Unknown,
     lookup_name,
 )
+from outbox.downstream_clock import DownstreamClocks, lag_of
 from outbox.errors import ReviewConflict
 from outbox.kinds import DownstreamContract
 from outbox.report_lines import Group, OpFacts, build_line
@@ -132,6 +135,16 @@ class Config:
     #: the downstream's clock is set back with the database's (False: it follows a forward
     #: step, as far behind as the margin allows, and is never set back; ``ASSUMPTIONS``)
     downstream_steps_back: bool = False
+    #: the downstream's clock this many seconds behind the database's, and said on every
+    #: answer (``Settled-Server-Time``): the reconciler measures it from its lookup's answer
+    #: as the product does (``ClockWatch.downstream_answered``, ``lag_of``) and its fence
+    #: allows for it; None: the downstream says no time, and is ``world_slew`` behind
+    downstream_lag: float | None = None
+
+    @property
+    def slew(self) -> float:
+        """How far the downstream's clock is behind the database's (seconds)."""
+        return self.world_slew if self.downstream_lag is None else self.downstream_lag
 
     @property
     def step_bound(self) -> int:
@@ -142,7 +155,7 @@ class Config:
     def horizon(self) -> int:
         """The index of ``TOP``: after every request could have landed."""
         late = 0 if self.enforces_deadline else max(self.delay, self.world_delay or 0)
-        slow = 1 if self.world_slew > MARGIN.total_seconds() else 0
+        slow = math.ceil(max(0.0, self.slew - MARGIN.total_seconds()) / TICK.total_seconds())
         # a sender measures its lease from a reading before a step: it may send up to a step
         # later than its lease says (and a downstream set back may take a request that late)
         stepped = self.step_bound * (2 if self.downstream_steps_back else 1)
@@ -215,6 +228,9 @@ class Rec:
     current: bool = False
     asked: int = -1  # the claim's time: read before the lookup was asked
     lookup: str | None = None  # found:succeeded, found:rejected, not_found; None: no lookup
+    #: the downstream's lag behind the database's its lookup's answer showed (seconds, the
+    #: bound ``outbox.downstream_clock.lag_of`` gives); None: the answer said no time
+    lag: float | None = None
 
 
 @dataclass(frozen=True, order=True)
@@ -312,11 +328,16 @@ class Rules:
         facts: OperationFacts,
         clock: DbClock,
         clock_doubt_until: datetime | None,
+        *,
+        downstream_lag: float | None = None,
     ) -> str | None:
-        """``resolve.doubt_of``, as ``ReviewQueue.resolve`` calls it."""
+        """``resolve.doubt_of``, as ``ReviewQueue.resolve`` calls it (``downstream_lag``: what
+        staff's lookup measured, ``ClockWatch.downstream_lag``)."""
+        lag = None if downstream_lag is None else timedelta(seconds=downstream_lag)
         return doubt_of(lookup, snapshot, contract, facts, clock,
                         lookup_timeout=CLIENT_TIMEOUT.total_seconds(),
-                        clock_doubt_until=clock_doubt_until)  # fmt: skip
+                        clock_doubt_until=clock_doubt_until,
+                        downstream_lag=lag, clock_margin=MARGIN)  # fmt: skip
 
 
 class SendPastLease(Rules):
@@ -359,7 +380,7 @@ class DelayBoundIgnored(Rules):
 class StaffWithoutProof(Rules):
     """Staff's "rejected" on any "not found", however doubtful."""
 
-    def staff_doubt(self, *args: Any) -> str | None:
+    def staff_doubt(self, *args: Any, **kw: Any) -> str | None:
         return None
 
 
@@ -368,6 +389,22 @@ class ClockStepIgnored(Rules):
 
     def situation(self, s: Situation) -> Situation:
         return replace(s, clock_doubt_until=None)
+
+
+class MeasuredLagIgnored(Rules):
+    """The fence as if the downstream's clock were within the margin: the lag its answers
+    showed is not allowed for (``Situation.downstream_lag`` dropped)."""
+
+    def situation(self, s: Situation) -> Situation:
+        return replace(s, downstream_lag=None)
+
+
+class StaffIgnoringMeasuredLag(Rules):
+    """Staff are not refused while the downstream's measured lag is not covered (``doubt_of``
+    told of none)."""
+
+    def staff_doubt(self, *args: Any, **kw: Any) -> str | None:
+        return super().staff_doubt(*args, downstream_lag=None)
 
 
 class StaffIgnoringClockStep(Rules):
@@ -381,8 +418,9 @@ class StaffIgnoringClockStep(Rules):
         facts: OperationFacts,
         clock: DbClock,
         clock_doubt_until: datetime | None,
+        **kw: Any,
     ) -> str | None:
-        return super().staff_doubt(lookup, snapshot, contract, facts, clock, None)
+        return super().staff_doubt(lookup, snapshot, contract, facts, clock, None, **kw)
 
 
 class ResendPastRetention(Rules):
@@ -464,6 +502,22 @@ VARIANTS: dict[str, tuple[Rules, Config]] = {
     "resend_with_other_parameters": (
         ResendOtherParameters(),
         Config(workers=1, staff=False, cancel=False, throttle=False),
+    ),
+    "fence_ignoring_the_measured_lag": (
+        MeasuredLagIgnored(),
+        Config(downstream_lag=11, staff=False, cancel=False, throttle=False),
+    ),
+    "staff_not_refused_inside_the_measured_lag": (
+        StaffIgnoringMeasuredLag(),
+        Config(
+            downstream_lag=11,
+            idempotent=False,
+            workers=1,
+            lease=1,
+            deadline=1,
+            cancel=False,
+            throttle=False,
+        ),
     ),
     "staff_not_refused_after_a_clock_step": (
         StaffIgnoringClockStep(),
@@ -620,7 +674,7 @@ class ProtocolModel:
         c = self.config
         if self.contract.enforces_deadline:
             follows = off if off > 0 or c.downstream_steps_back else 0
-            downstream = BASE + (t + follows) * TICK - timedelta(seconds=c.world_slew)
+            downstream = BASE + (t + follows) * TICK - timedelta(seconds=c.slew)
             return downstream <= datetime.fromtimestamp(0, UTC) + timedelta(seconds=r.fence)
         delay = c.delay if c.world_delay is None else c.world_delay
         return t <= r.until + delay
@@ -692,6 +746,26 @@ class ProtocolModel:
         )
         return out
 
+    def measured_lag(self, w: World, asked: int) -> float | None:
+        """The lag the reconciler measures from its lookup's answer, as the product does: the
+        downstream says its clock (the database's now less the world's lag, stepped as
+        ``_reaches`` steps it) between the claim's reading and now, and the process's
+        ``DownstreamClocks`` gives the worst bound (``ClockWatch.downstream_lag``)."""
+        c = self.config
+        if c.downstream_lag is None:
+            return None
+        follows = w.off if w.off > 0 or c.downstream_steps_back else 0
+        db_after = self.when(self.now(w))
+        said = db_after - (w.off - follows) * TICK - timedelta(seconds=c.slew)
+        clocks = DownstreamClocks(margin=MARGIN.total_seconds())
+        clocks.observe(
+            "refund",
+            lag_of(
+                said, wire.SERVER_TIME_RESOLUTION, db_before=self.when(asked), db_after=db_after
+            ),
+        )
+        return clocks.worst("refund", since=self.when(asked))
+
     def situation(self, w: World, i: int, state: State, asked: int, t: int) -> Situation:
         """What the reconciler passes (``Reconciler._reconcile``): ``asked`` and ``t`` are
         database points, and the clock watch's doubt is the recorded step's."""
@@ -721,6 +795,8 @@ class ProtocolModel:
             lease_ends=tuple(self.when(a.lease_end) for a in attempts),
             clock_doubt_until=w.doubt_until,
             resend=self.config.resend,
+            downstream_lag=None if w.rec.lag is None else timedelta(seconds=w.rec.lag),
+            clock_margin=MARGIN,
         )
 
     # -- the steps ----------------------------------------------------------------------
@@ -1053,7 +1129,8 @@ class ProtocolModel:
         elif rec.phase == "claimed":
             code = self.lookup(w, rec.op, t)
             step = Step("downstream", f"answers the reconciler's lookup of op{rec.op}: {code}")
-            yield step, replace(w, rec=replace(rec, phase="looked", lookup=code))
+            lag = self.measured_lag(w, rec.asked)
+            yield step, replace(w, rec=replace(rec, phase="looked", lookup=code, lag=lag))
         elif rec.phase == "looked":
             yield self._decide(w, rec)
 
@@ -1127,8 +1204,9 @@ class ProtocolModel:
             clock = DbClock(self.when(self.now(w)), 0.0, lambda: 0.0)
             snapshot, facts = self._snapshot(w, i), self._facts(w, i)
             doubt = self.rules.staff_doubt(
-                lookup, snapshot, self.contract, facts, clock, w.doubt_until
-            )
+                lookup, snapshot, self.contract, facts, clock, w.doubt_until,
+                downstream_lag=self.measured_lag(w, self.now(w)),
+            )  # fmt: skip
             for to in (State.SUCCEEDED, State.REJECTED):
                 for override in (False, True):
                     reference = _reference(i) if to is State.SUCCEEDED else None

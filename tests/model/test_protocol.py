@@ -35,6 +35,15 @@ SMALL = {
     "fenced-clock-step": Config(
         name="fenced-clock-step", clock_steps=(1, -1), lease=1, deadline=1, throttle=False
     ),
+    "fenced-downstream-behind": Config(
+        name="fenced-downstream-behind",
+        downstream_lag=11,
+        lease=1,
+        deadline=2,
+        throttle=False,
+        staff=False,
+        cancel=False,
+    ),
 }
 
 
@@ -153,3 +162,15 @@ def test_after_a_forward_step_a_sender_measures_its_lease_from_its_claim() -> No
     # the reconciler reads t4 at true t3: quiet by the attempt's times, not by the clock watch
     s = m.situation(replace(sent, doubt_until=m.when(2) + 2 * TICK), 0, State.UNKNOWN, 4, 4)
     assert s.quiet_at == m.when(4) and s.clock_trusted_at == m.when(6)
+
+
+def test_the_reconciler_measures_the_downstreams_lag_as_the_product_does() -> None:
+    """From its lookup's answer: the world's lag, through ``lag_of`` and ``DownstreamClocks``
+    (a forward step of the database's clock, which the downstream follows, changes nothing);
+    a downstream that says no time is not measured."""
+    model = ProtocolModel(Config(downstream_lag=11, clock_steps=(1,)))
+    world = next(iter(model.initial()))
+    assert model.measured_lag(replace(world, t=2), 1) == 11
+    assert model.measured_lag(replace(world, t=2, off=1), 2) == 11
+    unmeasured = ProtocolModel(Config(world_slew=11))
+    assert unmeasured.measured_lag(replace(world, t=2), 1) is None

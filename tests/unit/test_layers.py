@@ -52,6 +52,7 @@ PURE = (
     "outbox.fingerprint",
     "outbox.retry",
     "outbox.clock",
+    "outbox.downstream_clock",
     "outbox.change",
     "outbox.wire",
     "outbox.downstream",

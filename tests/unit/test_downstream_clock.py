@@ -1,0 +1,256 @@
+"""The downstream's clock measured against the database's: the pure arithmetic, the episodes,
+the wire protocol's time, and the fence that allows for a lag beyond the clock margin."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from outbox import wire
+from outbox.clock import Deadline
+from outbox.downstream import DownstreamRequest, LookupNotFound
+from outbox.downstream_clock import DownstreamClocks, Lag, fence_excess, lag_of
+from outbox.kinds import DownstreamContract, default_registry
+from outbox.quiescence import quiet_at
+from outbox.states import State
+from reconciler.decide import Situation, decide
+from workers.http_client import HttpGateway
+
+T = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+REFUND = default_registry().get("refund")
+PARAMS = {"order_id": "A1042", "amount_minor": 100, "currency": "CNY", "payee": "P-7"}
+
+
+def s(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
+
+
+# -- one round trip's lag ------------------------------------------------------------------
+
+
+def test_a_downstream_behind_is_bounded_by_the_answers_arrival() -> None:
+    """Asked at database time T, answered by T + 0.2 s with a clock saying T - 6 s: at most
+    6.2 s behind (it may have written its time as the answer left), at least 6 s less the
+    round trip and the resolution."""
+    lag = lag_of(T - s(6), 0.001, db_before=T, db_after=T + s(0.2))
+    assert lag.bound == pytest.approx(6.2)
+    assert lag.certain == pytest.approx(6.2 - 0.2 - 0.001)
+    assert lag.at == T + s(0.2)
+
+
+def test_a_whole_second_date_widens_only_the_certain_side() -> None:
+    """``Date`` truncates: the true time is up to a second later than said, so the downstream
+    may be less behind than the bound, never more."""
+    lag = lag_of(T, wire.DATE_RESOLUTION, db_before=T, db_after=T + s(0.5))
+    assert lag.bound == pytest.approx(0.5)
+    assert lag.certain == pytest.approx(-1.0)
+
+
+def test_a_downstream_ahead_shows_a_negative_lag() -> None:
+    lag = lag_of(T + s(3), 0.001, db_before=T, db_after=T + s(0.1))
+    assert lag.bound == pytest.approx(-2.9)
+
+
+def test_an_answer_before_its_request_is_refused() -> None:
+    with pytest.raises(ValueError, match="before its request"):
+        lag_of(T, 0.001, db_before=T, db_after=T - s(1))
+    with pytest.raises(ValueError, match="resolution"):
+        lag_of(T, -1, db_before=T, db_after=T)
+
+
+@pytest.mark.parametrize(
+    ("lag", "margin", "excess"),
+    [(None, 1.0, 0.0), (0.4, 1.0, 0.0), (1.0, 1.0, 0.0), (6.2, 1.0, 5.2), (-3.0, 1.0, 0.0)],
+)
+def test_the_fence_allows_for_the_lag_beyond_the_margin_only(
+    lag: float | None, margin: float, excess: float
+) -> None:
+    assert fence_excess(lag, margin) == s(excess)
+
+
+# -- episodes beyond the margin ------------------------------------------------------------
+
+
+def lag(bound: float, certain: float | None = None, at: datetime = T) -> Lag:
+    return Lag(bound, bound if certain is None else certain, at)
+
+
+def test_an_episode_begins_once_grows_in_steps_and_ends_within_the_margin() -> None:
+    clocks = DownstreamClocks(margin=1.0)
+    assert clocks.observe("refund", lag(0.3)) is None
+    begun = clocks.observe("refund", lag(6.02, 5.9))
+    assert begun is not None and begun.begins and begun.lag == pytest.approx(6.1)
+    assert clocks.beyond("refund")
+    assert clocks.observe("refund", lag(6.05)) is None  # within the step recorded
+    grown = clocks.observe("refund", lag(6.31))
+    assert grown is not None and not grown.begins and grown.lag == pytest.approx(6.4)
+    assert clocks.observe("refund", lag(0.2)) is None
+    assert not clocks.beyond("refund")
+    again = clocks.observe("refund", lag(3.0))
+    assert again is not None and again.begins  # a new episode: counted again
+
+
+def test_a_lag_beyond_the_margin_only_by_its_rounding_starts_no_episode() -> None:
+    """A ``Date`` a second coarse says 1.5 s behind at most, maybe 0.5 s: not an alarm, but
+    the fence still allows for the bound."""
+    clocks = DownstreamClocks(margin=1.0)
+    assert clocks.observe("refund", lag(1.5, 0.5)) is None
+    assert not clocks.beyond("refund")
+    assert clocks.worst("refund", since=T) == 1.5
+
+
+def test_the_worst_lag_is_per_downstream_and_since_a_time() -> None:
+    clocks = DownstreamClocks(margin=1.0)
+    clocks.observe("refund", lag(6.0, at=T))
+    clocks.observe("refund", lag(0.1, at=T + s(60)))
+    clocks.observe("payout", lag(0.2, at=T))
+    assert clocks.worst("refund", since=T) == 6.0
+    assert clocks.worst("refund", since=T + s(1)) == 0.1
+    assert clocks.worst("payout", since=T) == 0.2
+    assert clocks.worst("ticket", since=T) is None
+
+
+# -- the wire protocol's time ----------------------------------------------------------------
+
+
+def test_the_server_time_header_is_read_to_the_millisecond() -> None:
+    said = wire.server_time({wire.SERVER_TIME: "2026-12-06T12:00:00.250Z"})
+    assert said == (T + s(0.25), wire.SERVER_TIME_RESOLUTION)
+
+
+def test_date_is_the_fallback_with_a_seconds_resolution() -> None:
+    said = wire.server_time({wire.DATE: "Sun, 06 Dec 2026 12:00:00 GMT"})
+    assert said == (T, wire.DATE_RESOLUTION)
+    unreadable = {wire.SERVER_TIME: "soon", wire.DATE: "Sun, 06 Dec 2026 12:00:00 GMT"}
+    assert wire.server_time(unreadable) == (T, wire.DATE_RESOLUTION)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {wire.DATE: "yesterday"}, {wire.SERVER_TIME: "2026-12-06T12:00:00"}],
+    ids=["none", "unreadable_date", "naive_server_time"],
+)
+def test_an_answer_without_a_readable_time_says_none(headers: dict[str, str]) -> None:
+    assert wire.server_time(headers) is None
+
+
+# -- the fence allows for the measured lag ---------------------------------------------------
+
+FENCED = DownstreamContract(enforces_deadline=True, processing_time=s(2))
+UNFENCED = DownstreamContract(max_request_delay=s(30), processing_time=s(2))
+START = T - s(100)
+#: answered after 1 s, under a lease ending 15 s after the start
+SENDS = ((START, START + s(1)),)
+LEASE_ENDS = (START + s(15),)
+
+
+def held(contract: DownstreamContract, asked: datetime, lag: float | None) -> Situation:
+    return Situation(
+        state=State.UNKNOWN,
+        contract=contract,
+        now=asked,
+        deadline=T + s(3600),
+        first_sent_at=START,
+        last_sent_at=START,
+        unknown_since=START + s(1),
+        lookups=1,
+        client_timeout=s(10),
+        review_after=s(600),
+        in_review=False,
+        asked_at=asked,
+        sends=SENDS,
+        lease_ends=LEASE_ENDS,
+        downstream_lag=None if lag is None else s(lag),
+        clock_margin=s(1),
+    )
+
+
+def test_a_downstream_six_seconds_behind_moves_the_fence_five_seconds_later() -> None:
+    """The review's case: the header's deadline D is at most the lease end less the 1 s margin,
+    in database time; a downstream 6 s behind accepts until database time D + 6 s = lease end
+    + 5 s. A "not found" before then plus processing may be a request still held."""
+    quiet = LEASE_ENDS[0] + s(5) + s(2)
+    assert held(FENCED, quiet, 6.0).quiet_at == quiet
+    early = held(FENCED, quiet - s(0.001), 6.0)
+    assert decide(early, LookupNotFound()).code == "wait_quiescence"
+    assert decide(early, LookupNotFound()).next_attempt_at == quiet
+    trusted = decide(held(FENCED, quiet, 6.0), LookupNotFound())
+    assert trusted.code == "requeued"
+    assert trusted.evidence["downstream_lag_seconds"] == 6.0
+
+
+@pytest.mark.parametrize("lag", [None, 0.0, 0.9, 1.0, -5.0], ids=str)
+def test_a_lag_within_the_margin_or_unmeasured_keeps_the_fence_at_the_lease_end(
+    lag: float | None,
+) -> None:
+    """A downstream that says no time keeps today's rule: its clock within the margin."""
+    at = LEASE_ENDS[0] + s(2)
+    assert held(FENCED, at, lag).quiet_at == at
+    assert decide(held(FENCED, at, lag), LookupNotFound()).code == "requeued"
+
+
+def test_an_unfenced_contract_does_not_read_the_downstreams_clock() -> None:
+    """The delay bound is a duration, not a time on the downstream's clock."""
+    assert held(UNFENCED, T, 6.0).quiet_at == held(UNFENCED, T, None).quiet_at
+
+
+def test_the_arithmetic_adds_the_excess_to_fenced_attempts_only() -> None:
+    bounds = {"sends": SENDS, "lease_ends": LEASE_ENDS, "client_timeout": s(10), "now": T}
+    fenced = quiet_at(FENCED, lag_excess=s(5), **bounds)  # type: ignore[arg-type]
+    assert fenced == LEASE_ENDS[0] + s(5) + s(2)
+    unfenced = quiet_at(UNFENCED, lag_excess=s(5), **bounds)  # type: ignore[arg-type]
+    assert unfenced == quiet_at(UNFENCED, **bounds)  # type: ignore[arg-type]
+    assert quiet_at(FENCED, lag_excess=-s(5), **bounds) == LEASE_ENDS[0] + s(2)  # type: ignore[arg-type]
+
+
+# -- the HTTP gateway tells what each answer says --------------------------------------------
+
+
+def gateway_telling(
+    headers: dict[str, str], told: list[tuple[object, ...]], mono: list[float] | None = None
+) -> HttpGateway:
+    def respond(request: httpx.Request) -> httpx.Response:
+        if mono is not None:
+            mono[0] += 0.25  # the round trip
+        if request.method == "GET":
+            body = {"error": {"type": "not_found", "code": "idempotency_key_not_found"}}
+            return httpx.Response(404, json=body, headers=headers)
+        return httpx.Response(503, json={"error": {"type": "api_error"}}, headers=headers)
+
+    return HttpGateway(
+        "https://pay.example",
+        {"acme": SecretStr("sk_test_1")},
+        transport=httpx.MockTransport(respond),
+        time_seen=lambda *args: told.append(args),
+    )
+
+
+def test_every_answer_of_submit_and_lookup_tells_the_downstreams_time_against_database_time() -> (
+    None
+):
+    """Database time is the deadline's (a claim's reading), read on its own monotonic clock at
+    the request's start and at the answer's arrival: 0.25 s apart here."""
+    mono = [100.0]
+    deadline = Deadline(T + s(60), 110.0, lambda: mono[0])
+    told: list[tuple[object, ...]] = []
+    gw = gateway_telling({wire.SERVER_TIME: "2026-12-06T11:59:45.000Z"}, told, mono)
+    request = DownstreamRequest("acme", "op-1", REFUND, "stl_k1", PARAMS)
+    gw.submit(request, deadline=deadline)
+    start, arrival = T + s(60 - 10), T + s(60 - 10 + 0.25)
+    assert told == [("refund", T - s(15), wire.SERVER_TIME_RESOLUTION, start, arrival)]
+    told.clear()
+    assert isinstance(gw.lookup(request, deadline=deadline), LookupNotFound)
+    assert [t[:3] for t in told] == [("refund", T - s(15), wire.SERVER_TIME_RESOLUTION)]
+
+
+def test_a_downstream_that_says_no_time_is_not_measured() -> None:
+    """Today's behaviour for it: its clock is assumed within the clock margin."""
+    told: list[tuple[object, ...]] = []
+    gw = gateway_telling({}, told)
+    request = DownstreamRequest("acme", "op-1", REFUND, "stl_k1", PARAMS)
+    gw.submit(request, deadline=T + s(60))
+    gw.lookup(request, deadline=T + s(60))
+    assert told == []
