@@ -27,7 +27,7 @@ pytest_plugins = ["tests.support.sim", "tests.support.rig", "tests.support.no_sk
 
 TABLES = (
     "review_items, operation_events, attempts, operations, runs, api_keys,"
-    " staff_login_failures, staff_sessions, staff_accounts, clock_steps"
+    " staff_login_failures, staff_sessions, staff_accounts, clock_steps, downstream_clock_lags"
 )
 
 
