@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outbox.change import Change
 from outbox.downstream import (
@@ -30,6 +30,9 @@ from outbox.kinds import DownstreamContract
 from outbox.quiescence import landing_slack, quiet_at
 from outbox.states import Event, State
 from outbox.verdict_due import MAX_RECHECK as MAX_RECHECK  # the backoff cap the answers use
+
+if TYPE_CHECKING:
+    from outbox.storage.attempts import OperationFacts
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,52 @@ class Situation:
         if self.clock_doubt_until is None:
             return None
         return self.clock_doubt_until + self.landing_slack
+
+
+def situation_of(
+    *,
+    state: State,
+    contract: DownstreamContract,
+    deadline: datetime,
+    first_sent_at: datetime | None,
+    claimed_at: datetime,
+    facts: OperationFacts,
+    now: datetime,
+    client_timeout: float,
+    review_after: float,
+    clock_doubt_until: datetime | None,
+    resend: bool,
+    downstream_lag: timedelta | None = None,
+    clock_margin: timedelta = timedelta(0),
+) -> Situation:
+    """The situation the reconciler decides on, from its claim's values (``claimed_at``: the
+    database time the claim read, before the lookup was asked), the operation's facts
+    (``outbox.storage.attempts.operation_facts``), its settings (seconds), the clock watch's
+    doubt, the downstream's measured lag with the clock margin it is weighed against
+    (``outbox.downstream_clock``), and the database time read for the decision (``now``). One
+    builder, which the
+    service and the model checker (``tests/model``) both call: a "not found" is dated by the
+    claim, never by ``now``."""
+    return Situation(
+        state=state,
+        contract=contract,
+        now=now,
+        deadline=deadline,
+        first_sent_at=first_sent_at,
+        last_sent_at=facts.last_sent_at,
+        unknown_since=facts.unknown_since,
+        lookups=facts.lookups,
+        client_timeout=timedelta(seconds=client_timeout),
+        review_after=timedelta(seconds=review_after),
+        in_review=facts.in_review,
+        asked_at=claimed_at,
+        sends=facts.sends,
+        lease_ends=facts.lease_ends,
+        clock_doubt_until=clock_doubt_until,
+        resend=resend,
+        downstream_lag=downstream_lag,
+        clock_margin=clock_margin,
+    )
 
 
 def not_found_doubt(s: Situation) -> str | None:

@@ -50,7 +50,7 @@ from outbox.storage.claims import Claimed, claim_unresolved
 from outbox.storage.operations import db_time, oldest_unknown_since
 from outbox.storage.transitions import Transition
 from outbox.verdict_due import LONGEST_LOOKUP, MAX_RECHECK
-from reconciler.decide import Situation, decide
+from reconciler.decide import Situation, decide, situation_of
 
 log = logging.getLogger(__name__)
 
@@ -275,22 +275,16 @@ class Reconciler:
             before = self.monotonic()
             now = db_time(session)
             self._clock_read(now, before, session)
-            situation = Situation(
+            situation = situation_of(
                 state=claimed.state,
                 contract=kind.contract,
-                now=now,
                 deadline=claimed.deadline,
                 first_sent_at=claimed.first_sent_at,
-                last_sent_at=facts.last_sent_at,
-                unknown_since=facts.unknown_since,
-                lookups=facts.lookups,
-                client_timeout=timedelta(seconds=self.client_timeout),
-                review_after=timedelta(seconds=self.review_after),
-                in_review=facts.in_review,
-                # the claim's time: read before the lookup was asked
-                asked_at=claimed.now,
-                sends=facts.sends,
-                lease_ends=facts.lease_ends,
+                claimed_at=claimed.now,  # read before the lookup was asked
+                facts=facts,
+                now=now,
+                client_timeout=self.client_timeout,
+                review_after=self.review_after,
                 clock_doubt_until=self.clock_watch.doubt_until(session),
                 resend=self.resender is not None,
                 downstream_lag=self._downstream_lag(session, kind, now),

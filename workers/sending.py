@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from outbox.clock import DbClock, Deadline
 from outbox.downstream import DownstreamRequest, Gateway, NotSent, SendPhase, SubmitOutcome
@@ -23,6 +23,15 @@ from workers.failpoints import failpoint
 from workers.outcomes import RecordsOutcomes, Sent
 
 log = logging.getLogger("workers.executor")
+
+
+def send_bound(lease_until: datetime, deadline: datetime, clock_margin: float) -> datetime:
+    """When an attempt must be over, in database time: the operation's deadline, or its
+    lease's end less the clock margin (seconds), whichever comes first. A downstream whose
+    clock is within the margin of the database's then refuses the request (its
+    ``Settled-Deadline``) by the lease's end: what the reconciler's quiescence counts on
+    (``reconciler.decide.Situation.quiet_at``). Pure: the model checker calls it too."""
+    return min(deadline, lease_until - timedelta(seconds=clock_margin))
 
 
 class SendsBatches(RecordsOutcomes):
@@ -96,9 +105,9 @@ class SendsBatches(RecordsOutcomes):
 
     def send_deadline(self, claimed: Claimed, clock: DbClock) -> Deadline:
         """When this attempt must be over: the operation's deadline, or its lease's end less
-        the clock margin, whichever comes first (database time)."""
-        lease_end = claimed.lease_until - timedelta(seconds=self.clock_margin)
-        return clock.deadline(min(claimed.deadline, lease_end))
+        the clock margin, whichever comes first (database time: ``send_bound``), on the
+        claim's clock."""
+        return clock.deadline(send_bound(claimed.lease_until, claimed.deadline, self.clock_margin))
 
     def _send_one(self, claimed: Claimed, kind: Kind, clock: DbClock) -> Sent:
         """``_attempt``, inside the observer's ``sending``."""

@@ -114,22 +114,37 @@ class OperationFacts:
 
 
 def operation_facts(session: Session, operation_id: int) -> OperationFacts:
-    """The facts of one operation (``OperationFacts``)."""
+    """The facts of one operation (``OperationFacts``, built by ``facts_of``)."""
     params = {"operation_id": operation_id}
     row = session.execute(LOOK_FACTS, params).one()
-    rows = list(session.execute(SEND_TIMES, params))
-    sends = tuple((a.started_at, _on_wire_until(a.not_after, a.finished_at)) for a in rows)
+    rows = [(a.started_at, a.not_after, a.finished_at) for a in session.execute(SEND_TIMES, params)]
+    in_review = open_review_id(session, operation_id) is not None
+    return facts_of(row.unknown_since, row.lookups, in_review, rows)
+
+
+def facts_of(
+    unknown_since: datetime | None,
+    lookups: int,
+    in_review: bool,
+    attempt_times: Sequence[tuple[datetime, datetime | None, datetime | None]],
+) -> OperationFacts:
+    """The facts from the operation's values and, per attempt, its start, its lease end
+    (``not_after``) and its outcome's time (``finished_at``). Pure: the model checker
+    (``tests/model``) builds the reconciler's facts with it."""
+    sends = tuple(
+        (start, on_wire_until(not_after, finished)) for start, not_after, finished in attempt_times
+    )
     return OperationFacts(
-        row.unknown_since,
-        row.lookups,
+        unknown_since,
+        lookups,
         max((start for start, _ in sends), default=None),
-        open_review_id(session, operation_id) is not None,
+        in_review,
         sends,
-        tuple(a.not_after for a in rows),
+        tuple(not_after for _, not_after, _ in attempt_times),
     )
 
 
-def _on_wire_until(not_after: datetime | None, finished_at: datetime | None) -> datetime | None:
+def on_wire_until(not_after: datetime | None, finished_at: datetime | None) -> datetime | None:
     """The earlier of the two bounds known: the attempt's lease end (no send outlives it) and
     the time its outcome was written (the request was over by then)."""
     bounds = [b for b in (not_after, finished_at) if b is not None]

@@ -27,6 +27,12 @@ CI: tuple[Config, ...] = (
     Config(name="no-lookup", queryable=False, lease=1, deadline=2),
     Config(name="short-retention", retention=4, lease=1, deadline=2),
     Config(name="refusals", refusals=True, lease=1, deadline=2),
+    # the key retention (less its margin) ends before the deadline: the resend's and the
+    # claim's stop on it (``check_before_send``) decides whether a key is sent again
+    Config(name="key-retention", retention=2, lease=1, deadline=3, max_attempts=3, throttle=False),
+    # the downstream answering a replay with an idempotency error or a receipt unlike the
+    # intent: the classifier's misuse branches, and review at once
+    Config(name="misuse-answers", misuse=True, lease=1, deadline=1, throttle=False),
     # the database's clock set forward or back by a point (10 s), once, at any moment
     Config(name="fenced-clock-step", clock_steps=(1, -1), lease=1, deadline=1, throttle=False),
     # the downstream's clock 11 s behind the database's (a point beyond the margin), said on

@@ -1,11 +1,17 @@
 """A model of the send/reconcile protocol: one kind of operation, workers, one reconciler,
 staff, a user's cancel, the network and the downstream (``docs/model.md``).
 
-Every decision is made by Settled's own pure functions, with the values the services pass:
+Every decision is made by Settled's own pure functions, and the services' inputs to them are
+built by the services' own builders (``Rules`` holds each, a broken variant swaps one):
 ``workers.verdicts.check_before_send`` (the claim's checks, ``workers.claiming``),
-``Executor.send_deadline`` (the send bounded by the lease), ``judge_submit`` and
-``judge_recovery`` (``workers.executor``), ``reconciler.decide.decide`` with a real
-``Situation`` (``reconciler.reconcile``), ``support.resolve.doubt_of`` and ``record_of``
+``workers.sending.send_bound`` (the send bounded by the lease less the clock margin, as
+``SendsBatches.send_deadline`` uses it, on a ``DbClock`` read at the claim), the real
+``workers.http_classify.classify_submit`` reading each HTTP answer of the downstream
+(``ProtocolModel.response``), ``judge_submit``, ``judge_resend`` and ``judge_recovery``
+(``workers.executor``), ``reconciler.decide.decide`` on the ``Situation`` that
+``reconciler.decide.situation_of`` builds (as ``Reconciler._reconcile`` calls it) from the
+facts ``outbox.storage.attempts.facts_of`` builds (each attempt's end by ``on_wire_until``,
+as ``operation_facts`` reads its row), ``support.resolve.doubt_of`` and ``record_of``
 (staff; the latter weighs with ``support.evidence.weigh``), ``outbox.states.transition``
 for every move, and ``outbox.report_lines.build_line`` for the report. Only storage, network
 and time are modelled:
@@ -13,7 +19,9 @@ and time are modelled:
 - **time** is a short row of points ``t0 .. t{H-1}``, ten seconds apart, and a last point
   ``TOP`` long after everything (every lease over, every key forgotten); the clock steps one
   point at a time, and anything may happen between two steps, so a worker "stalls past its
-  lease" by not moving while the clock does;
+  lease" by not moving while the clock does; a request lands at a point, or at the last
+  instant before the next point its fence lets through (``ProtocolModel._late``: the fence
+  and the clock margin are in seconds, finer than a point);
 - **storage** is the operation's row (state, lease, attempts) with fenced writes: a claim,
   a cancel or a staff resolution makes every earlier claim's write refused (the lease
   version); leases are not renewed (renewal only keeps others from claiming: without it more
@@ -24,7 +32,10 @@ and time are modelled:
   the contract allows) where the downstream enforces it, else after the end its sender knew
   plus the declared delay bound;
 - **the downstream** keeps a ledger: each landing, when it becomes visible to lookups
-  (``visibility`` points later), and forgets a key ``retention`` points after it first landed.
+  (``visibility`` points later), and forgets a key ``retention`` points after it first landed;
+  it answers over HTTP as the wire protocol says (``ANSWERS``: 200 with a receipt, 402, 429,
+  409 while the key's first request is processed, and, where ``Config.misuse``, an
+  idempotency error or a receipt unlike the intent to a replay).
 
 Workers are anonymous (their tuple is kept sorted) and a claim holds a "current" flag
 instead of a version number, so that equal situations are one state.
@@ -36,8 +47,9 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
+
+import httpx
 
 from outbox import wire
 from outbox.change import Change
@@ -50,8 +62,8 @@ from outbox.downstream import (
     Misuse,
     NotExecuted,
     NotSent,
+    Proof,
     Receipt,
-    Refused,
     SendPhase,
     SubmitOutcome,
     Unknown,
@@ -59,15 +71,16 @@ from outbox.downstream import (
 )
 from outbox.downstream_clock import DownstreamClocks, lag_of
 from outbox.errors import ReviewConflict
-from outbox.kinds import DownstreamContract
+from outbox.kinds import DownstreamContract, Kind, RefundIntent
 from outbox.report_lines import Group, OpFacts, build_line
 from outbox.states import Event, RejectReason, State, transition
-from outbox.storage.attempts import OperationFacts
-from reconciler.decide import Situation, decide
+from outbox.storage.attempts import OperationFacts, facts_of
+from reconciler.decide import Situation, decide, situation_of
 from support.resolve import Resolution, doubt_of, record_of
 from support.staff import Role, Staff
 from tests.model.engine import Invariant, Step
-from workers.executor import Executor
+from workers.http_classify import classify_submit
+from workers.sending import send_bound
 from workers.verdicts import (
     Budget,
     check_before_send,
@@ -146,6 +159,11 @@ class Config:
         """How far the downstream's clock is behind the database's (seconds)."""
         return self.world_slew if self.downstream_lag is None else self.downstream_lag
 
+    #: the downstream may answer a replay of a key it knows with an idempotency error (the key
+    #: reused) or a receipt unlike the intent, executing nothing (it reads the parameters
+    #: otherwise): a misuse, a person's to decide
+    misuse: bool = False
+
     @property
     def step_bound(self) -> int:
         """The largest step of the database's clock, in points."""
@@ -183,6 +201,9 @@ class Attempt:
     lease_end: int  # the lease it was sent under (``attempts.not_after``)
     finished: int | None = None  # its outcome written
     proof: str | None = None
+    #: what the downstream answered it (``ANSWERS``), as the world knows it: the classifier
+    #: and the verdict read it into ``proof``
+    answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +219,9 @@ class Op:
     receipt_status: str | None = None
     by_staff: bool = False  # settled on staff's statement, no downstream record
     rests_on: str | None = None  # what a trusted "not found" rested on
+    #: its last write recorded a misuse answer (an idempotency error, a receipt unlike the
+    #: intent): it must be in review
+    misused: bool = False
 
     @property
     def reached(self) -> int:
@@ -237,7 +261,7 @@ class Rec:
 class Request:
     op: int
     attempt: int
-    fence: int  # its Settled-Deadline, in seconds from BASE
+    fence: float  # its Settled-Deadline, in seconds from the epoch (as the header: ms)
     #: the latest its sender may be at it (its lease on its monotonic clock, or its outcome
     #: written), in true points; for the delay bound (-1 where the fence bounds it)
     until: int = -1
@@ -252,8 +276,10 @@ class World:
     workers: tuple[Worker, ...]
     rec: Rec
     network: tuple[Request, ...] = ()
-    #: per operation: its landings at the downstream, (point, "succeeded" | "rejected")
-    ledger: tuple[tuple[tuple[int, str], ...], ...] = ()
+    #: per operation: its landings at the downstream, (point, "succeeded" | "rejected"); a
+    #: point with a fraction where a request landed between two points (its fence's last
+    #: instant: ``ProtocolModel._late``)
+    ledger: tuple[tuple[tuple[float, str], ...], ...] = ()
     cancelled: bool = False
     #: the database clock's offset from the processes' monotonic clocks, in points (set once
     #: at most: a step); ``t`` is true time, the database's is ``t + off``
@@ -270,15 +296,37 @@ class World:
 class Rules:
     """The decisions, as the services make them; a variant overrides one (``VARIANTS``)."""
 
+    def send_bound(self, lease_until: datetime, deadline: datetime) -> datetime:
+        """``workers.sending.send_bound`` with ``Executor.clock_margin`` (its default)."""
+        return send_bound(lease_until, deadline, MARGIN.total_seconds())
+
     def send_deadline(
         self, claimed_at: datetime, lease_end: datetime, deadline: datetime, now: datetime
     ) -> Deadline:
-        """``Executor.send_deadline`` itself, on the claim's values and a clock read at the
-        claim (``now`` is where its monotonic clock has got to)."""
-        claimed = SimpleNamespace(lease_until=lease_end, deadline=deadline)
+        """``SendsBatches.send_deadline``: the bound on a clock read at the claim (``now`` is
+        where its monotonic clock has got to)."""
         clock = DbClock(claimed_at, 0.0, lambda: (now - claimed_at).total_seconds())
-        executor = SimpleNamespace(clock_margin=MARGIN.total_seconds())
-        return Executor.send_deadline(executor, claimed, clock)  # type: ignore[arg-type]
+        return clock.deadline(self.send_bound(lease_end, deadline))
+
+    def situation_of(self, **values: Any) -> Situation:
+        """``reconciler.decide.situation_of``, as ``Reconciler._reconcile`` calls it."""
+        return situation_of(**values)
+
+    def facts_of(
+        self,
+        unknown_since: datetime | None,
+        lookups: int,
+        in_review: bool,
+        attempt_times: Sequence[tuple[datetime, datetime | None, datetime | None]],
+    ) -> OperationFacts:
+        """``outbox.storage.attempts.facts_of`` (``operation_facts`` without the query)."""
+        return facts_of(unknown_since, lookups, in_review, attempt_times)
+
+    def classify_submit(
+        self, response: httpx.Response, kind: Kind, params: dict[str, Any], key: str
+    ) -> SubmitOutcome:
+        """``workers.http_classify.classify_submit``, as the HTTP gateway calls it."""
+        return classify_submit(response, kind, params, now=BASE, idempotency_key=key)
 
     def situation(self, s: Situation) -> Situation:
         """The Situation the reconciler decides on (a variant misdates or misreads it)."""
@@ -343,17 +391,87 @@ class Rules:
 class SendPastLease(Rules):
     """The send bounded by the operation's deadline only, not by its lease."""
 
-    def send_deadline(
-        self, claimed_at: datetime, lease_end: datetime, deadline: datetime, now: datetime
-    ) -> Deadline:
-        return super().send_deadline(claimed_at, deadline + MARGIN, deadline, now)
+    def send_bound(self, lease_until: datetime, deadline: datetime) -> datetime:
+        return deadline
+
+
+class SendWithoutMargin(Rules):
+    """``send_bound`` without the clock margin: the lease's end itself."""
+
+    def send_bound(self, lease_until: datetime, deadline: datetime) -> datetime:
+        return min(deadline, lease_until)
+
+
+class SendWithHalfTheMargin(Rules):
+    """``send_bound`` with half the clock margin."""
+
+    def send_bound(self, lease_until: datetime, deadline: datetime) -> datetime:
+        return send_bound(lease_until, deadline, MARGIN.total_seconds() / 2)
 
 
 class DatedWhenAnswered(Rules):
-    """A "not found" dated when the answer came back (the decision's time)."""
+    """``situation_of`` dating a "not found" by the decision's time, not the claim's."""
 
-    def situation(self, s: Situation) -> Situation:
-        return replace(s, asked_at=None)
+    def situation_of(self, **values: Any) -> Situation:
+        return situation_of(**{**values, "claimed_at": values["now"]})
+
+
+class OnWireUntilTheOutcome(Rules):
+    """``facts_of`` with an attempt's end not bounded by its lease: its outcome's time only
+    (none while it is open)."""
+
+    def facts_of(
+        self,
+        unknown_since: datetime | None,
+        lookups: int,
+        in_review: bool,
+        attempt_times: Sequence[tuple[datetime, datetime | None, datetime | None]],
+    ) -> OperationFacts:
+        facts = facts_of(unknown_since, lookups, in_review, attempt_times)
+        sends = tuple((start, finished) for start, _, finished in attempt_times)
+        return replace(facts, sends=sends)
+
+
+def _error_code(response: httpx.Response) -> tuple[str | None, str | None]:
+    error = response.json().get("error") if response.content else None
+    return (error.get("type"), error.get("code")) if isinstance(error, dict) else (None, None)
+
+
+class KeyInUseNotExecuted(Rules):
+    """``classify_submit`` reading an in-use key (409) as a definite answer: not executed."""
+
+    def classify_submit(
+        self, response: httpx.Response, kind: Kind, params: dict[str, Any], key: str
+    ) -> SubmitOutcome:
+        if _error_code(response) == (wire.IDEMPOTENCY_ERROR, wire.KEY_IN_USE):
+            return NotExecuted(response.status_code)
+        return super().classify_submit(response, kind, params, key)
+
+
+class MisuseAsUnknown(Rules):
+    """``classify_submit`` reading an idempotency error (the key reused) as a plain unknown:
+    no review."""
+
+    def classify_submit(
+        self, response: httpx.Response, kind: Kind, params: dict[str, Any], key: str
+    ) -> SubmitOutcome:
+        if _error_code(response) == (wire.IDEMPOTENCY_ERROR, wire.KEY_REUSED):
+            return Unknown("idempotency error", response.status_code)
+        return super().classify_submit(response, kind, params, key)
+
+
+class MismatchAsAccepted(Rules):
+    """``classify_submit`` taking a receipt unlike the intent as the operation's proof."""
+
+    def classify_submit(
+        self, response: httpx.Response, kind: Kind, params: dict[str, Any], key: str
+    ) -> SubmitOutcome:
+        outcome = super().classify_submit(response, kind, params, key)
+        body = response.json() if response.content else {}
+        if isinstance(outcome, Misuse) and outcome.code == "receipt_mismatch":
+            receipt = Receipt(body["id"], body["status"], body["params"], raw=body)
+            return Accepted(receipt, response.status_code)
+        return outcome
 
 
 class BeforeQuiescence(Rules):
@@ -452,9 +570,33 @@ VARIANTS: dict[str, tuple[Rules, Config]] = {
         SendPastLease(),
         Config(lease=1, deadline=3, staff=False, cancel=False, throttle=False),
     ),
+    "send_bound_without_the_clock_margin": (
+        SendWithoutMargin(),
+        Config(lease=1, deadline=3, staff=False, cancel=False, throttle=False),
+    ),
+    "send_bound_with_half_the_clock_margin": (
+        SendWithHalfTheMargin(),
+        Config(lease=1, deadline=3, staff=False, cancel=False, throttle=False),
+    ),
     "not_found_dated_when_answered": (
         DatedWhenAnswered(),
         Config(staff=False, cancel=False, throttle=False),
+    ),
+    "attempt_end_not_bounded_by_its_lease": (
+        OnWireUntilTheOutcome(),
+        Config(enforces_deadline=False, staff=False, cancel=False, throttle=False),
+    ),
+    "key_in_use_read_as_not_executed": (
+        KeyInUseNotExecuted(),
+        Config(workers=1, staff=False, cancel=False, throttle=False),
+    ),
+    "idempotency_error_read_as_unknown": (
+        MisuseAsUnknown(),
+        Config(workers=1, misuse=True, staff=False, cancel=False, throttle=False),
+    ),
+    "receipt_unlike_the_intent_accepted": (
+        MismatchAsAccepted(),
+        Config(workers=1, misuse=True, staff=False, cancel=False, throttle=False),
     ),
     "not_found_before_quiescence": (
         BeforeQuiescence(),
@@ -576,9 +718,37 @@ def label(when: datetime | None, horizon: int) -> str:
 #: a ledger entry: a refund made with other parameters than the operation's intent
 OTHER = "succeeded_otherwise"
 
+#: The intent every modelled operation carries, and its kind (the classifier reads both).
+PARAMS: dict[str, Any] = {
+    "order_id": "o_1",
+    "amount_minor": 500,
+    "currency": "EUR",
+    "payee": "p_1",
+}
+
+#: What each answer of the downstream proves (DESIGN.md, "What an outcome proves";
+#: docs/wire-protocol.md): the proof an attempt answered so must be recorded with. The HTTP
+#: answers are read by the real classifier (``ProtocolModel.response``); a timeout and a send
+#: the lease forbade are the adapter's values.
+ANSWERS: dict[str, Proof] = {
+    "accepted": Proof.DONE,  # 200 with its receipt (first execution or a replay)
+    "refused": Proof.NOT_DONE,  # 402 business_error
+    "not_executed": Proof.NOT_EXECUTED,  # 429: refused before processing
+    "in_use": Proof.UNKNOWN,  # 409 idempotency_key_in_use: the key's first request runs
+    "misuse": Proof.MISUSE,  # 400 idempotency_key_reused
+    "mismatch": Proof.MISUSE,  # 200 with a receipt unlike the intent
+    "unknown": Proof.UNKNOWN,  # no answer: the client's timeout
+    "not_sent": Proof.NOT_SENT,  # the lease ended before sending
+}
+
 
 def _reference(i: int) -> str:
     return f"re_{i}"
+
+
+def _key(i: int) -> str:
+    """Operation ``i``'s idempotency key (stable across its attempts)."""
+    return f"stl_model_{i}"
 
 
 @dataclass
@@ -592,6 +762,8 @@ class ProtocolModel:
             self.rules = VARIANTS[c.variant][0]
         self.name = c.name if c.variant is None else f"{c.name}[{c.variant}]"
         self.contract = c.contract
+        self.kind = Kind("refund", RefundIntent, "/v1/refunds", contract=self.contract)
+        self._outcomes: dict[tuple[int, str], SubmitOutcome] = {}
         self.H = c.horizon
         # The database's points run up to a step beyond the true ones before ``TOP``.
         self.top = self.H + c.step_bound
@@ -617,7 +789,7 @@ class ProtocolModel:
         """The database's point now: what a reading of its clock returns."""
         return self.db(w.t, w.off)
 
-    def true_at(self, t: int) -> datetime:
+    def true_at(self, t: float) -> datetime:
         """True point ``t`` as a time: the downstream's keys and visibility run on it."""
         return at(t, self.H)
 
@@ -665,7 +837,7 @@ class ProtocolModel:
         workers.append(new)
         return tuple(workers)
 
-    def _reaches(self, r: Request, t: int, off: int) -> bool:
+    def _reaches(self, r: Request, t: float, off: int) -> bool:
         """Whether request ``r`` may land at true point ``t`` (past ``TOP`` too: the row of
         points continued) with the database's clock ``off``: not after its fence by the
         downstream's clock (the database's less the slew the world allows; stepped with it
@@ -687,7 +859,7 @@ class ProtocolModel:
         offsets = (w.off,) if w.off else (0, *self.config.clock_steps)
         return t < self.H and any(self._reaches(r, t, off) for off in offsets)
 
-    def _known(self, w: World, i: int, t: int) -> tuple[int, str] | None:
+    def _known(self, w: World, i: int, t: int) -> tuple[float, str] | None:
         """The downstream's record of operation ``i``'s key, if it still remembers it (its
         retention is elapsed time: true points)."""
         for landed, status in w.ledger[i]:
@@ -713,26 +885,53 @@ class ProtocolModel:
         return Found(receipt, RejectReason.BUSINESS_REJECTED, "declined")
 
     def _outcome(self, i: int, code: str) -> SubmitOutcome:
+        """What the worker's gateway returns for answer ``code`` (``ANSWERS``): an HTTP answer
+        read by the classifier (``Rules.classify_submit``), else the adapter's own value."""
+        if code == "unknown":
+            return Unknown("read timeout")
+        if code == "not_sent":
+            return NotSent("the lease ended before sending", SendPhase.BEFORE)
+        if (i, code) not in self._outcomes:
+            key = _key(i)
+            self._outcomes[i, code] = self.rules.classify_submit(
+                self.response(i, code), self.kind, PARAMS, key
+            )
+        return self._outcomes[i, code]
+
+    def response(self, i: int, code: str) -> httpx.Response:
+        """The downstream's HTTP answer ``code`` to operation ``i``'s request, as the wire
+        protocol (and the simulator, ``settled.simulator.submit``) writes it."""
+
+        def error(status: int, kind: str, code: str) -> httpx.Response:
+            return httpx.Response(status, json={"error": {"type": kind, "code": code}})
+
+        receipt = {"id": _reference(i), "status": "succeeded", "params": PARAMS,
+                   "idempotency_key": _key(i)}  # fmt: skip
         match code:
             case "accepted":
-                return Accepted(Receipt(_reference(i), "succeeded", {}))
+                return httpx.Response(200, json=receipt)
+            case "mismatch":
+                other = {**PARAMS, "amount_minor": PARAMS["amount_minor"] + 1}
+                return httpx.Response(200, json={**receipt, "params": other})
             case "refused":
-                return Refused(RejectReason.BUSINESS_REJECTED, "declined", 402)
+                return error(402, wire.BUSINESS_ERROR, "declined")
             case "not_executed":
-                return NotExecuted(429)
-            case "not_sent":
-                return NotSent("the lease ended before sending", SendPhase.BEFORE)
+                return httpx.Response(429)
+            case "in_use":
+                return error(409, wire.IDEMPOTENCY_ERROR, wire.KEY_IN_USE)
             case "misuse":
-                return Misuse("idempotency_error", "the key was used with other parameters", 400)
-        return Unknown("read timeout")
+                return error(400, wire.IDEMPOTENCY_ERROR, wire.KEY_REUSED)
+        raise ValueError(f"not an HTTP answer: {code}")
 
     def _apply(self, op: Op, change: Change, t: int) -> Op:
         """A change written on the row (its lease released), checked by the transition table."""
         if change.event is None:  # a look: no move
-            return replace(op, lease_end=None, in_review=op.in_review or change.review is not None)
+            in_review = op.in_review or change.review is not None
+            return replace(op, lease_end=None, in_review=in_review, misused=False)
         assert change.to is not None
         to = transition(op.state, change.event, change.to, change.reason)
         receipt = change.receipt or {}
+        op = replace(op, misused=False)
         rests_on = change.evidence.get("rests_on") if change.event is Event.REQUEUE else None
         out = replace(
             op,
@@ -767,37 +966,34 @@ class ProtocolModel:
         return clocks.worst("refund", since=self.when(asked))
 
     def situation(self, w: World, i: int, state: State, asked: int, t: int) -> Situation:
-        """What the reconciler passes (``Reconciler._reconcile``): ``asked`` and ``t`` are
-        database points, and the clock watch's doubt is the recorded step's."""
+        """What the reconciler passes (``Reconciler._reconcile``, through ``situation_of``):
+        ``asked`` (the claim's reading) and ``t`` are database points, and the clock watch's
+        doubt is the recorded step's."""
         op = w.ops[i]
-        attempts = op.attempts
-        sends = tuple(
-            (
-                self.when(a.start),
-                self.when(a.lease_end if a.finished is None else min(a.lease_end, a.finished)),
-            )
-            for a in attempts
-        )
-        return Situation(
+        return self.rules.situation_of(
             state=state,
             contract=self.contract,
-            now=self.when(t),
             deadline=self.deadline,
             first_sent_at=self.at(op.first_sent),
-            last_sent_at=max((s for s, _ in sends), default=None),
-            unknown_since=None,
-            lookups=0,
-            client_timeout=CLIENT_TIMEOUT,
-            review_after=REVIEW_AFTER,
-            in_review=op.in_review,
-            asked_at=self.when(asked),
-            sends=sends,
-            lease_ends=tuple(self.when(a.lease_end) for a in attempts),
+            claimed_at=self.when(asked),
+            facts=self.facts_of(w, i, op.in_review),
+            now=self.when(t),
+            client_timeout=CLIENT_TIMEOUT.total_seconds(),
+            review_after=REVIEW_AFTER.total_seconds(),
             clock_doubt_until=w.doubt_until,
             resend=self.config.resend,
             downstream_lag=None if w.rec.lag is None else timedelta(seconds=w.rec.lag),
             clock_margin=MARGIN,
         )
+
+    def facts_of(self, w: World, i: int, in_review: bool) -> OperationFacts:
+        """``storage.attempts.operation_facts`` of operation ``i`` (``Rules.facts_of`` on its
+        attempt rows: started, ``not_after``, ``finished_at``)."""
+        times = tuple(
+            (self.when(a.start), self.when(a.lease_end), self.at(a.finished))
+            for a in w.ops[i].attempts
+        )
+        return self.rules.facts_of(None, 0, in_review, times)
 
     # -- the steps ----------------------------------------------------------------------
 
@@ -990,7 +1186,7 @@ class ProtocolModel:
             new = replace(k, phase="got", outcome="not_sent")
             step = Step("worker", f"op{k.op}: not sent, the lease ended first", detail)
             return step, self._with(w, workers=self._replace_worker(w, k, new))
-        fence = int((deadline - datetime.fromtimestamp(0, UTC)).total_seconds())
+        fence = round((deadline - datetime.fromtimestamp(0, UTC)).total_seconds(), 3)
         until = -1 if self.contract.enforces_deadline else a.lease_end - k.off
         params = self.rules.resend_params() if k.resend else 0
         request = Request(k.op, k.attempt, fence, until, params)
@@ -1020,8 +1216,11 @@ class ProtocolModel:
                 rand=lambda: 0.5,
             )
         attempts = list(op.attempts)
-        attempts[k.attempt] = replace(attempts[k.attempt], finished=t, proof=outcome.proof.value)
+        attempts[k.attempt] = replace(
+            attempts[k.attempt], finished=t, proof=outcome.proof.value, answer=k.outcome
+        )
         done = self._apply(replace(op, attempts=tuple(attempts)), change, t)
+        done = replace(done, misused=ANSWERS[k.outcome] is Proof.MISUSE)
         step = Step(
             "worker",
             f"op{k.op}: {'judge_resend' if k.resend else 'judge_submit'}({k.outcome})",
@@ -1060,53 +1259,85 @@ class ProtocolModel:
         fenced = self._fence(replace(w, workers=idle), k.op)
         return step, self._with(fenced, ops=self._op(fenced, k.op, self._apply(op, change, t)))
 
+    def _late(self, w: World, r: Request, t: int) -> float:
+        """How far past point ``t`` (a fraction of a point) request ``r`` may still land where
+        it can land at ``t`` but no longer at ``t + 1``: the last instant its fence lets
+        through, to a hundredth of a second (the fence and the clock margin are in seconds;
+        0 where it may land at the next point, or the bound is in points)."""
+        if not self._reaches(r, t, w.off) or self._reaches(r, t + 1, w.off):
+            return 0.0
+        low, high = 0.0, 1.0  # it reaches the downstream at t + low, not at t + high
+        for _ in range(20):
+            middle = (low + high) / 2
+            low, high = (middle, high) if self._reaches(r, t + middle, w.off) else (low, middle)
+        return math.floor(low * 1000) / 1000
+
     def _network(self, w: World) -> Iterator[tuple[Step, World]]:
-        c, t = self.config, w.t
+        """A request in flight lands: at the point, or (``_late``) at the last instant before
+        the next point its fence allows."""
+        t = w.t
         for r in sorted(set(w.network)):
             if not self._can_land(w, r, t):
                 continue
-            rest = list(w.network)
-            rest.remove(r)
-            i = r.op
-            answers: list[tuple[str, str, tuple[tuple[int, str], ...]]] = []
-            if c.throttle:
-                answers.append(("429, refused before processing", "not_executed", w.ledger[i]))
-            known = self._known(w, i, t)
-            if c.idempotent and known is not None and (r.params or known[1] == OTHER):
-                # the key's first request carried other parameters than this one
-                answers.append(("an idempotency error", "misuse", w.ledger[i]))
-            elif c.idempotent and known is not None:
-                reply = "accepted" if known[1] == "succeeded" else "refused"
-                answers.append((f"a replay of its key: {reply}", reply, w.ledger[i]))
-            else:
-                made = OTHER if r.params else "succeeded"
-                answers.append(
-                    (
-                        "executed: the refund is made"
-                        + (" with other parameters" if r.params else ""),
-                        "accepted",
-                        w.ledger[i] + ((t, made),),
-                    )
+            late = self._late(w, r, t)
+            yield from self._lands(w, r, t)
+            if late:
+                yield from self._lands(w, r, t, late)
+
+    def _lands(
+        self, w: World, r: Request, t: int, late: float = 0.0
+    ) -> Iterator[tuple[Step, World]]:
+        """Request ``r`` lands at point ``t`` (plus ``late`` of a point), and the downstream
+        answers; the answer reaches its worker if one still waits for it."""
+        c = self.config
+        rest = list(w.network)
+        rest.remove(r)
+        i = r.op
+        landed = t + late
+        answers: list[tuple[str, str, tuple[tuple[float, str], ...]]] = []
+        if c.throttle:
+            answers.append(("429, refused before processing", "not_executed", w.ledger[i]))
+        known = self._known(w, i, t)
+        if c.idempotent and known is not None and (r.params or known[1] == OTHER):
+            # the key's first request carried other parameters than this one
+            answers.append(("an idempotency error", "misuse", w.ledger[i]))
+        elif c.idempotent and known is not None:
+            reply = "accepted" if known[1] == "succeeded" else "refused"
+            answers.append((f"a replay of its key: {reply}", reply, w.ledger[i]))
+            if t < known[0] + c.visibility:  # the key's first request is still processed
+                answers.append(("409, its key in use", "in_use", w.ledger[i]))
+            if c.misuse:
+                answers.append(("an idempotency error (the key reused)", "misuse", w.ledger[i]))
+                answers.append(("a replay's receipt unlike the intent", "mismatch", w.ledger[i]))
+        else:
+            made = OTHER if r.params else "succeeded"
+            answers.append(
+                (
+                    "executed: the refund is made" + (" with other parameters" if r.params else ""),
+                    "accepted",
+                    w.ledger[i] + ((landed, made),),
                 )
-                if c.refusals:
-                    answers.append(("refused: the refund is declined", "refused",
-                                    w.ledger[i] + ((t, "rejected"),)))  # fmt: skip
-            waiting = [
-                k for k in w.workers if k.phase == "sent" and (k.op, k.attempt) == (i, r.attempt)
-            ]
-            for what, reply, entries in answers:
-                ledger = (*w.ledger[:i], entries, *w.ledger[i + 1 :])
-                base = replace(w, network=tuple(rest), ledger=ledger)
-                head = f"op{i} attempt {r.attempt + 1} lands: {what}"
-                if waiting:
-                    got = replace(waiting[0], phase="got", outcome=reply)
-                    workers = self._replace_worker(w, waiting[0], got)
-                    yield (
-                        Step("downstream", head + "; the answer reaches its worker"),
-                        (self._with(base, workers=workers)),
-                    )
-                if not waiting:
-                    yield Step("downstream", head + "; the answer is lost"), self._with(base)
+            )
+            if c.refusals:
+                answers.append(("refused: the refund is declined", "refused",
+                                w.ledger[i] + ((landed, "rejected"),)))  # fmt: skip
+        waiting = [
+            k for k in w.workers if k.phase == "sent" and (k.op, k.attempt) == (i, r.attempt)
+        ]
+        when = f" at {self.lbl(self.true_at(landed))}" if late else ""
+        for what, reply, entries in answers:
+            ledger = (*w.ledger[:i], entries, *w.ledger[i + 1 :])
+            base = replace(w, network=tuple(rest), ledger=ledger)
+            head = f"op{i} attempt {r.attempt + 1} lands{when}: {what}"
+            if waiting:
+                got = replace(waiting[0], phase="got", outcome=reply)
+                workers = self._replace_worker(w, waiting[0], got)
+                yield (
+                    Step("downstream", head + "; the answer reaches its worker"),
+                    (self._with(base, workers=workers)),
+                )
+            if not waiting:
+                yield Step("downstream", head + "; the answer is lost"), self._with(base)
 
     def _reconciler(self, w: World) -> Iterator[tuple[Step, World]]:
         c, t, rec = self.config, w.t, w.rec
@@ -1231,6 +1462,7 @@ class ProtocolModel:
                         # as the report reads a row (``outbox.runs``)
                         by_staff=receipt.get("source") == "staff",
                         rests_on=record.evidence.get("rests_on", op.rests_on),
+                        misused=False,
                     )
                     how = " (override)" if override else ""
                     step = Step(
@@ -1246,9 +1478,8 @@ class ProtocolModel:
         return {"deadline": self.deadline, "first_sent_at": self.at(w.ops[i].first_sent)}
 
     def _facts(self, w: World, i: int) -> OperationFacts:
-        """``storage.attempts.operation_facts`` of operation ``i``."""
-        s = self.situation(w, i, State.UNKNOWN, self.now(w), self.now(w))
-        return OperationFacts(None, 0, s.last_sent_at, True, s.sends, s.lease_ends)
+        """``storage.attempts.operation_facts`` of operation ``i``, in review."""
+        return self.facts_of(w, i, True)
 
     def _cancel(self, w: World) -> Iterator[tuple[Step, World]]:
         """``cancel_run``: the run's flag, and every planned operation cancelled (fenced)."""
@@ -1274,7 +1505,25 @@ class ProtocolModel:
             Invariant("succeeded: exactly one matching effect", self._one_if_done),
             Invariant("the report line agrees with the ledger", self._report_agrees),
             Invariant("no effect unlike the intent", self._as_intended),
+            Invariant("each answer is read as what it proves", self._read_as_proven),
+            Invariant("a misuse answer goes to review", self._misuse_reviewed),
         ]
+
+    def _read_as_proven(self, w: World) -> str | None:
+        for i, op in enumerate(w.ops):
+            for n, a in enumerate(op.attempts):
+                if a.answer is not None and a.proof != ANSWERS[a.answer]:
+                    return (
+                        f"op{i} attempt {n + 1}: the answer {a.answer} recorded as proving "
+                        f"{a.proof} (it proves {ANSWERS[a.answer]})"
+                    )
+        return None
+
+    def _misuse_reviewed(self, w: World) -> str | None:
+        for i, op in enumerate(w.ops):
+            if op.misused and not op.in_review:
+                return f"op{i}: a misuse answer recorded as {op.state}, not in review"
+        return None
 
     def _as_intended(self, w: World) -> str | None:
         for i in range(len(w.ops)):
@@ -1364,7 +1613,9 @@ class ProtocolModel:
             lines.append(f"op{i}: {op.state} lease {lease} tries {op.tries}{extra}{flags}")
             if attempts:
                 lines.append(f"  attempts: {attempts}")
-            ledger = ", ".join(f"t{at} {s}" for at, s in w.ledger[i]) or "nothing"
+            ledger = (
+                ", ".join(f"{self.lbl(self.true_at(at))} {s}" for at, s in w.ledger[i]) or "nothing"
+            )
             lines.append(f"  downstream: {ledger}")
         busy = [k for k in w.workers if k.phase != "idle"]
         for k in busy:

@@ -3,14 +3,24 @@ and every broken variant of them is caught with a readable counterexample."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
+from typing import Any
 
+import httpx
 import pytest
 
+import tests.model.protocol as protocol
+from outbox.downstream import Misuse, NotExecuted, Unknown
+from outbox.kinds import Kind
 from outbox.states import State
+from outbox.storage.attempts import OperationFacts, facts_of
+from reconciler.decide import Situation, situation_of
 from tests.model.__main__ import CI, run_assumptions, run_variants
 from tests.model.engine import explore
 from tests.model.protocol import (
+    ANSWERS,
     ASSUMPTIONS,
     TICK,
     VARIANTS,
@@ -43,6 +53,9 @@ SMALL = {
         throttle=False,
         staff=False,
         cancel=False,
+    ),
+    "misuse-answers": Config(
+        name="misuse-answers", misuse=True, lease=1, deadline=1, throttle=False
     ),
 }
 
@@ -174,3 +187,73 @@ def test_the_reconciler_measures_the_downstreams_lag_as_the_product_does() -> No
     assert model.measured_lag(replace(world, t=2, off=1), 2) == 11
     unmeasured = ProtocolModel(Config(world_slew=11))
     assert unmeasured.measured_lag(replace(world, t=2), 1) is None
+
+
+def test_a_request_lands_at_the_last_instant_its_fence_allows_between_two_points() -> None:
+    m = ProtocolModel(Config())
+    op = Op(State.UNKNOWN, attempts=(Attempt(0, 1, 1, "unknown", "unknown"),))
+    # a Settled-Deadline half a second past t1: the downstream (1 s behind) takes it until
+    # t1 + 1.5 s, and it is visible a point and a half later
+    fence = m.when(1).timestamp() + 0.5
+    w = World(t=1, ops=(op,), workers=(), rec=Rec(), network=(Request(0, 0, fence),),
+              ledger=((),))  # fmt: skip
+    assert m._late(w, w.network[0], 1) == pytest.approx(0.15, abs=0.002)
+    landings = [nxt.ledger[0] for step, nxt in m._network(w) if "executed" in step.action]
+    assert [at for ((at, _),) in landings] == [1, pytest.approx(1.15, abs=0.002)]
+    late = replace(w, ledger=(landings[1],))
+    assert [m.lookup(late, 0, t) for t in (2, 3)] == ["not_found", "found:succeeded"]
+    # the real rules' bound (the lease's end less the margin) lands on the point: no fraction
+    real = replace(w, network=(Request(0, 0, m.when(1).timestamp() - 1),))
+    assert m._late(real, real.network[0], 1) == 0.0
+
+
+def test_the_downstreams_answers_are_read_by_the_real_classifier_as_they_prove() -> None:
+    m = ProtocolModel(Config())
+    outcomes = {code: m._outcome(0, code) for code in ANSWERS}
+    assert {code: outcome.proof for code, outcome in outcomes.items()} == ANSWERS
+    assert isinstance(outcomes["in_use"], Unknown) and outcomes["in_use"].status == 409
+    assert isinstance(outcomes["not_executed"], NotExecuted)
+    assert isinstance(outcomes["misuse"], Misuse) and outcomes["misuse"].status == 400
+    mismatch = outcomes["mismatch"]
+    assert isinstance(mismatch, Misuse) and mismatch.code == "receipt_mismatch"
+
+
+def _no_margin(lease_until: datetime, deadline: datetime, clock_margin: float) -> datetime:
+    return min(deadline, lease_until)
+
+
+def _dated_now(**values: Any) -> Situation:
+    return situation_of(**{**values, "claimed_at": values["now"]})
+
+
+def _outcome_only(unknown_since: Any, lookups: int, in_review: bool, times: Any) -> OperationFacts:
+    facts = facts_of(unknown_since, lookups, in_review, times)
+    return replace(facts, sends=tuple((start, end) for start, _, end in times))
+
+
+_classify_submit = protocol.classify_submit
+
+
+def _misuse_unknown(response: httpx.Response, kind: Kind, params: Any, **kw: Any) -> Any:
+    if response.status_code == 400:
+        return Unknown("idempotency error", 400)
+    return _classify_submit(response, kind, params, **kw)
+
+
+@pytest.mark.parametrize(
+    ("name", "broken", "variant"),
+    [
+        ("send_bound", _no_margin, "send_bound_without_the_clock_margin"),
+        ("situation_of", _dated_now, "not_found_dated_when_answered"),
+        ("facts_of", _outcome_only, "attempt_end_not_bounded_by_its_lease"),
+        ("classify_submit", _misuse_unknown, "idempotency_error_read_as_unknown"),
+    ],
+)
+def test_a_broken_product_builder_changes_what_the_checker_explores(
+    monkeypatch: pytest.MonkeyPatch, name: str, broken: Callable[..., Any], variant: str
+) -> None:
+    # the real rules, with the product's function swapped where the model calls it
+    config = VARIANTS[variant][1]
+    assert explore(ProtocolModel(config)).violation is None
+    monkeypatch.setattr(protocol, name, broken)
+    assert explore(ProtocolModel(config)).violation is not None
