@@ -1,0 +1,83 @@
+"""The reconcile decision at the edges its table (test_decide.py) steps over: the exact moment
+the key retention ends, which time "unknown for how long" counts from, and an operation known
+only by its first send. Each test here was written to kill a mutant the suite let through
+(docs/mutation.md); the test names the rule, not the mutant."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from outbox.downstream import LookupNotFound, Unavailable
+from outbox.kinds import DownstreamContract
+from outbox.quiescence import landing_slack
+from outbox.states import State
+from reconciler.decide import Situation, decide, not_found_doubt
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+FENCED = DownstreamContract(enforces_deadline=True)
+TIMEOUT = timedelta(seconds=10)
+
+
+def _situation(**changes: object) -> Situation:
+    base = Situation(
+        state=State.UNKNOWN,
+        contract=FENCED,
+        now=NOW,
+        deadline=NOW + timedelta(days=2),
+        first_sent_at=NOW - timedelta(minutes=5),
+        last_sent_at=NOW - timedelta(minutes=5),
+        unknown_since=NOW - timedelta(minutes=5),
+        lookups=1,
+        client_timeout=TIMEOUT,
+        review_after=timedelta(minutes=10),
+        in_review=False,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_not_found_is_distrusted_from_the_very_moment_the_retention_ends() -> None:
+    first = NOW - FENCED.key_retention + FENCED.retention_margin  # resend_until(first) == NOW
+    at_the_end = _situation(first_sent_at=first)
+    assert FENCED.resend_until(first) == NOW
+    assert at_the_end.past_retention
+    assert not_found_doubt(at_the_end) == "past_key_retention"
+    just_before = _situation(first_sent_at=first + timedelta(microseconds=1))
+    assert not just_before.past_retention
+    assert decide(just_before, LookupNotFound()).code == "requeued"
+
+
+def test_an_operation_never_sent_is_not_past_retention() -> None:
+    # no attempt recorded (e.g. a lease lost before the first send): no key to forget, and a
+    # "not found" still waits its client timeout and landing slack from now
+    never = _situation(first_sent_at=None, last_sent_at=None)
+    assert not never.past_retention
+    assert not_found_doubt(never) == "not_quiet"
+    change = decide(never, LookupNotFound())
+    assert change.code == "wait_quiescence"
+    assert change.next_attempt_at == NOW + TIMEOUT + landing_slack(FENCED)
+
+
+def test_unknown_for_counts_from_when_it_became_unknown_not_from_the_send() -> None:
+    # sent an hour ago, unknown only since a minute: not yet due for review
+    recent = _situation(
+        last_sent_at=NOW - timedelta(hours=1), unknown_since=NOW - timedelta(minutes=1)
+    )
+    assert not recent.overdue
+    assert decide(recent, Unavailable("503")).code == "lookup_unavailable"
+
+
+def test_without_unknown_since_it_counts_from_the_last_send() -> None:
+    old = _situation(unknown_since=None, last_sent_at=NOW - timedelta(hours=1))
+    assert old.overdue
+    change = decide(old, Unavailable("503"))
+    assert change.code == "to_review" and change.review == "lookup_unavailable"
+    fresh = _situation(unknown_since=None, last_sent_at=NOW - timedelta(minutes=1))
+    assert not fresh.overdue
+
+
+def test_an_operation_known_only_by_its_first_send_counts_from_it() -> None:
+    # facts without a last send (and without per-attempt records): the first send bounds it
+    first = NOW - timedelta(minutes=5)
+    only_first = _situation(first_sent_at=first, last_sent_at=None, sends=())
+    assert only_first.quiet_at == first + TIMEOUT + landing_slack(FENCED)
