@@ -22,7 +22,7 @@ from tests.mutation.runner import ROOT, Result, run_all
 from tests.mutation.targets import TARGETS
 
 SEED = "settled-44"
-SAMPLE_PER_MODULE = 4
+SAMPLE_PER_MODULE = 3
 
 
 def every_mutant(modules: Iterable[str]) -> list[Mutant]:
@@ -46,9 +46,12 @@ def sample(mutants: Sequence[Mutant], per_module: int, seed: str = SEED) -> list
     return chosen
 
 
-def run(mutants: Sequence[Mutant], jobs: int, timeout: float) -> list[Result]:
+def run(
+    mutants: Sequence[Mutant], jobs: int, timeout: float, *, model: bool, out: Path | None
+) -> list[Result]:
+    """Run them, printing each result as it comes (and appending it to ``out``, JSON lines)."""
     results: list[Result] = []
-    for result in run_all(mutants, jobs, timeout):
+    for result in run_all(mutants, jobs, timeout, model=model):
         mark = "SURVIVED" if result.survived else result.status
         mutant = result.mutant
         print(
@@ -56,6 +59,17 @@ def run(mutants: Sequence[Mutant], jobs: int, timeout: float) -> list[Result]:
             f"{mutant.change})",
             flush=True,
         )
+        if out is not None:
+            line = {
+                "id": mutant.id,
+                "line": mutant.line,
+                "change": mutant.change,
+                "status": result.status,
+                "seconds": round(result.seconds, 1),
+                "detail": result.detail,
+            }
+            with out.open("a") as file:
+                file.write(json.dumps(line) + "\n")
         results.append(result)
     return results
 
@@ -70,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", default=SEED)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per mutant")
+    parser.add_argument(
+        "--no-model", action="store_true", help="tests only, no model run for their survivors"
+    )
     parser.add_argument("--results", type=Path, help="write every result here (JSON lines)")
     args = parser.parse_args(argv)
     modules = args.module or [target.module for target in TARGETS]
@@ -83,24 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{mutant.id}  (line {mutant.line}: {mutant.change})")
         return 0
     started = time.monotonic()
-    results = run(mutants, args.jobs, args.timeout)
+    results = run(mutants, args.jobs, args.timeout, model=not args.no_model, out=args.results)
     elapsed = time.monotonic() - started
-    if args.results:
-        with args.results.open("a") as out:
-            for r in results:
-                out.write(
-                    json.dumps(
-                        {
-                            "id": r.mutant.id,
-                            "line": r.mutant.line,
-                            "change": r.mutant.change,
-                            "status": r.status,
-                            "seconds": round(r.seconds, 1),
-                            "detail": r.detail,
-                        }
-                    )
-                    + "\n"
-                )
     survivors = [r for r in results if r.survived and r.mutant.id not in EQUIVALENT]
     equivalent = [r for r in results if r.survived and r.mutant.id in EQUIVALENT]
     print(

@@ -118,6 +118,7 @@ class Workspace:
         status = 99
         try:
             os.setpgid(0, 0)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             out = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(out, 1)
             os.dup2(out, 2)
@@ -167,6 +168,7 @@ def _model() -> int:
 @dataclass
 class _Slot:
     space: Workspace
+    model: bool = True
     mutant: Mutant | None = None
     phase: str = ""
     pid: int = 0
@@ -192,7 +194,8 @@ class _Slot:
         assert self.mutant is not None
         if code in (3, 4, 5, 99):  # pytest's internal error, usage error, nothing collected
             raise RuntimeError(f"{self.mutant.id}: the run broke: {self.space.failure()}")
-        if code == 0 and self.phase == "tests" and BY_MODULE[self.mutant.module].model:
+        modelled = self.model and BY_MODULE[self.mutant.module].model
+        if code == 0 and self.phase == "tests" and modelled:
             self._spawn("model")
             return None
         status = "survived" if code == 0 else ("killed" if self.phase == "tests" else "model")
@@ -211,10 +214,15 @@ class _Slot:
         return result
 
 
-def run_all(mutants: Sequence[Mutant], jobs: int, timeout: float) -> Iterator[Result]:
-    """Every mutant's result, as each finishes, with ``jobs`` children at a time."""
+def run_all(
+    mutants: Sequence[Mutant], jobs: int, timeout: float, *, model: bool = True
+) -> Iterator[Result]:
+    """Every mutant's result, as each finishes, with ``jobs`` children at a time; ``model``:
+    a mutant the tests let through is also given to the model checker (``model_check``)."""
     warm()
-    slots = [_Slot(Workspace()) for _ in range(max(1, jobs))]
+    # a terminated run still kills its children and removes its copies (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    slots = [_Slot(Workspace(), model=model) for _ in range(max(1, jobs))]
     waiting = list(reversed(mutants))
     try:
         while waiting or any(slot.pid for slot in slots):

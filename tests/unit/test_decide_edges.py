@@ -81,3 +81,25 @@ def test_an_operation_known_only_by_its_first_send_counts_from_it() -> None:
     first = NOW - timedelta(minutes=5)
     only_first = _situation(first_sent_at=first, last_sent_at=None, sends=())
     assert only_first.quiet_at == first + TIMEOUT + landing_slack(FENCED)
+
+
+def test_with_neither_it_is_not_overdue_before_the_deadline() -> None:
+    # nothing dates it (no send, no unknown_since): "unknown for" starts now
+    undated = _situation(unknown_since=None, last_sent_at=None, first_sent_at=None)
+    assert not undated.overdue
+    assert decide(undated, Unavailable("503")).code == "lookup_unavailable"
+    assert replace(undated, deadline=NOW).overdue  # the deadline still makes it overdue
+
+
+def test_it_is_overdue_from_the_very_moment_the_review_threshold_is_reached() -> None:
+    at = _situation(unknown_since=NOW - timedelta(minutes=10))  # review_after: 10 minutes
+    assert at.overdue
+    assert not replace(at, unknown_since=NOW - timedelta(minutes=10) + timedelta(seconds=1)).overdue
+
+
+def test_a_resend_is_allowed_again_once_the_clock_step_is_trusted() -> None:
+    stepped = _situation(resend=True, clock_doubt_until=NOW - timedelta(minutes=5))
+    assert stepped.clock_trusted_at is not None and stepped.asked >= stepped.clock_trusted_at
+    assert stepped.may_resend
+    doubting = replace(stepped, clock_doubt_until=NOW)
+    assert not doubting.may_resend  # still inside the step's doubt (and its landing slack)
