@@ -9,6 +9,27 @@ Keep the reasons checkable: a reviewer should be able to read the line and agree
 from __future__ import annotations
 
 EQUIVALENT: dict[str, str] = {
+    "outbox/storage/attempts.py::start_attempts::boolop#0": (
+        "`first_sent_at=c.first_sent_at or c.now` in the claim start_attempts returns: that "
+        "claim is only sent (DownstreamRequest.of) and judged (judge_submit, judge_resend), and "
+        "neither reads first_sent_at; the key-retention stop reads it from the claim before "
+        "the start (workers/claiming.py, check_before_send), and the database's own "
+        "first_sent_at is written by the transition. No reader, so no observable change."
+    ),
+    "outbox/storage/attempts.py::start_attempts::drop-operand#0": (
+        "`first_sent_at=c.first_sent_at or c.now` in the claim start_attempts returns: that "
+        "claim is only sent (DownstreamRequest.of) and judged (judge_submit, judge_resend), and "
+        "neither reads first_sent_at; the key-retention stop reads it from the claim before "
+        "the start (workers/claiming.py, check_before_send), and the database's own "
+        "first_sent_at is written by the transition. No reader, so no observable change."
+    ),
+    "outbox/storage/attempts.py::start_attempts::drop-operand#1": (
+        "`first_sent_at=c.first_sent_at or c.now` in the claim start_attempts returns: that "
+        "claim is only sent (DownstreamRequest.of) and judged (judge_submit, judge_resend), and "
+        "neither reads first_sent_at; the key-retention stop reads it from the claim before "
+        "the start (workers/claiming.py, check_before_send), and the database's own "
+        "first_sent_at is written by the transition. No reader, so no observable change."
+    ),
     "workers/sending.py::SendsBatches._send_and_record::const#5": (
         "`first = True` -> False: `first` only arms the test failpoint `after_send` (a no-op "
         "unless a test arms it) and lets the first gather of a batch linger as long as the "

@@ -74,7 +74,7 @@ TARGETS: tuple[Target, ...] = (
         (
             "tests/integration/test_attempt_facts.py",
             # the budget: an attempt started counts as reached until its outcome says otherwise
-            "tests/integration/test_executor.py::test_persistent_503_never_exceeds_max_attempts",
+            "tests/integration/test_budget_edges.py",
             "tests/integration/test_executor_batch.py",
             "tests/integration/test_send_fencing.py",
             "tests/integration/test_reconciler.py",
