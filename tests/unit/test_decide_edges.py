@@ -103,3 +103,9 @@ def test_a_resend_is_allowed_again_once_the_clock_step_is_trusted() -> None:
     assert stepped.may_resend
     doubting = replace(stepped, clock_doubt_until=NOW)
     assert not doubting.may_resend  # still inside the step's doubt (and its landing slack)
+
+
+def test_a_resend_is_allowed_from_the_very_moment_the_clock_is_trusted_again() -> None:
+    at = _situation(resend=True, clock_doubt_until=NOW - landing_slack(FENCED))
+    assert at.clock_trusted_at == NOW == at.asked
+    assert at.may_resend
