@@ -9,6 +9,12 @@ Keep the reasons checkable: a reviewer should be able to read the line and agree
 from __future__ import annotations
 
 EQUIVALENT: dict[str, str] = {
+    "workers/sending.py::SendsBatches._send_and_record::const#7": (
+        "`out = ... if first else 0.0` -> -1.0: `out` is only read in "
+        "`max(self.record_linger, out)`, and record_linger is never negative (a dataclass "
+        "default of 0.1 s, set nowhere else in the product): max(linger, 0.0) == "
+        "max(linger, -1.0)."
+    ),
     "outbox/storage/attempts.py::start_attempts::boolop#0": (
         "`first_sent_at=c.first_sent_at or c.now` in the claim start_attempts returns: that "
         "claim is only sent (DownstreamRequest.of) and judged (judge_submit, judge_resend), and "

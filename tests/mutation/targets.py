@@ -58,6 +58,7 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "workers/sending.py",
         (
+            "tests/unit/test_send_bound.py",
             "tests/integration/test_send_fencing.py",
             "tests/integration/test_deadline_fence.py",
             "tests/integration/test_executor.py",
