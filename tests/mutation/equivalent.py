@@ -9,6 +9,23 @@ Keep the reasons checkable: a reviewer should be able to read the line and agree
 from __future__ import annotations
 
 EQUIVALENT: dict[str, str] = {
+    "reconciler/decide.py::backoff::const#2": (
+        "`2 ** min(s.lookups, 16)` seconds, the 16 -> 15 or 17: the delay is then capped at "
+        "MAX_RECHECK (5 minutes = 300 s); from 9 lookups on 2**n s is already past the cap "
+        "(512 s), so the inner cap (2**15 s or 2**17 s instead of 2**16 s, hours) never shows. "
+        "It only keeps the integer small."
+    ),
+    "reconciler/decide.py::backoff::const#3": (
+        "`2 ** min(s.lookups, 16)` seconds, the 16 -> 15 or 17: the delay is then capped at "
+        "MAX_RECHECK (5 minutes = 300 s); from 9 lookups on 2**n s is already past the cap "
+        "(512 s), so the inner cap (2**15 s or 2**17 s instead of 2**16 s, hours) never shows. "
+        "It only keeps the integer small."
+    ),
+    "reconciler/decide.py::decide::drop-operand#8": (
+        '`doubt == "clock_step" and s.clock_trusted_at is not None`, the second operand '
+        'dropped: not_found_doubt returns "clock_step" only when clock_trusted_at is not '
+        "None, so the second operand is always true there; it narrows the type for mypy."
+    ),
     "workers/sending.py::SendsBatches._send_and_record::const#7": (
         "`out = ... if first else 0.0` -> -1.0: `out` is only read in "
         "`max(self.record_linger, out)`, and record_linger is never negative (a dataclass "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from outbox.downstream import LookupNotFound, Unavailable
+from outbox.downstream import Found, LookupNotFound, Receipt, Unavailable
 from outbox.kinds import DownstreamContract
 from outbox.quiescence import landing_slack
 from outbox.states import State
@@ -109,3 +109,16 @@ def test_a_resend_is_allowed_from_the_very_moment_the_clock_is_trusted_again() -
     at = _situation(resend=True, clock_doubt_until=NOW - landing_slack(FENCED))
     assert at.clock_trusted_at == NOW == at.asked
     assert at.may_resend
+
+
+def test_a_receipt_of_success_settles_at_once_even_with_sends_still_in_flight() -> None:
+    # two attempts, the second still on the wire: "done" needs no wait (the key makes any
+    # late request a replay); only "not done" waits for quiescence
+    in_flight = _situation(
+        last_sent_at=NOW - timedelta(seconds=1),
+        sends=((NOW - timedelta(minutes=5), NOW - timedelta(minutes=4)), (NOW, None)),
+        lease_ends=(NOW - timedelta(minutes=4), NOW + timedelta(minutes=1)),
+    )
+    assert in_flight.asked < in_flight.quiet_at
+    found = Found(Receipt("re_1", "succeeded", {"amount_minor": 1}))
+    assert decide(in_flight, found).code == "found"
