@@ -86,6 +86,7 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "outbox/clock.py",
         (
+            "tests/unit/test_db_clock.py",
             "tests/unit/test_clock_steps.py",
             "tests/unit/test_lookup_time.py",
             "tests/unit/test_transport.py",
