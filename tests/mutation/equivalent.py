@@ -9,6 +9,11 @@ Keep the reasons checkable: a reviewer should be able to read the line and agree
 from __future__ import annotations
 
 EQUIVALENT: dict[str, str] = {
+    "outbox/clock.py::Step.direction::cmp#0": (
+        "`seconds > 0` -> `>= 0`: differs only for a step of exactly 0 s, which StepDetector "
+        "never reports: it reports one only when lo - last_hi (or last_lo - hi) exceeds the "
+        "allowance (>= 0), and then the midpoints differ by more than 0."
+    ),
     "reconciler/decide.py::backoff::const#2": (
         "`2 ** min(s.lookups, 16)` seconds, the 16 -> 15 or 17: the delay is then capped at "
         "MAX_RECHECK (5 minutes = 300 s); from 9 lookups on 2**n s is already past the cap "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from outbox.clock import DbClock, Deadline
+from outbox.clock import DbClock, Deadline, Reading, Step, StepDetector
 
 DB_AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -61,3 +61,22 @@ def test_earlier_is_the_one_that_expires_first() -> None:
 def test_a_wall_clock_deadline_expires_as_far_ahead_as_it_is() -> None:
     deadline = Deadline.from_wall(DB_AT + timedelta(seconds=7), DB_AT, monotonic=Ticks(50.0))
     assert deadline.expires == 57.0
+
+
+def test_capped_by_less_than_a_second_still_moves_it() -> None:
+    far = Deadline(DB_AT + timedelta(seconds=60), 160.0, Ticks(100.0))
+    capped = far.capped(59.5)
+    assert (capped.at, capped.expires) == (DB_AT + timedelta(seconds=59.5), 159.5)
+
+
+def test_a_step_is_forward_or_backward_by_its_sign_however_small() -> None:
+    assert Step(0.5, DB_AT, DB_AT).direction == "forward"
+    assert Step(-0.5, DB_AT, DB_AT).direction == "backward"
+
+
+def test_a_reading_taken_at_the_same_monotonic_instant_is_still_compared() -> None:
+    detector = StepDetector(margin=1.0, window=30.0)
+    assert detector.observe(Reading(DB_AT, 100.0)) is None
+    step = detector.observe(Reading(DB_AT + timedelta(seconds=10), 100.0))
+    assert step is not None and step.seconds == 10.0
+    assert detector.distrust_until() == DB_AT + timedelta(seconds=40)
