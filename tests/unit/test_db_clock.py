@@ -80,3 +80,11 @@ def test_a_reading_taken_at_the_same_monotonic_instant_is_still_compared() -> No
     step = detector.observe(Reading(DB_AT + timedelta(seconds=10), 100.0))
     assert step is not None and step.seconds == 10.0
     assert detector.distrust_until() == DB_AT + timedelta(seconds=40)
+
+
+def test_a_move_of_exactly_the_margin_is_not_a_step_either_way() -> None:
+    for moved in (1.0, -1.0):
+        detector = StepDetector(margin=1.0, window=30.0)
+        assert detector.observe(Reading(DB_AT, 100.0)) is None
+        assert detector.observe(Reading(DB_AT + timedelta(seconds=moved), 100.0)) is None
+        assert detector.distrust_until() is None
