@@ -45,6 +45,7 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "workers/verdicts.py",
         (
+            "tests/unit/test_send_checks.py",
             "tests/unit/test_verdicts.py",
             "tests/unit/test_resend_rules.py",
             "tests/unit/test_retry_settings.py",
