@@ -43,6 +43,15 @@ if [ "$model_status" -ne 0 ]; then
   echo "the model checker failed (exit status $model_status)" >&2
   exit "$model_status"
 fi
+# The mutation suite (python -m tests.mutation, docs/mutation.md): a fixed sample of mutants of the
+# safety-critical modules, each run against its module's tests in a private copy of the tree; a
+# mutant that survives fails the build. SETTLED_TEST_MUTATION=all runs every mutant instead.
+echo "== the mutation sample: python -m tests.mutation"
+if [ "${SETTLED_TEST_MUTATION:-sample}" = all ]; then
+  .venv/bin/python -m tests.mutation --all
+else
+  .venv/bin/python -m tests.mutation
+fi
 echo "== pytest: the model checker, integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
 # Three test processes per two cores: most of these tests wait on other processes (workers,
 # servers, the simulator), so one per core left them part idle (load average about 1.5).

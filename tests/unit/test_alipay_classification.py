@@ -91,6 +91,7 @@ def test_a_success_that_does_not_fit_the_intent_is_misuse(
 ) -> None:
     outcome = classify_refund(refunded(**changes), PARAMS, KEY)
     assert isinstance(outcome, Misuse) and outcome.code == code, outcome
+    assert outcome.status == 200  # Alipay answers in the body: the HTTP status recorded
 
 
 @pytest.mark.parametrize(

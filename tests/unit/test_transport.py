@@ -15,6 +15,7 @@ from outbox.downstream import NotSent, SendPhase
 from tests.support.gateways import FakeMonotonic
 from workers.transport import (
     BoundedStream,
+    BoundedTransport,
     NotSentError,
     bound_request,
     error_name,
@@ -186,3 +187,14 @@ def test_a_handshake_that_fails_is_not_sent_in_the_tls_phase() -> None:
     with bound_request(deadline(clock, 1.0)), pytest.raises(NotSentError) as refused:
         stream.start_tls(ssl.create_default_context(), "example.test", timeout=5.0)
     assert (refused.value.phase, refused.value.detail) == (SendPhase.TLS, "ConnectTimeout")
+
+
+def test_the_bounded_transport_keeps_the_limits_it_is_given() -> None:
+    # the pool is built again over the bounded backend: the caller's limits must reach it
+    # (a worker's pool size and keep-alive expiry are set to fit the downstream's idle timeout)
+    limits = httpx.Limits(max_connections=3, max_keepalive_connections=2, keepalive_expiry=1.5)
+    transport = BoundedTransport(limits=limits)
+    pool = transport._pool
+    assert (pool._max_connections, pool._max_keepalive_connections) == (3, 2)
+    assert pool._keepalive_expiry == 1.5
+    transport.close()

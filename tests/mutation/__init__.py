@@ -1,0 +1,1 @@
+"""Mutation testing of the safety-critical modules: ``python -m tests.mutation``."""
