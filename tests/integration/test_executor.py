@@ -343,3 +343,32 @@ def test_batch_claim_sends_other_due_operations_concurrently(rig: Rig) -> None:
     assert all(rig.effects(i) == 1 for i in ids)
     with rig.sessions() as s:
         assert s.scalar(select(func.count()).select_from(Attempt)) == 6
+
+
+class _Raising:
+    """A gateway whose submit of one key raises (a bug in an adapter): the others answer."""
+
+    def __init__(self, inner: object, key: str) -> None:
+        self.inner, self.key = inner, key
+
+    def submit(self, request: DownstreamRequest, /, **kw: object) -> object:
+        if request.idempotency_key == self.key:
+            raise RuntimeError("the adapter failed")
+        return self.inner.submit(request, **kw)  # type: ignore[attr-defined]
+
+    def lookup(self, request: DownstreamRequest, /, **kw: object) -> object:
+        return self.inner.lookup(request, **kw)  # type: ignore[attr-defined]
+
+
+def test_a_send_that_raises_in_a_batch_is_raised_after_the_others_are_written(rig: Rig) -> None:
+    """A gateway returns values; one that raises is a bug, and it must not pass silently: the
+    batch's other outcomes are written, the failed one is left ``submitted`` for the
+    reconciler to look up (it may have been sent), and the error is raised after."""
+    ids = [rig.enqueue(f"op-{n}", {**GOOD, "amount_minor": 100 + n}) for n in range(3)]
+    broken = ids[1]
+    executor = rig.executor(batch_extra=2)
+    executor.gateway = _Raising(rig.gateway(), rig.op(broken).idempotency_key)  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="the adapter failed"):
+        executor.execute([ids[0]])
+    assert [rig.op(i).state for i in ids] == ["succeeded", "submitted", "succeeded"]
+    assert rig.effects(broken) == 0
