@@ -109,13 +109,8 @@ def judge_submit(
                 review=review,
                 evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
             )
-        case Misuse(code=code, detail=detail, status=status):
-            return Change(
-                Event.LOSE,
-                State.UNKNOWN,
-                review=code,
-                evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
-            )
+        case Misuse():
+            return _misused(outcome)
     raise TypeError(f"not a submit outcome: {outcome!r}")  # pragma: no cover
 
 
@@ -170,14 +165,22 @@ def judge_resend(outcome: SubmitOutcome, *, contract: DownstreamContract, now: d
                 next_attempt_at=now + contract.processing_time,
                 evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
             )
-        case Misuse(code=code, detail=detail, status=status):
-            return Change(
-                Event.LOSE,
-                State.UNKNOWN,
-                review=code,
-                evidence=_answered({"detail": detail, "status": status}, outcome.request_id),
-            )
+        case Misuse():
+            return _misused(outcome)
     raise TypeError(f"not a submit outcome: {outcome!r}")  # pragma: no cover
+
+
+def _misused(outcome: Misuse) -> Change:
+    """Misuse (an idempotency error, a receipt unlike the intent): unknown, and review at once,
+    whether the first send or a resend met it."""
+    return Change(
+        Event.LOSE,
+        State.UNKNOWN,
+        review=outcome.code,
+        evidence=_answered(
+            {"detail": outcome.detail, "status": outcome.status}, outcome.request_id
+        ),
+    )
 
 
 def _answered(evidence: dict[str, object], request_id: str | None) -> dict[str, object]:
