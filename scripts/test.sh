@@ -28,10 +28,24 @@ if [ "$#" -gt 0 ]; then
   exit
 fi
 # The model checker (python -m tests.model: the CI configurations, exhaustive, and every broken
-# variant) on the core the unit tests leave idle; its figures are printed after them.
+# variant) on one core, and, beside the unit tests on the other, the mutation suite
+# (python -m tests.mutation, docs/mutation.md): a fixed sample of mutants of the safety-critical
+# modules, each run against its module's tests in a private copy of the tree; a mutant that
+# survives fails the build. SETTLED_TEST_MUTATION=all runs every mutant instead. The unit tests
+# and the sample together take about as long as the model checker alone; their figures are
+# printed after the unit tests'.
+# A failure on the way stops the two background runs too.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 model_log=$(mktemp)
 .venv/bin/python -m tests.model >"$model_log" 2>&1 &
 model_pid=$!
+mutation_log=$(mktemp)
+if [ "${SETTLED_TEST_MUTATION:-sample}" = all ]; then
+  .venv/bin/python -m tests.mutation --all >"$mutation_log" 2>&1 &
+else
+  .venv/bin/python -m tests.mutation >"$mutation_log" 2>&1 &
+fi
+mutation_pid=$!
 echo "== pytest: unit tests, with the coverage floor on the pure core"
 .venv/bin/pytest tests/unit --cov --cov-report=term
 echo "== the model checker: python -m tests.model"
@@ -43,14 +57,14 @@ if [ "$model_status" -ne 0 ]; then
   echo "the model checker failed (exit status $model_status)" >&2
   exit "$model_status"
 fi
-# The mutation suite (python -m tests.mutation, docs/mutation.md): a fixed sample of mutants of the
-# safety-critical modules, each run against its module's tests in a private copy of the tree; a
-# mutant that survives fails the build. SETTLED_TEST_MUTATION=all runs every mutant instead.
 echo "== the mutation sample: python -m tests.mutation"
-if [ "${SETTLED_TEST_MUTATION:-sample}" = all ]; then
-  .venv/bin/python -m tests.mutation --all
-else
-  .venv/bin/python -m tests.mutation
+mutation_status=0
+wait "$mutation_pid" || mutation_status=$?
+cat "$mutation_log"
+rm -f "$mutation_log"
+if [ "$mutation_status" -ne 0 ]; then
+  echo "the mutation suite failed (exit status $mutation_status)" >&2
+  exit "$mutation_status"
 fi
 echo "== pytest: the model checker, integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
 # Three test processes per two cores: most of these tests wait on other processes (workers,
