@@ -37,7 +37,7 @@ fi
 # A failure on the way stops the two background runs too.
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 model_log=$(mktemp)
-.venv/bin/python -m tests.model >"$model_log" 2>&1 &
+.venv/bin/python -m tests.model --jobs 2 >"$model_log" 2>&1 &
 model_pid=$!
 mutation_log=$(mktemp)
 if [ "${SETTLED_TEST_MUTATION:-sample}" = all ]; then

@@ -1,7 +1,12 @@
 """``python -m tests.model``: the CI configurations of the protocol model and of the approvals
-model, then every broken variant of each, then every world that breaks one of the contract's
-assumptions; one figures line each. Exit status 1 on any violation of the real rules, on a
-variant the checker does not catch, or on a broken assumption the real rules survive.
+model, the real rules in each broken variant's own configuration (its control), then every
+broken variant of each, then every world that breaks one of the contract's assumptions; one
+figures line each. Exit status 1 on any violation of the real rules, on a variant the checker
+does not catch (or catches only as a failure to settle), or on a broken assumption the real
+rules survive. This is the one run of these explorations: the tests of ``tests/model`` check
+the checker itself and the smaller configurations, not these again.
+
+``--jobs N``: explore in N processes (``scripts/test.sh`` uses two).
 
 ``--long``: bigger configurations, each explored for at most ``--seconds`` (bounded runs say
 so in their figures line).
@@ -10,6 +15,7 @@ so in their figures line).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 import time
 from collections.abc import Sequence
@@ -80,10 +86,7 @@ LONG: tuple[Config, ...] = (
 
 def run_variants(max_states: int = 200_000) -> list[tuple[str, Result]]:
     """Every broken variant in the configuration it must be caught in."""
-    return [
-        (name, explore(ProtocolModel(replace(config, variant=name)), max_states=max_states))
-        for name, (_, config) in VARIANTS.items()
-    ]
+    return [(name, _variant(name, max_states)) for name in VARIANTS]
 
 
 def run_assumptions(max_states: int = 200_000) -> list[tuple[str, Result]]:
@@ -94,58 +97,128 @@ def run_assumptions(max_states: int = 200_000) -> list[tuple[str, Result]]:
     ]
 
 
+def _variant(name: str, max_states: int = 200_000) -> Result:
+    config = VARIANTS[name][1]
+    return explore(ProtocolModel(replace(config, variant=name)), max_states=max_states)
+
+
+def controls() -> dict[str, Config]:
+    """The configuration of each broken variant that the CI set does not already explore,
+    named after the variants it serves: the real rules must hold there, or a variant caught in
+    it proves nothing (the checker would flag the real code too)."""
+    explored = {replace(c, name="") for c in CI}
+    out: dict[str, list[str]] = {}
+    configs: dict[str, Config] = {}
+    for name, (_, config) in VARIANTS.items():
+        key = replace(config, name="", variant=None)
+        if key in explored:
+            continue
+        label = repr(key)
+        out.setdefault(label, []).append(name)
+        configs[label] = key
+    return {f"control of {', '.join(names)}": configs[label] for label, names in out.items()}
+
+
 def _stopped(result: Result) -> str:
     """The figures of a run that ended at its first violation (not a whole exploration)."""
     return result.figures.line().replace("exhaustive", "stopped at the first violation")
 
 
-def _holds(result: Result) -> bool:
-    """Print a run of the real rules: its figures, and its violation if any; True if none."""
-    print(result.figures.line(), flush=True)
+def _holds(result: Result) -> tuple[bool, str]:
+    """A run of the real rules: its figures, and its violation if any; True if none."""
+    text = result.figures.line()
     if result.violation is not None:
-        print(result.violation.render(), flush=True)
-    return result.violation is None
+        text += "\n" + result.violation.render()
+    return result.violation is None, text
 
 
-def _caught(name: str, result: Result) -> bool:
-    """Print a run of a broken variant; True if the checker caught it."""
+def _caught(name: str, result: Result) -> tuple[bool, str]:
+    """A run of a broken variant: True if the checker caught it, by a safety property (a
+    variant that only stops the protocol settling is not the bug it stands for)."""
     if result.violation is None:
-        print(f"{result.figures.line()}: variant {name} NOT CAUGHT", flush=True)
-        return False
-    print(f"{_stopped(result)}: caught ({result.violation.property})", flush=True)
-    return True
+        return False, f"{result.figures.line()}: variant {name} NOT CAUGHT"
+    if result.violation.property == "settlement":
+        return False, f"{_stopped(result)}: variant {name} caught only by settlement"
+    return True, f"{_stopped(result)}: caught ({result.violation.property})"
+
+
+def _needed(name: str, result: Result) -> tuple[bool, str]:
+    """A run of the real rules in a world without one of the contract's assumptions: they
+    must break there (else the assumption, or the model of it, is wrong)."""
+    if result.violation is None:
+        return False, f"{result.figures.line()}: assumption {name} NOT NEEDED?"
+    return True, f"{_stopped(result)}: fails without it ({result.violation.property})"
+
+
+#: One exploration of the run: what it is, and its name there.
+Job = tuple[str, str]
+
+
+def jobs(long: bool) -> list[Job]:
+    """Every exploration of a run, in the order their lines are printed."""
+    configs = LONG if long else CI
+    approval_models = approvals.LONG if long else approvals.CONFIGURATIONS
+    return [
+        *(("config", c.name) for c in configs),
+        *(("approvals", name) for name in approval_models),
+        *(("control", name) for name in ([] if long else controls())),
+        *(("approvals-variant", name) for name in approvals.VARIANTS),
+        *(("variant", name) for name in VARIANTS),
+        *(("assumption", name) for name in ASSUMPTIONS),
+    ]
+
+
+def run_job(job: Job, long: bool = False, seconds: float = 600.0) -> tuple[bool, str]:
+    """Explore one job; True if it came out as it must, and the lines to print."""
+    what, name = job
+    if what == "config":
+        config = next(c for c in (LONG if long else CI) if c.name == name)
+        limit = 2_000_000
+        if long:
+            # A first measured rate turns the time budget into a bound on states.
+            probe = explore(ProtocolModel(config), max_states=20_000)
+            limit = max(20_000, int(probe.figures.states_per_second * seconds))
+        return _holds(explore(ProtocolModel(config), max_states=limit))
+    if what == "approvals":
+        return _holds(explore((approvals.LONG if long else approvals.CONFIGURATIONS)[name]))
+    if what == "control":
+        return _holds(explore(ProtocolModel(replace(controls()[name], name=name))))
+    if what == "approvals-variant":
+        return _caught(name, explore(approvals.VARIANTS[name]))
+    if what == "variant":
+        return _caught(name, _variant(name))
+    config = ASSUMPTIONS[name]
+    return _needed(name, explore(ProtocolModel(replace(config, name=name)), max_states=200_000))
+
+
+def _run_job(args: tuple[Job, bool, float]) -> tuple[bool, str]:
+    return run_job(*args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.model", description=__doc__)
     parser.add_argument("--long", action="store_true", help="explore bigger configurations")
     parser.add_argument("--seconds", type=float, default=600.0, help="budget per --long run")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="explore in this many processes (lines in order)"
+    )
     args = parser.parse_args(argv)
     failed = False
     started = time.monotonic()
-    configs = LONG if args.long else CI
-    for config in configs:
-        limit = 2_000_000
-        if args.long:
-            # A first measured rate turns the time budget into a bound on states.
-            probe = explore(ProtocolModel(config), max_states=20_000)
-            limit = max(20_000, int(probe.figures.states_per_second * args.seconds))
-        result = explore(ProtocolModel(config), max_states=limit)
-        failed |= not _holds(result)
-    approval_models = approvals.LONG if args.long else approvals.CONFIGURATIONS
-    for model in approval_models.values():
-        failed |= not _holds(explore(model))
-    variants = [(name, explore(model)) for name, model in approvals.VARIANTS.items()]
-    for name, result in variants + run_variants():
-        failed |= not _caught(name, result)
-    for name, result in run_assumptions():
-        # The real rules rest on it: a world without it must break them (else the assumption,
-        # or the model of it, is wrong).
-        if result.violation is None:
-            print(f"{result.figures.line()}: assumption {name} NOT NEEDED?", flush=True)
-            failed = True
-        else:
-            print(f"{_stopped(result)}: fails without it ({result.violation.property})")
+    work = [(job, args.long, args.seconds) for job in jobs(args.long)]
+    if args.jobs > 1:
+        # fork: each process has the models as this one built them
+        context = multiprocessing.get_context("fork")
+        with context.Pool(args.jobs) as pool:
+            results = pool.imap(_run_job, work)
+            for ok, text in results:
+                print(text, flush=True)
+                failed |= not ok
+    else:
+        for item in work:
+            ok, text = _run_job(item)
+            print(text, flush=True)
+            failed |= not ok
     print(f"model: {'FAILED' if failed else 'ok'} in {time.monotonic() - started:.1f} s")
     return 1 if failed else 0
 
