@@ -65,4 +65,47 @@ EQUIVALENT: dict[str, str] = {
         "tests that arm the failpoint run real Celery workers (tests/integration/"
         "test_celery_worker.py), outside the fast selection."
     ),
+    "outbox/leases.py::LeaseKeeper.__init__::const#2": (
+        "`self._pid = 0` -> 1 or -1 in __init__: `_pid` is read only in `_start`, after "
+        "`self._thread is not None and`, and `_thread` is None until `_start` first runs, "
+        "which assigns `_pid` (os.getpid()) before `_thread`: the initial value is never read."
+    ),
+    "outbox/leases.py::LeaseKeeper.__init__::const#3": (
+        "`self._pid = 0` -> 1 or -1 in __init__: `_pid` is read only in `_start`, after "
+        "`self._thread is not None and`, and `_thread` is None until `_start` first runs, "
+        "which assigns `_pid` (os.getpid()) before `_thread`: the initial value is never read."
+    ),
+    "outbox/leases.py::LeaseKeeper.holding::const#0": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper.holding::const#1": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper.renew_now::const#0": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper.renew_now::const#1": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper._start::drop-operand#0": (
+        "`self._thread is not None and self._pid == os.getpid() and ...`, the first operand "
+        "dropped: `_pid` is 0 (never a process id) until `_start` assigns it, before it "
+        "assigns `_thread`, so `_pid == os.getpid()` is False whenever `_thread` is None and "
+        "`and` stops before `self._thread.is_alive()`."
+    ),
+    "outbox/leases.py::LeaseKeeper._start::drop-operand#1": (
+        "`... and self._pid == os.getpid() and self._thread.is_alive()`, the pid check dropped: it"
+        " differs only in a forked child, and there CPython marks every thread but the forking one"
+        " stopped (threading's after-fork handler), so `is_alive()` is already False and the child"
+        " starts its own thread either way; the forking thread is never the keeper's own (it only "
+        "renews and waits)."
+    ),
 }
