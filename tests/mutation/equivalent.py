@@ -108,4 +108,40 @@ EQUIVALENT: dict[str, str] = {
         " starts its own thread either way; the forking thread is never the keeper's own (it only "
         "renews and waits)."
     ),
+    "workers/transport.py::BoundedTransport.__init__::const#0": (
+        "`super().__init__(..., retries=0)` -> 1 or -1: the pool HTTPTransport.__init__ builds "
+        "with it is replaced by the next statement (`self._pool = httpcore.ConnectionPool(...)`, "
+        "retries=0), and HTTPTransport keeps nothing else of `retries` (httpx 0.29: it only "
+        "builds `self._pool`). No request ever reaches that first pool."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#1": (
+        "`super().__init__(..., retries=0)` -> 1 or -1: the pool HTTPTransport.__init__ builds "
+        "with it is replaced by the next statement (`self._pool = httpcore.ConnectionPool(...)`, "
+        "retries=0), and HTTPTransport keeps nothing else of `retries` (httpx 0.29: it only "
+        "builds `self._pool`). No request ever reaches that first pool."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#2": (
+        "`http1=True` -> False (with `http2=False`): httpcore 1.0.9 reads `_http1` only in "
+        "`self._http2 and not self._http1` (HTTPConnection.handle_request, is_available) and "
+        "offers ALPN h2 only when `_http2`; with http2 False every connection is HTTP/1.1 "
+        "whatever http1 says. The HTTP/1.1-only offer is pinned by test_transport_bounds::"
+        "test_a_tls_downstream_inside_the_deadline_is_answered_as_usual (a terminator that "
+        "prefers h2), which kills `http2=True`."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#4": (
+        "the pool's `retries=0` -> 1 or -1: httpcore retries a connect only on its own "
+        "ConnectError/ConnectTimeout from the backend's connect_tcp or the stream's start_tls "
+        "(HTTPConnection._connect); BoundedBackend.connect_tcp and BoundedStream.start_tls turn "
+        "every one of those into NotSentError (an httpx error), so the retry branch is never "
+        "reached (and -1 fails `retries_left <= 0` as 0 does). That a refused connect is tried "
+        "once is pinned by test_transport_bounds::test_a_refused_connection_is_tried_once."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#5": (
+        "the pool's `retries=0` -> 1 or -1: httpcore retries a connect only on its own "
+        "ConnectError/ConnectTimeout from the backend's connect_tcp or the stream's start_tls "
+        "(HTTPConnection._connect); BoundedBackend.connect_tcp and BoundedStream.start_tls turn "
+        "every one of those into NotSentError (an httpx error), so the retry branch is never "
+        "reached (and -1 fails `retries_left <= 0` as 0 does). That a refused connect is tried "
+        "once is pinned by test_transport_bounds::test_a_refused_connection_is_tried_once."
+    ),
 }
