@@ -218,16 +218,27 @@ def test_close_waits_for_the_round_under_way_and_is_idempotent(
 def test_close_waits_at_most_five_seconds_for_a_stuck_round(
     db: Database, keeper: Keepers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A renewal stuck in the database does not hold a worker's shutdown forever."""
+    """A renewal stuck in the database does not hold a worker's shutdown forever: ``close``
+    waits for it 5 s at most (the test's join records that and then unsticks it)."""
     wait = SteppedWait()
     k = keeper(wait)
+    in_database, unstuck = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        in_database.set()
+        unstuck.wait(BOUND)
+
     joins: list[float | None] = []
     with k.holding([claimed(1)]):
         thread = wait.waiting()
+        db.during = stuck
+        wait.tick()
+        assert in_database.wait(BOUND)
         real_join = thread.join
 
         def join(timeout: float | None = None) -> None:
             joins.append(timeout)
+            unstuck.set()
             wait.until_stopped()
             real_join(BOUND)
 
