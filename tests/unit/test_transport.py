@@ -231,6 +231,30 @@ def test_an_empty_write_is_no_first_byte() -> None:
     assert inner.writes == []
 
 
+class SocketStream(MemoryStream):
+    """A stream in memory over a real (unconnected) socket: the kernel's options are set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.sock if info == "socket" else None
+
+
+def test_a_system_without_tcp_user_timeout_sends_as_usual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TCP_USER_TIMEOUT is Linux's: elsewhere the kernel is not told, and the request goes."""
+    monkeypatch.delattr(socket, "TCP_USER_TIMEOUT", raising=False)
+    clock = FakeMonotonic()
+    inner = SocketStream()
+    try:
+        with bound_request(deadline(clock, 5.0)):
+            BoundedStream(inner, None).write(b"POST /v1/refunds", timeout=5.0)
+    finally:
+        inner.sock.close()
+    assert inner.writes == [(b"POST /v1/refunds", 5.0)]
+
+
 # -- the backend: resolving and connecting --------------------------------------------------
 
 
