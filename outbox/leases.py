@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 #: Renewal ends this many leases after the claim (60 s at the default lease).
 LONGEST_IN_LEASES = 4
 
+#: How the keeper's thread waits between rounds: ``wait(stop, seconds)`` returns True once
+#: ``stop`` is set, False after ``seconds`` (``threading.Event.wait``); injectable for tests.
+Wait = Callable[[threading.Event, float], bool]
+
 
 class LeaseKeeper:
     """Renews the leases of the operations one holder (``owner``) is working on."""
@@ -54,6 +58,7 @@ class LeaseKeeper:
         lease_seconds: float,
         longest: float | None = None,
         monotonic: Monotonic = time.monotonic,
+        wait: Wait = threading.Event.wait,
     ) -> None:
         self.sessions = sessions
         self.owner = owner
@@ -62,6 +67,7 @@ class LeaseKeeper:
         self.every = lease_seconds / 3
         self.longest = LONGEST_IN_LEASES * lease_seconds if longest is None else longest
         self.monotonic = monotonic
+        self._wait = wait
         #: operation id -> (lease version, monotonic time of the claim)
         self._held: dict[int, tuple[int, float]] = {}
         #: (operation id, lease version) -> the lease's end as last renewed (database time);
@@ -142,6 +148,9 @@ class LeaseKeeper:
         return set(renewed)
 
     def close(self) -> None:
+        """Stop the renewing thread, waiting up to 5 s for a round under way (a renewal in the
+        database) to end; a round stuck longer is left to its daemon thread. Idempotent; a
+        later ``holding`` starts a thread again."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
@@ -158,7 +167,7 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         stop = self._stop
-        while not stop.wait(self.every):
+        while not self._wait(stop, self.every):
             try:
                 self.renew_now()
             except Exception:  # the keeper must outlive any one round

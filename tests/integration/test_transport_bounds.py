@@ -240,10 +240,13 @@ def test_a_tls_handshake_held_past_the_deadline_is_not_sent_and_no_request_byte_
 def test_a_tls_downstream_inside_the_deadline_is_answered_as_usual(
     certificate: tuple[Path, Path],
 ) -> None:
-    """The control: the same terminator, holding nothing, gets the whole request."""
+    """The control: the same terminator, holding nothing, gets the whole request. It would
+    speak HTTP/2 if offered: the transport offers HTTP/1.1 only (its first-byte check is per
+    request, on a connection carrying one request at a time)."""
     key, cert = certificate
     server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_side.load_cert_chain(cert, key)
+    server_side.set_alpn_protocols(["h2", "http/1.1"])
     server = Recorder(tls=server_side)
     try:
         resolver = SlowResolver(delay=0.0)
@@ -255,6 +258,24 @@ def test_a_tls_downstream_inside_the_deadline_is_answered_as_usual(
         server.stop()
     assert isinstance(outcome, Unknown)  # the request left: maybe sent
     assert server.all_bytes().startswith(b"POST /v1/refunds")
+
+
+def test_a_certificate_the_system_does_not_trust_is_refused_by_default(
+    certificate: tuple[Path, Path],
+) -> None:
+    key, cert = certificate
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(cert, key)
+    server = Recorder(tls=server_side)
+    try:
+        resolver = SlowResolver(delay=0.0)
+        with http_gateway(server.url(HOST, "https"), resolver=resolver) as gw:  # verify: default
+            outcome = submit(gw, in_seconds(5.0))
+        wait_until(lambda: server.finished() == 1, timeout=10, what="the terminator's connection")
+    finally:
+        server.stop()
+    assert outcome == NotSent("ConnectError", SendPhase.TLS)
+    assert server.all_bytes() == b""
 
 
 # -- the first byte ----------------------------------------------------------------------
@@ -388,6 +409,39 @@ def test_the_kernel_is_told_to_stop_retransmitting_at_each_requests_bound(
         assert 0 < kernel_timeout_ms(stream) <= 500
     finally:
         stream.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux only")
+def test_a_connection_outside_any_bound_keeps_the_kernels_own_timeout(
+    recorder: Recorder,
+) -> None:
+    """No bound and no timeout (httpcore's None): nothing to tell the kernel, and no error."""
+    stream = BoundedBackend().connect_tcp("127.0.0.1", recorder.port)
+    try:
+        sock = stream.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
+    finally:
+        stream.close()
+
+
+# -- no retries ----------------------------------------------------------------------------
+
+
+def test_a_refused_connection_is_tried_once() -> None:
+    """The transport never tries again on its own: whether and when an operation is sent again
+    is the executor's to decide, on what it recorded (a retry inside the transport would be a
+    send it never hears of)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, not listening: every connect is refused
+    try:
+        resolver = SlowResolver(delay=0.0)
+        url = f"http://{HOST}:{closed.getsockname()[1]}"
+        with http_gateway(url, resolver=resolver) as gateway:
+            outcome = submit(gateway, in_seconds(5.0))
+    finally:
+        closed.close()
+    assert outcome == NotSent("ConnectError", SendPhase.CONNECT)
+    assert resolver.asked == 1  # each connect asks for the name: one connect
 
 
 # -- a trickling answer ------------------------------------------------------------------

@@ -65,4 +65,83 @@ EQUIVALENT: dict[str, str] = {
         "tests that arm the failpoint run real Celery workers (tests/integration/"
         "test_celery_worker.py), outside the fast selection."
     ),
+    "outbox/leases.py::LeaseKeeper.__init__::const#2": (
+        "`self._pid = 0` -> 1 or -1 in __init__: `_pid` is read only in `_start`, after "
+        "`self._thread is not None and`, and `_thread` is None until `_start` first runs, "
+        "which assigns `_pid` (os.getpid()) before `_thread`: the initial value is never read."
+    ),
+    "outbox/leases.py::LeaseKeeper.__init__::const#3": (
+        "`self._pid = 0` -> 1 or -1 in __init__: `_pid` is read only in `_start`, after "
+        "`self._thread is not None and`, and `_thread` is None until `_start` first runs, "
+        "which assigns `_pid` (os.getpid()) before `_thread`: the initial value is never read."
+    ),
+    "outbox/leases.py::LeaseKeeper.holding::const#0": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper.holding::const#1": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper.renew_now::const#0": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper.renew_now::const#1": (
+        "`self._held.get(op_id, (None, 0.0))[0]`, the 0.0 -> 1.0 or -1.0: only `[0]` of the "
+        "default is read (None, never a lease version); its second element is a placeholder for "
+        "the tuple's shape."
+    ),
+    "outbox/leases.py::LeaseKeeper._start::drop-operand#0": (
+        "`self._thread is not None and self._pid == os.getpid() and ...`, the first operand "
+        "dropped: `_pid` is 0 (never a process id) until `_start` assigns it, before it "
+        "assigns `_thread`, so `_pid == os.getpid()` is False whenever `_thread` is None and "
+        "`and` stops before `self._thread.is_alive()`."
+    ),
+    "outbox/leases.py::LeaseKeeper._start::drop-operand#1": (
+        "`... and self._pid == os.getpid() and self._thread.is_alive()`, the pid check dropped: it"
+        " differs only in a forked child, and there CPython marks every thread but the forking one"
+        " stopped (threading's after-fork handler), so `is_alive()` is already False and the child"
+        " starts its own thread either way; the forking thread is never the keeper's own (it only "
+        "renews and waits)."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#0": (
+        "`super().__init__(..., retries=0)` -> 1 or -1: the pool HTTPTransport.__init__ builds "
+        "with it is replaced by the next statement (`self._pool = httpcore.ConnectionPool(...)`, "
+        "retries=0), and HTTPTransport keeps nothing else of `retries` (httpx 0.29: it only "
+        "builds `self._pool`). No request ever reaches that first pool."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#1": (
+        "`super().__init__(..., retries=0)` -> 1 or -1: the pool HTTPTransport.__init__ builds "
+        "with it is replaced by the next statement (`self._pool = httpcore.ConnectionPool(...)`, "
+        "retries=0), and HTTPTransport keeps nothing else of `retries` (httpx 0.29: it only "
+        "builds `self._pool`). No request ever reaches that first pool."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#2": (
+        "`http1=True` -> False (with `http2=False`): httpcore 1.0.9 reads `_http1` only in "
+        "`self._http2 and not self._http1` (HTTPConnection.handle_request, is_available) and "
+        "offers ALPN h2 only when `_http2`; with http2 False every connection is HTTP/1.1 "
+        "whatever http1 says. The HTTP/1.1-only offer is pinned by test_transport_bounds::"
+        "test_a_tls_downstream_inside_the_deadline_is_answered_as_usual (a terminator that "
+        "prefers h2), which kills `http2=True`."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#4": (
+        "the pool's `retries=0` -> 1 or -1: httpcore retries a connect only on its own "
+        "ConnectError/ConnectTimeout from the backend's connect_tcp or the stream's start_tls "
+        "(HTTPConnection._connect); BoundedBackend.connect_tcp and BoundedStream.start_tls turn "
+        "every one of those into NotSentError (an httpx error), so the retry branch is never "
+        "reached (and -1 fails `retries_left <= 0` as 0 does). That a refused connect is tried "
+        "once is pinned by test_transport_bounds::test_a_refused_connection_is_tried_once."
+    ),
+    "workers/transport.py::BoundedTransport.__init__::const#5": (
+        "the pool's `retries=0` -> 1 or -1: httpcore retries a connect only on its own "
+        "ConnectError/ConnectTimeout from the backend's connect_tcp or the stream's start_tls "
+        "(HTTPConnection._connect); BoundedBackend.connect_tcp and BoundedStream.start_tls turn "
+        "every one of those into NotSentError (an httpx error), so the retry branch is never "
+        "reached (and -1 fails `retries_left <= 0` as 0 does). That a refused connect is tried "
+        "once is pinned by test_transport_bounds::test_a_refused_connection_is_tried_once."
+    ),
 }

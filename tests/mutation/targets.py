@@ -83,7 +83,10 @@ TARGETS: tuple[Target, ...] = (
         ),
         model=True,
     ),
-    Target("outbox/leases.py", ("tests/integration/test_leases.py",)),
+    Target(
+        "outbox/leases.py",
+        ("tests/unit/test_lease_keeper.py", "tests/integration/test_leases.py"),
+    ),
     Target(
         "outbox/clock.py",
         (

@@ -1,10 +1,15 @@
 """The bounded transport's rules, on a stream in memory and a clock the test moves: what an
-error proves, the first-byte check, and every later operation ended by the request's bound."""
+error proves, the first-byte check, and every later operation ended by the request's bound; and
+the backend's resolving and connecting, over a resolver and sockets in the test's hands."""
 
 from __future__ import annotations
 
+import socket
 import ssl
+import threading
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpcore
 import httpx
@@ -14,6 +19,7 @@ from outbox.clock import Deadline
 from outbox.downstream import NotSent, SendPhase
 from tests.support.gateways import FakeMonotonic
 from workers.transport import (
+    BoundedBackend,
     BoundedStream,
     BoundedTransport,
     NotSentError,
@@ -198,3 +204,188 @@ def test_the_bounded_transport_keeps_the_limits_it_is_given() -> None:
     assert (pool._max_connections, pool._max_keepalive_connections) == (3, 2)
     assert pool._keepalive_expiry == 1.5
     transport.close()
+
+
+def test_outside_a_bound_and_without_a_timeout_nothing_is_bounded() -> None:
+    # httpcore passes None for a phase without a timeout: no bound, and no error either
+    inner = MemoryStream()
+    stream = BoundedStream(inner, None)
+    stream.write(b"GET")
+    stream.read(10)
+    stream.start_tls(ssl.create_default_context(), "example.test")
+    assert inner.writes == [(b"GET", None)] and inner.reads == [None] and inner.tls == [None]
+
+
+def test_an_empty_write_is_no_first_byte() -> None:
+    """httpcore writes b"" for an event with nothing to send: nothing leaves, so it is not the
+    request's first byte (the hook is not run, the request is still unsent)."""
+    clock = FakeMonotonic()
+    hook = Hook(clock, jump=6.0)
+    inner = MemoryStream()
+    stream = BoundedStream(inner, hook)
+    with bound_request(deadline(clock, 5.0)):
+        stream.write(b"", timeout=5.0)
+        assert inner.writes == [] and hook.calls == 0
+        with pytest.raises(NotSentError):  # the real first byte is still checked
+            stream.write(b"POST /v1/refunds", timeout=5.0)
+    assert inner.writes == []
+
+
+class SocketStream(MemoryStream):
+    """A stream in memory over a real (unconnected) socket: the kernel's options are set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.sock if info == "socket" else None
+
+
+def test_a_system_without_tcp_user_timeout_sends_as_usual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TCP_USER_TIMEOUT is Linux's: elsewhere the kernel is not told, and the request goes."""
+    monkeypatch.delattr(socket, "TCP_USER_TIMEOUT", raising=False)
+    clock = FakeMonotonic()
+    inner = SocketStream()
+    try:
+        with bound_request(deadline(clock, 5.0)):
+            BoundedStream(inner, None).write(b"POST /v1/refunds", timeout=5.0)
+    finally:
+        inner.sock.close()
+    assert inner.writes == [(b"POST /v1/refunds", 5.0)]
+
+
+# -- the backend: resolving and connecting --------------------------------------------------
+
+
+class Resolver:
+    """A name server in the test's hands: records each question and the thread asking it;
+    answers ``answer`` (or raises it); with ``hang``, answers only once ``release`` is set."""
+
+    def __init__(self, answer: object = None, hang: bool = False) -> None:
+        self.answer = answer if answer is not None else [(2, 1, 6, "", ("10.0.0.1", 443))]
+        self.hang = hang
+        self.release = threading.Event()
+        self.questions: list[tuple[str, int, int, int]] = []
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, host: str, port: int, family: int, kind: int) -> Sequence[tuple[Any, ...]]:
+        self.questions.append((host, port, family, kind))
+        self.threads.append(threading.current_thread())
+        if self.hang:
+            self.release.wait(10)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer  # type: ignore[return-value]
+
+
+class Tcp(httpcore.NetworkBackend):
+    """Connects to nothing: each address fails with its error in ``errors`` (its clock moved
+    by ``takes`` first), or connects to a stream in memory."""
+
+    def __init__(self, clock: FakeMonotonic, errors: dict[str, Exception], takes: float = 0.0):
+        self.clock, self.errors, self.takes = clock, errors, takes
+        self.tried: list[str] = []
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        self.tried.append(host)
+        self.clock.advance(self.takes)
+        if host in self.errors:
+            raise self.errors[host]
+        return MemoryStream()
+
+
+def two_addresses(port: int = 443) -> list[tuple[Any, ...]]:
+    return [(2, 1, 6, "", ("10.0.0.1", port)), (2, 1, 6, "", ("10.0.0.2", port))]
+
+
+def backend_over(tcp: Tcp, resolver: Resolver) -> BoundedBackend:
+    backend = BoundedBackend(resolver=resolver)
+    backend._tcp = tcp  # the sockets underneath, in the test's hands
+    return backend
+
+
+def test_a_name_is_asked_for_every_address_family_and_stream_sockets() -> None:
+    clock = FakeMonotonic()
+    resolver = Resolver(two_addresses())
+    backend = backend_over(Tcp(clock, {}), resolver)
+    with bound_request(deadline(clock, 5.0)):
+        backend.connect_tcp("refunds.example.test", 443, timeout=5.0)
+    # AF_UNSPEC: IPv4 and IPv6 answers alike, as socket.create_connection asks
+    assert resolver.questions == [
+        ("refunds.example.test", 443, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    ]
+
+
+def test_a_hung_resolver_is_bounded_by_the_request_and_keeps_no_process_alive() -> None:
+    """getaddrinfo cannot be interrupted: it is left behind in a daemon thread, and the
+    request is not sent (resolve) when its bound ends."""
+    clock = FakeMonotonic()
+    resolver = Resolver(hang=True)
+    tcp = Tcp(clock, {})
+    backend = backend_over(tcp, resolver)
+    try:
+        with bound_request(deadline(clock, 0.05)), pytest.raises(NotSentError) as refused:
+            backend.connect_tcp("refunds.example.test", 443, timeout=5.0)
+        assert (refused.value.phase, refused.value.detail) == (SendPhase.RESOLVE, "ResolveTimeout")
+        assert tcp.tried == []
+        (thread,) = resolver.threads
+        assert thread.is_alive() and thread.daemon  # the interpreter exits past it
+    finally:
+        resolver.release.set()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [socket.gaierror(socket.EAI_NONAME, "Name or service not known"), []],
+    ids=["does-not-resolve", "no-address"],
+)
+def test_a_name_without_an_address_is_not_sent_in_the_resolve_phase(answer: object) -> None:
+    clock = FakeMonotonic()
+    tcp = Tcp(clock, {})
+    backend = backend_over(tcp, Resolver(answer))
+    with bound_request(deadline(clock, 5.0)), pytest.raises(NotSentError) as refused:
+        backend.connect_tcp("refunds.example.test", 443, timeout=5.0)
+    assert (refused.value.phase, refused.value.detail) == (SendPhase.RESOLVE, "ConnectError")
+    assert tcp.tried == []
+    if isinstance(answer, Exception):
+        assert refused.value.__cause__ is answer
+
+
+def test_no_address_is_tried_once_the_bound_has_passed() -> None:
+    """The first address took the rest of the bound to fail: the next one is not tried."""
+    clock = FakeMonotonic()
+    tcp = Tcp(clock, {"10.0.0.1": httpcore.ConnectError("refused")}, takes=6.0)
+    backend = backend_over(tcp, Resolver(two_addresses()))
+    with bound_request(deadline(clock, 5.0)), pytest.raises(NotSentError) as refused:
+        backend.connect_tcp("refunds.example.test", 443, timeout=5.0)
+    assert (refused.value.phase, refused.value.detail) == (SendPhase.CONNECT, "ConnectTimeout")
+    assert tcp.tried == ["10.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    ("last", "detail"),
+    [
+        (httpcore.ConnectTimeout("slow"), "ConnectTimeout"),
+        (httpcore.ConnectError("no"), "ConnectError"),
+    ],
+)
+def test_every_address_failing_is_not_sent_named_by_the_last_failure(
+    last: Exception, detail: str
+) -> None:
+    clock = FakeMonotonic()
+    errors = {"10.0.0.1": httpcore.ConnectError("refused"), "10.0.0.2": last}
+    tcp = Tcp(clock, errors)
+    backend = backend_over(tcp, Resolver(two_addresses()))
+    with bound_request(deadline(clock, 5.0)), pytest.raises(NotSentError) as refused:
+        backend.connect_tcp("refunds.example.test", 443, timeout=5.0)
+    assert (refused.value.phase, refused.value.detail) == (SendPhase.CONNECT, detail)
+    assert refused.value.__cause__ is last
+    assert tcp.tried == ["10.0.0.1", "10.0.0.2"]
