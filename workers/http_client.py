@@ -44,6 +44,7 @@ from outbox.downstream import (
 from outbox.kinds import Kind
 from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
+from workers.downstream_time import TimeSeen, tell_time
 from workers.http_classify import (
     FenceProbe,
     classify_lookup,
@@ -62,11 +63,6 @@ from workers.transport import (
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-#: Told the downstream's time each answer says (``outbox.wire.server_time``): the kind, the
-#: time said, its resolution (seconds), and the database's time (estimated from the attempt's
-#: deadline) at the request's start and at the answer's arrival
-#: (``outbox.clock_steps.ClockWatch.downstream_answered``).
-TimeSeen = Callable[[str, datetime, float, datetime, datetime], object]
 
 #: Keep-alive connections the pool keeps: the executor sends a batch from up to 16 threads
 #: through one gateway.
@@ -327,14 +323,10 @@ class HttpGateway:
         self, kind: Kind, response: httpx.Response, until: Deadline, began: float
     ) -> None:
         """Tell ``time_seen`` the downstream's time the answer says, if it says one (``began``:
-        the deadline's monotonic clock when the request started)."""
-        if self._time_seen is None:
-            return
-        said = wire.server_time(response.headers)
-        if said is None:
-            return  # a downstream that says no time: its clock is assumed within the margin
-        arrived = until.monotonic()
-        self._time_seen(kind.name, *said, until.time_at(began), until.time_at(arrived))
+        the deadline's monotonic clock when the request started; ``workers.downstream_time``)."""
+        if self._time_seen is not None:
+            said = wire.server_time(response.headers)
+            tell_time(self._time_seen, kind.name, said, until, began)
 
     def _headers(self, authorization: SecretStr, deadline: Deadline) -> dict[str, str]:
         # The downstream is told the caller's deadline (database time), capped by this
