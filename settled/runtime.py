@@ -37,7 +37,7 @@ from support.overview import Overview
 from support.review import ReviewQueue
 from workers.alipay_gateway import AlipayApp, AlipayGateway, load_private_key, load_public_key
 from workers.coalesce import Coalescer
-from workers.downstream_time import TimeSeen
+from workers.downstream_time import LagSeen, TimeSeen
 from workers.downstreams import Downstreams
 from workers.executor import Executor
 from workers.http_classify import FenceProbe
@@ -114,6 +114,7 @@ class Runtime:
                 time_seen=functools.partial(
                     _downstream_answered, self.clock_watch, self.sessions, worker_name()
                 ),
+                lag_seen=self.clock_watch.downstreams.latest,
             ),
         )
 
@@ -451,10 +452,16 @@ def _downstream_answered(
 
 
 def build_gateway(
-    settings: Settings, registry: KindRegistry, *, time_seen: TimeSeen | None = None
+    settings: Settings,
+    registry: KindRegistry,
+    *,
+    time_seen: TimeSeen | None = None,
+    lag_seen: LagSeen | None = None,
 ) -> Gateway:
     """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
     protocol's ``HttpGateway`` unless a kind names ``stripe``, ``wechatpay`` or ``alipay``.
+    Every gateway tells ``time_seen`` the time its answers say; the wire protocol's corrects
+    each ``Settled-Deadline`` by the lag ``lag_seen`` says (the other providers have no fence).
 
     Raises InvalidSetting as ``check_providers`` does.
     """
@@ -464,6 +471,7 @@ def build_gateway(
         settings.downstream_api_keys,
         timeout=settings.downstream_timeout,
         time_seen=time_seen,
+        lag_seen=lag_seen,
     )
     stripe_kinds = [k for k, p in settings.downstream_providers.items() if p == "stripe"]
     wechat_kinds = [k for k, p in settings.downstream_providers.items() if p == "wechatpay"]

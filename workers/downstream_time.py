@@ -25,6 +25,10 @@ from outbox.clock import Deadline
 #: database's time (estimated from the attempt's deadline) at the request's start and at the
 #: answer's arrival (``outbox.clock_steps.ClockWatch.downstream_answered``).
 TimeSeen = Callable[[str, datetime, float, datetime, datetime], object]
+#: The lag (seconds; at most) the newest answer of a downstream showed its clock behind the
+#: database's, by the downstream's name; None: not measured
+#: (``outbox.downstream_clock.DownstreamClocks.latest``).
+LagSeen = Callable[[str], float | None]
 
 
 def tell_time(

@@ -12,8 +12,15 @@ from pydantic import SecretStr
 from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import DownstreamRequest, LookupNotFound
-from outbox.downstream_clock import DownstreamClocks, Lag, fence_excess, lag_of
-from outbox.kinds import DownstreamContract, default_registry
+from outbox.downstream_clock import (
+    MAX_CORRECTION,
+    DownstreamClocks,
+    Lag,
+    corrected_deadline,
+    fence_excess,
+    lag_of,
+)
+from outbox.kinds import DownstreamContract, KindRegistry, default_registry
 from outbox.quiescence import quiet_at
 from outbox.states import State
 from reconciler.decide import Situation, decide
@@ -254,3 +261,74 @@ def test_a_downstream_that_says_no_time_is_not_measured() -> None:
     gw.submit(request, deadline=T + s(60))
     gw.lookup(request, deadline=T + s(60))
     assert told == []
+
+
+# -- the sender's Settled-Deadline corrected by the measured lag ---------------------------------
+
+
+@pytest.mark.parametrize("lag", [None, 0.0, -0.0, -6.0, float("nan")], ids=str)
+def test_a_deadline_is_never_corrected_later_nor_without_a_lag_behind(lag: float | None) -> None:
+    assert corrected_deadline(T, lag) == T
+
+
+@pytest.mark.parametrize("lag", [0.001, 6.2, 3600.0])
+def test_a_downstream_behind_is_told_a_deadline_that_much_earlier(lag: float) -> None:
+    """Its fence, by its clock ``lag`` behind, then cuts at ``T`` in database time."""
+    assert corrected_deadline(T, lag) == T - s(lag)
+
+
+def test_a_correction_is_capped_so_no_time_said_moves_the_header_out_of_the_calendar() -> None:
+    """A ``Date`` of the year 1 bounds a lag of two thousand years: the header moves a day."""
+    year_one = lag_of(datetime(1, 1, 1, tzinfo=UTC), 1.0, db_before=T, db_after=T)
+    assert corrected_deadline(T, year_one.bound) == T - s(MAX_CORRECTION)
+    assert corrected_deadline(T, MAX_CORRECTION + 1) == T - s(MAX_CORRECTION)
+
+
+def test_the_newest_answer_says_the_lag_a_header_is_corrected_by() -> None:
+    clocks = DownstreamClocks(margin=1.0)
+    assert clocks.latest("refund") is None
+    clocks.observe("refund", lag_of(T - s(6), 0.001, db_before=T, db_after=T + s(0.2)))
+    clocks.observe("refund", lag_of(T - s(2), 0.001, db_before=T, db_after=T + s(0.1)))
+    assert clocks.latest("refund") == pytest.approx(2.1)  # set right: followed at once
+    assert clocks.latest("other") is None
+
+
+def gateway_correcting(lag: float | None, sent: list[httpx.Request]) -> HttpGateway:
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        body = {"error": {"type": "not_found", "code": "idempotency_key_not_found"}}
+        return httpx.Response(404 if request.method == "GET" else 503, json=body)
+
+    return HttpGateway(
+        "https://pay.example",
+        {"acme": SecretStr("sk_test_1")},
+        transport=httpx.MockTransport(respond),
+        lag_seen={"refund": lag}.get,
+    )
+
+
+FENCED_REGISTRY = default_registry().with_contract("refund", enforces_deadline=True)
+
+
+def told_deadlines(lag: float | None, registry: KindRegistry) -> list[datetime | None]:
+    sent: list[httpx.Request] = []
+    gw = gateway_correcting(lag, sent)
+    request = DownstreamRequest("acme", "op-1", registry.get("refund"), "stl_k1", PARAMS)
+    deadline = Deadline(T + s(5), 100.0, lambda: 95.0)  # 5 s left: the timeout caps nothing
+    gw.submit(request, deadline=deadline)
+    gw.lookup(request, deadline=deadline)
+    return [wire.parse_deadline(r.headers[wire.DEADLINE]) for r in sent]
+
+
+def test_a_fenced_kinds_header_is_earlier_by_the_lag_last_measured() -> None:
+    assert told_deadlines(6.2, FENCED_REGISTRY) == [T + s(5) - s(6.2)] * 2
+
+
+@pytest.mark.parametrize("lag", [None, -3.0], ids=["unmeasured", "ahead"])
+def test_a_fenced_kinds_header_is_not_moved_without_a_lag_behind(lag: float | None) -> None:
+    assert told_deadlines(lag, FENCED_REGISTRY) == [T + s(5)] * 2
+
+
+def test_an_unfenced_kinds_header_is_never_moved() -> None:
+    """Its 408 would go to review, not be sent again: the header stays the send's bound."""
+    assert told_deadlines(6.2, default_registry()) == [T + s(5)] * 2
