@@ -85,6 +85,14 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("outbox/leases.py", ("tests/integration/test_leases.py",)),
     Target(
+        "outbox/downstream_clock.py",
+        ("tests/unit/test_downstream_clock.py", "tests/unit/test_provider_clocks.py"),
+    ),
+    Target(
+        "workers/downstream_time.py",
+        ("tests/unit/test_provider_clocks.py", "tests/unit/test_downstream_clock.py"),
+    ),
+    Target(
         "outbox/clock.py",
         (
             "tests/unit/test_db_clock.py",
