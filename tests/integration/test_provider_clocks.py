@@ -20,17 +20,23 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from outbox.clock_steps import ClockWatch
 from outbox.models import DownstreamClockLag
+from outbox.settings import Settings
 from outbox.states import State
 from outbox.wire import DATE_RESOLUTION
 from reconciler.reconcile import Reconciler
 from settled.metrics import registry
+from settled.runtime import build_runtime, worker_name
+from settled.simulator.stripe import PREFIX as STRIPE_PREFIX
+from settled.simulator.wechatpay import PREFIX as WECHATPAY_PREFIX
 from tests.integration.test_metrics import scrape
+from tests.support.alipay import gateway_url
 from tests.support.rig import Rig
 
 #: The provider's clock behind the database's, and the clock margin: a lag beyond the margin by
@@ -180,3 +186,58 @@ def test_a_providers_not_found_is_trusted_at_its_delay_bound_though_its_clock_is
     assert [(d, b, by) for d, _, b, by in lag_rows(rig)] == [("refund", True, "r1")]
     assert rig.executor().execute([op]) == {op: State.SUCCEEDED}
     assert rig.effects(op) == 1
+
+
+def test_the_runtimes_provider_gateway_measures_every_answer_for_the_process(
+    provider_rig: Rig,
+    settings: Settings,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As every process builds it (``build_runtime``, the provider's settings): the worker's
+    sends through the provider's gateway are measured by the process's clock watch, and the
+    episode recorded under the process's name."""
+    rig, mode = provider_rig, request.node.callspec.params["provider_rig"]
+    fields: dict[str, Any] = {"downstream_providers": {"refund": mode}}
+    tenant = rig.tenant.name
+    if mode == "stripe":
+        fields.update(
+            stripe_api_keys={tenant: rig.tenant.api_key}, stripe_api_base=rig.url + STRIPE_PREFIX
+        )
+    elif mode == "wechatpay":
+        assert rig.wechatpay is not None
+        monkeypatch.setenv("SETTLED_WECHATPAY_API_BASE", rig.url + WECHATPAY_PREFIX)
+        fields.update(
+            wechatpay_merchants={tenant: rig.wechatpay},
+            wechatpay_api_base=rig.url + WECHATPAY_PREFIX,
+            wechatpay_order_totals="settled.simulator.control:order_total",
+        )
+    else:
+        assert rig.alipay is not None
+        fields.update(
+            alipay_app_ids={tenant: rig.alipay.app_id},
+            alipay_private_keys={tenant: rig.alipay.private_key},
+            alipay_public_keys={tenant: rig.alipay.alipay_public_key},
+            alipay_gateway_url=gateway_url(rig.url),
+        )
+    configured = settings.model_copy(
+        update={
+            "database_url": rig.engine.url.render_as_string(hide_password=False),
+            "downstream_timeout": 1.0,
+            **fields,
+        }
+    )
+    runtime = build_runtime(configured)
+    put_right = behind(rig)
+    try:
+        op = rig.enqueue_on_its_own_order("op-1")
+        started = time.monotonic()
+        assert runtime.executor.execute([op]) == {op: State.SUCCEEDED}
+        took = time.monotonic() - started  # every answer's round trip lies within it
+        assert runtime.clock_watch.downstreams.beyond("refund")
+    finally:
+        put_right()
+        runtime.close()
+    rows = lag_rows(rig)
+    assert [(d, b, by) for d, _, b, by in rows][:1] == [("refund", True, worker_name())]
+    assert BEHIND <= max(lag for _, lag, _, _ in rows) <= BEHIND + DATE_RESOLUTION + took + 0.1
