@@ -42,8 +42,11 @@ from tests.support.rig import Rig
 #: The provider's clock behind the database's, and the clock margin: a lag beyond the margin by
 #: more than a whole second's rounding plus any round trip, so one answer shows it.
 BEHIND, MARGIN = 6.0, 1.0
-#: A margin a whole second's rounding alone would exceed, for the test that it never does.
-SMALL_MARGIN = 0.25
+#: A margin a whole second's rounding alone would exceed (a time read as exact, any answer
+#: written in the second half of its second would start an episode), for the test that it
+#: never does; still above what the database time's estimate may run ahead by (a claim's
+#: latency). Sends enough for their answers to span about a second, so some are written there.
+SMALL_MARGIN, ANSWERS = 0.5, 20
 PROVIDERS = ["stripe", "wechatpay", "alipay"]
 
 pytestmark = [
@@ -137,12 +140,12 @@ def test_a_provider_set_right_shows_no_episode_though_its_time_is_rounded_to_the
 ) -> None:
     """Every answer's time is up to a second earlier than the provider's clock read: its bound
     reaches past the margin, but what is certain of it never does, so no episode begins (even
-    with a margin under a second, which rounding alone would pass most of the time)."""
+    with a margin under a second: read as exact, an answer written late in its second would)."""
     rig = provider_rig
     watch = ClockWatch(margin=SMALL_MARGIN)
     executor = rig.executor(clock_watch=watch)
     executor.gateway = rig.gateway(time_seen=measuring(rig, watch, "w1"))
-    ops = [rig.enqueue_on_its_own_order(f"op-{n}") for n in range(4)]
+    ops = [rig.enqueue_on_its_own_order(f"op-{n}") for n in range(ANSWERS)]
     with caplog.at_level(logging.INFO, logger="outbox.clock_steps"):
         started = time.monotonic()
         for op in ops:

@@ -177,6 +177,7 @@ def test_an_unreadable_wechatpay_timestamp_says_no_time(stamp: str) -> None:
 def test_the_wechatpay_timestamp_is_read_by_any_case_of_its_name() -> None:
     stamp = str(int(SAID.timestamp()))
     assert answer_time({"wechatpay-timestamp": stamp}) == (SAID, TIMESTAMP_RESOLUTION)
+    assert TIMESTAMP_RESOLUTION == wire.DATE_RESOLUTION == 1.0  # whole seconds, both
 
 
 # -- Alipay: every answer's Date ---------------------------------------------------------------
