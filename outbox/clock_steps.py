@@ -115,8 +115,9 @@ class ClockWatch:
         }
         if episode is not None and episode.begins:
             log.warning(
-                "downstream clock behind the database's beyond the clock margin: its deadline "
-                "fence holds later than the lease's end, and a 'not found' waits for it",
+                "downstream clock behind the database's beyond the clock margin: a deadline "
+                "fence by its clock holds later than the lease's end, and a 'not found' of a "
+                "fenced kind waits for it",
                 extra=fields,
             )
         elif was and not self.downstreams.beyond(downstream):

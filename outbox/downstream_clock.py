@@ -17,6 +17,11 @@ what the fence uses (``Lag.bound``). How far it is certainly behind subtracts th
 and the resolution (``Lag.certain``): what starts an episode that is logged, counted and
 alerted, so that a whole-second ``Date`` never raises an alarm by its rounding alone.
 
+The sender of a fenced kind also tells the downstream a deadline earlier by the newest lag it
+measured (``corrected_deadline``), so the fence cuts at the database time's deadline; never
+later, and the reconciler allows for the lag all the same: the correction narrows the window,
+it is not relied on.
+
 Only *behind* matters to the fence: a downstream ahead refuses late requests earlier. Pure: no
 database, network or clock in here.
 """
@@ -34,6 +39,10 @@ KEPT = 256
 #: An episode's worst lag is recorded (for other processes) in steps of this many seconds,
 #: rounded up: a lag creeping by milliseconds is not a row per answer.
 RECORD_STEP = 0.1
+#: The most a ``Settled-Deadline`` is moved earlier (seconds): a clock a day behind is broken,
+#: not slow; a header a day early is refused by any fence, and no time said (a ``Date`` of the
+#: year 1) moves it out of the calendar.
+MAX_CORRECTION = 86400.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,18 @@ def lag_of(said: datetime, resolution: float, *, db_before: datetime, db_after: 
     bound = (db_after - said).total_seconds()
     trip = (db_after - db_before).total_seconds()
     return Lag(bound, bound - trip - resolution, db_after)
+
+
+def corrected_deadline(deadline: datetime, lag: float | None) -> datetime:
+    """The ``Settled-Deadline`` to tell a downstream measured ``lag`` seconds behind: its fence,
+    read by its own clock, then cuts at ``deadline`` in database time (``lag`` is an upper
+    bound: it may cut a little earlier, never later). Never later than ``deadline``: a
+    downstream ahead, or not measured, is told ``deadline`` as it is. A correction only makes
+    the fence hold sooner; the reconciler allows for the lag all the same (``fence_excess``),
+    as it does for a process that corrected nothing."""
+    if lag is None or not lag > 0:  # NaN included: no correction
+        return deadline
+    return deadline - timedelta(seconds=min(lag, MAX_CORRECTION))
 
 
 def fence_excess(lag: float | None, margin: float) -> timedelta:
@@ -120,6 +141,15 @@ class DownstreamClocks:
         """Whether ``downstream`` is in an episode (its lag beyond the margin)."""
         with self._lock:
             return downstream in self._recorded
+
+    def latest(self, downstream: str) -> float | None:
+        """The lag bound of ``downstream``'s newest answer (None: none said its time): what a
+        send's ``Settled-Deadline`` is corrected by (``corrected_deadline``). The newest, not
+        the worst: a clock set right is followed at once, and a correction too large costs a
+        refusal (``408``, nothing done), whose answer measures the lag again."""
+        with self._lock:
+            samples = self._samples.get(downstream)
+            return samples[-1].bound if samples else None
 
     def worst(self, downstream: str, *, since: datetime) -> float | None:
         """The largest lag bound measured for ``downstream`` at or after ``since`` (None: no

@@ -96,6 +96,13 @@ def server_time(headers: Mapping[str, str]) -> tuple[datetime, float] | None:
         parsed = parse_deadline(said)
         if parsed is not None:
             return parsed, SERVER_TIME_RESOLUTION
+    return http_date(headers)
+
+
+def http_date(headers: Mapping[str, str]) -> tuple[datetime, float] | None:
+    """The downstream's clock as HTTP's ``Date`` says it (whole seconds, truncated: the true
+    time lies in ``[said, said + 1)``), with its resolution; None when it is absent or
+    unreadable. What a provider that speaks its own API (Stripe, Alipay) says of its time."""
     date = headers.get(DATE)
     if date is None:
         return None

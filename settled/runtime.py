@@ -37,10 +37,11 @@ from support.overview import Overview
 from support.review import ReviewQueue
 from workers.alipay_gateway import AlipayApp, AlipayGateway, load_private_key, load_public_key
 from workers.coalesce import Coalescer
+from workers.downstream_time import LagSeen, TimeSeen
 from workers.downstreams import Downstreams
 from workers.executor import Executor
 from workers.http_classify import FenceProbe
-from workers.http_client import HttpGateway, TimeSeen
+from workers.http_client import HttpGateway
 from workers.recovery_probe import RecoveryProbe
 from workers.routing import GatewayByKind
 from workers.stripe_gateway import StripeGateway
@@ -113,6 +114,7 @@ class Runtime:
                 time_seen=functools.partial(
                     _downstream_answered, self.clock_watch, self.sessions, worker_name()
                 ),
+                lag_seen=self.clock_watch.downstreams.latest,
             ),
         )
 
@@ -368,14 +370,18 @@ def wechatpay_parts(settings: Settings) -> tuple[dict[str, MerchantKeys], OrderT
     return keys, order_totals_of(settings.wechatpay_order_totals or "")
 
 
-def build_wechatpay_gateway(settings: Settings) -> WechatPayGateway:
-    """The WeChat Pay gateway of the settings (``wechatpay_parts``)."""
+def build_wechatpay_gateway(
+    settings: Settings, *, time_seen: TimeSeen | None = None
+) -> WechatPayGateway:
+    """The WeChat Pay gateway of the settings (``wechatpay_parts``); each verified answer's
+    time told to ``time_seen``."""
     keys, totals = wechatpay_parts(settings)
     return WechatPayGateway(
         keys,
         order_totals=totals,
         api_base=settings.wechatpay_api_base,
         timeout=settings.downstream_timeout,
+        time_seen=time_seen,
     )
 
 
@@ -446,10 +452,16 @@ def _downstream_answered(
 
 
 def build_gateway(
-    settings: Settings, registry: KindRegistry, *, time_seen: TimeSeen | None = None
+    settings: Settings,
+    registry: KindRegistry,
+    *,
+    time_seen: TimeSeen | None = None,
+    lag_seen: LagSeen | None = None,
 ) -> Gateway:
     """The downstream of each kind as configured (``SETTLED_DOWNSTREAM_PROVIDERS``): the wire
     protocol's ``HttpGateway`` unless a kind names ``stripe``, ``wechatpay`` or ``alipay``.
+    Every gateway tells ``time_seen`` the time its answers say; the wire protocol's corrects
+    each ``Settled-Deadline`` by the lag ``lag_seen`` says (the other providers have no fence).
 
     Raises InvalidSetting as ``check_providers`` does.
     """
@@ -459,6 +471,7 @@ def build_gateway(
         settings.downstream_api_keys,
         timeout=settings.downstream_timeout,
         time_seen=time_seen,
+        lag_seen=lag_seen,
     )
     stripe_kinds = [k for k, p in settings.downstream_providers.items() if p == "stripe"]
     wechat_kinds = [k for k, p in settings.downstream_providers.items() if p == "wechatpay"]
@@ -471,15 +484,18 @@ def build_gateway(
             settings.stripe_api_keys,
             api_base=settings.stripe_api_base,
             timeout=settings.downstream_timeout,
+            time_seen=time_seen,
         )
         by_kind.update(dict.fromkeys(stripe_kinds, stripe))
     if wechat_kinds:
-        by_kind.update(dict.fromkeys(wechat_kinds, build_wechatpay_gateway(settings)))
+        wechatpay = build_wechatpay_gateway(settings, time_seen=time_seen)
+        by_kind.update(dict.fromkeys(wechat_kinds, wechatpay))
     if alipay_kinds:
         alipay = AlipayGateway(
             alipay_apps(settings),
             gateway_url=settings.alipay_gateway_url,
             timeout=settings.downstream_timeout,
+            time_seen=time_seen,
         )
         by_kind.update(dict.fromkeys(alipay_kinds, alipay))
     return GatewayByKind(http, by_kind)

@@ -24,6 +24,11 @@ A refund is ``alipay.trade.refund`` with the intent's ``order_id`` as ``out_trad
 amount in yuan as ``refund_amount`` and the stored idempotency key as ``out_request_no``, which
 Alipay deduplicates. A lookup never sends again: it is ``alipay.trade.fastpay.refund.query``
 by ``out_trade_no`` and ``out_request_no``.
+
+Each answer's ``Date`` (whole seconds) is told to the process's clock watch, as the wire
+protocol's time is (``workers.downstream_time``). Not the answer's ``gmt_refund_pay``: that is
+when the refund was made (a replay or a query says the first time again), not when the answer
+was written.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from pydantic import SecretStr
 
+from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import (
     DownstreamRequest,
@@ -68,6 +74,7 @@ from workers.alipay_classify import (
     classify_refund,
     yuan,
 )
+from workers.downstream_time import TimeSeen, tell_time
 from workers.transport import BoundedTransport, bound_request, error_name, not_sent
 
 log = logging.getLogger(__name__)
@@ -201,10 +208,12 @@ class AlipayGateway:
         gateway_url: str = DEFAULT_GATEWAY,
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        time_seen: TimeSeen | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self._timeout = timeout
+        self._time_seen = time_seen
         self._url = gateway_url
         self._keys: dict[str, _Keys] = {}
         for tenant, app in apps.items():
@@ -250,7 +259,7 @@ class AlipayGateway:
             "refund_amount": yuan(int(params["amount_minor"])),
             "out_request_no": key,
         }
-        answer = self._call(keys, REFUND, biz, until)
+        answer = self._call(keys, REFUND, biz, until, request.kind.name)
         if isinstance(answer, httpx.Response):
             outcome = self._read_refund(answer, keys, params, key)
         else:
@@ -271,7 +280,7 @@ class AlipayGateway:
         if until.left() <= 0:
             return Unavailable("deadline passed before sending")
         biz = {"out_trade_no": params["order_id"], "out_request_no": key}
-        answer = self._call(keys, QUERY, biz, until)
+        answer = self._call(keys, QUERY, biz, until, request.kind.name)
         if not isinstance(answer, httpx.Response):
             return Unavailable(f"the refund query failed ({answer.detail})")
         if answer.status_code != 200:
@@ -283,9 +292,10 @@ class AlipayGateway:
         return classify_query(node, params, key)
 
     def _call(
-        self, keys: _Keys, method: str, biz: Mapping[str, str], until: Deadline
+        self, keys: _Keys, method: str, biz: Mapping[str, str], until: Deadline, downstream: str
     ) -> httpx.Response | NotSent | Unknown:
-        """One signed POST of ``method``: the answer, or what a transport failure proves."""
+        """One signed POST of ``method``: the answer (its time told as ``downstream``'s), or
+        what a transport failure proves."""
         form = {
             "app_id": keys.app_id,
             "method": method,
@@ -297,9 +307,10 @@ class AlipayGateway:
             "biz_content": json.dumps(biz, separators=(",", ":"), ensure_ascii=False),
         }
         form["sign"] = sign(keys.private, signing_content(form))
+        began = until.monotonic()
         try:
             with bound_request(until):
-                return self._http.post(
+                response = self._http.post(
                     self._url,
                     data=form,
                     headers={"Accept": "application/json"},
@@ -308,6 +319,8 @@ class AlipayGateway:
         except httpx.TransportError as exc:
             unsent = not_sent(exc)
             return unsent if unsent is not None else Unknown(error_name(exc))
+        tell_time(self._time_seen, downstream, wire.http_date(response.headers), until, began)
+        return response
 
     def _read_refund(
         self, answer: httpx.Response, keys: _Keys, params: Mapping[str, Any], key: str

@@ -41,9 +41,11 @@ from outbox.downstream import (
     Unavailable,
     Unknown,
 )
+from outbox.downstream_clock import corrected_deadline
 from outbox.kinds import Kind
 from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
+from workers.downstream_time import LagSeen, TimeSeen, tell_time
 from workers.http_classify import (
     FenceProbe,
     classify_lookup,
@@ -62,11 +64,6 @@ from workers.transport import (
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-#: Told the downstream's time each answer says (``outbox.wire.server_time``): the kind, the
-#: time said, its resolution (seconds), and the database's time (estimated from the attempt's
-#: deadline) at the request's start and at the answer's arrival
-#: (``outbox.clock_steps.ClockWatch.downstream_answered``).
-TimeSeen = Callable[[str, datetime, float, datetime, datetime], object]
 
 #: Keep-alive connections the pool keeps: the executor sends a batch from up to 16 threads
 #: through one gateway.
@@ -134,6 +131,7 @@ class HttpGateway:
         transport: httpx.BaseTransport | None = None,
         clock: Clock = _utcnow,
         time_seen: TimeSeen | None = None,
+        lag_seen: LagSeen | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -145,6 +143,7 @@ class HttpGateway:
         self._timeout = timeout
         self._clock = clock
         self._time_seen = time_seen
+        self._lag_seen = lag_seen
         # httpx's base_url semantics: the endpoint's path is appended to the base URL's path.
         self._base_url = str(httpx.URL(base_url)).rstrip("/")
         self._urls: dict[str, httpx.URL] = {}
@@ -191,7 +190,7 @@ class HttpGateway:
         url = self._urls.get(kind.endpoint)
         if url is None:
             url = self._urls[kind.endpoint] = httpx.URL(self._base_url + kind.endpoint)
-        headers = self._headers(key, until)
+        headers = self._headers(key, until, kind)
         headers[wire.IDEMPOTENCY_KEY] = idempotency_key
         headers["Content-Type"] = "application/json"
         # As httpx encodes ``json=``: compact, UTF-8, no NaN.
@@ -252,7 +251,7 @@ class HttpGateway:
         fields = {"tenant": tenant, "kind": kind.name, "key": idempotency_key}
         started, began = time.monotonic(), until.monotonic()
         try:
-            response = self._send("GET", url, self._headers(key, until), None, until)
+            response = self._send("GET", url, self._headers(key, until, kind), None, until)
         except httpx.TransportError as exc:
             log.info(
                 "lookup unavailable",
@@ -327,21 +326,22 @@ class HttpGateway:
         self, kind: Kind, response: httpx.Response, until: Deadline, began: float
     ) -> None:
         """Tell ``time_seen`` the downstream's time the answer says, if it says one (``began``:
-        the deadline's monotonic clock when the request started)."""
-        if self._time_seen is None:
-            return
-        said = wire.server_time(response.headers)
-        if said is None:
-            return  # a downstream that says no time: its clock is assumed within the margin
-        arrived = until.monotonic()
-        self._time_seen(kind.name, *said, until.time_at(began), until.time_at(arrived))
+        the deadline's monotonic clock when the request started; ``workers.downstream_time``)."""
+        if self._time_seen is not None:
+            said = wire.server_time(response.headers)
+            tell_time(self._time_seen, kind.name, said, until, began)
 
-    def _headers(self, authorization: SecretStr, deadline: Deadline) -> dict[str, str]:
+    def _headers(self, authorization: SecretStr, deadline: Deadline, kind: Kind) -> dict[str, str]:
         # The downstream is told the caller's deadline (database time), capped by this
-        # attempt's own timeout.
+        # attempt's own timeout; for a fenced kind, earlier by the lag its clock was last
+        # measured behind (``lag_seen``), so its fence cuts at that deadline in database time,
+        # never later. (An unfenced kind's 408 goes to review: its header is never moved.)
+        lag = None
+        if kind.contract.enforces_deadline and self._lag_seen is not None:
+            lag = self._lag_seen(kind.name)
         return {
             wire.AUTHORIZATION: authorization.get_secret_value(),
-            wire.DEADLINE: wire.format_deadline(deadline.at),
+            wire.DEADLINE: wire.format_deadline(corrected_deadline(deadline.at, lag)),
         }
 
     def _send(

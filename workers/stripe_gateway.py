@@ -18,6 +18,11 @@ intent in another currency is refused, nothing sent). A lookup never sends again
 payment intent's refunds and finds the one whose metadata names the operation (tenant and op
 id); Stripe's 404 for a payment intent it does not know is a "not found". Every outcome keeps
 Stripe's ``Request-Id`` of the answer it was read from, and a success its status code.
+
+Each answer's ``Date`` (whole seconds: Stripe says its time nowhere else) is told to the
+process's clock watch, as the wire protocol's time is (``workers.downstream_time``): every
+request of a call (the intent read, the create, each page of a list) is one round trip
+measured.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import httpx
 import stripe
 from pydantic import SecretStr
 
+from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
@@ -50,6 +56,7 @@ from outbox.downstream import (
 )
 from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
+from workers.downstream_time import TimeSeen, tell_time
 from workers.stripe_classify import (
     KEY_FIELD,
     OP_ID_FIELD,
@@ -84,20 +91,26 @@ UNBOUNDED_SECONDS = 10.0
 class DeadlineHttpClient(stripe.HTTPClient):
     """The SDK's HTTP client: one httpx request per call, over the bounded transport unless
     given another, the whole request ended by the caller's deadline, its transport errors
-    chained as the cause of the SDK's error."""
+    chained as the cause of the SDK's error; each answer's ``Date`` told to ``time_seen``
+    (measured on the deadline, for the downstream named with it)."""
 
     name = "settled-httpx"
 
-    def __init__(self, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, transport: httpx.BaseTransport | None = None, *, time_seen: TimeSeen | None = None
+    ) -> None:
         super().__init__()
         self._http = httpx.Client(
             transport=transport or BoundedTransport(), trust_env=False, follow_redirects=False
         )
         self._deadline = threading.local()
+        self._time_seen = time_seen
 
-    def within(self, deadline: Deadline) -> None:
-        """Bound this thread's next requests by ``deadline``."""
+    def within(self, deadline: Deadline, downstream: str | None = None) -> None:
+        """Bound this thread's next requests by ``deadline``; their answers' time is that of
+        ``downstream`` (the kind's name; None: not measured)."""
         self._deadline.value = deadline
+        self._deadline.downstream = downstream
 
     def request(
         self,
@@ -109,11 +122,13 @@ class DeadlineHttpClient(stripe.HTTPClient):
         _usage: list[str] | None = None,
     ) -> tuple[Any, int, Mapping[str, str]]:
         deadline: Deadline | None = getattr(self._deadline, "value", None)
+        downstream: str | None = getattr(self._deadline, "downstream", None)
         if deadline is None:
             deadline = Deadline(
                 datetime.now(UTC) + timedelta(seconds=UNBOUNDED_SECONDS),
                 time.monotonic() + UNBOUNDED_SECONDS,
             )
+        began = deadline.monotonic()
         try:
             # The float is httpx's per-phase timeout (what is left now); the bound is what ends
             # the whole request, the answer's every byte included.
@@ -129,6 +144,9 @@ class DeadlineHttpClient(stripe.HTTPClient):
             message = f"connection error ({type(exc).__name__})"
             error = stripe.APIConnectionError(message, should_retry=False)  # type: ignore[no-untyped-call]
             raise error from exc
+        if downstream is not None:
+            said = wire.http_date(response.headers)
+            tell_time(self._time_seen, downstream, said, deadline, began)
         return response.content, response.status_code, response.headers
 
     def close(self) -> None:
@@ -155,11 +173,12 @@ class StripeGateway:
         api_base: str = DEFAULT_API_BASE,
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        time_seen: TimeSeen | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self._timeout = timeout
-        self._http = DeadlineHttpClient(transport)
+        self._http = DeadlineHttpClient(transport, time_seen=time_seen)
         _quiet_sdk_console()
         self._clients = {
             tenant: stripe.StripeClient(
@@ -187,7 +206,7 @@ class StripeGateway:
         if client is None:
             log.warning("submit refused locally: no Stripe key for the tenant", extra=fields)
             return Refused(RejectReason.PERMISSION_DENIED, "no_api_key", 0)
-        until = self._within(deadline)
+        until = self._within(deadline, kind.name)
         if until.left() <= 0:
             return NotSent("deadline passed before sending", SendPhase.BEFORE)
         form = {
@@ -251,7 +270,7 @@ class StripeGateway:
         client = self._clients.get(tenant)
         if client is None:
             return Unavailable("no Stripe key configured for the tenant")
-        until = self._within(deadline)
+        until = self._within(deadline, request.kind.name)
         if until.left() <= 0:
             return Unavailable("deadline passed before sending")
         query: dict[str, Any] = {"payment_intent": params["order_id"], "limit": LIST_LIMIT}
@@ -290,11 +309,11 @@ class StripeGateway:
                 return Unavailable("deadline passed before the last page of refunds")
             query["starting_after"] = last
 
-    def _within(self, deadline: Deadline | datetime) -> Deadline:
+    def _within(self, deadline: Deadline | datetime, downstream: str) -> Deadline:
         if isinstance(deadline, datetime):  # on this process's wall clock
             deadline = Deadline.from_wall(deadline, datetime.now(UTC))
         until = deadline.capped(self._timeout)
-        self._http.within(until)
+        self._http.within(until, downstream)
         return until
 
 

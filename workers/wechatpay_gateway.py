@@ -19,6 +19,10 @@ proves nothing (``Unknown``; a lookup's: ``Unavailable``).
 WeChat Pay needs the order's total (``amount.total``), which a refund intent does not carry:
 the gateway asks ``order_totals(tenant, order_id)`` (the app's function, named by
 ``SETTLED_WECHATPAY_ORDER_TOTALS``) before it sends.
+
+Each verified answer's signed ``Wechatpay-Timestamp`` (whole seconds) is told to the process's
+clock watch, as the wire protocol's time is (``workers.downstream_time``); an answer that does
+not verify says nothing of WeChat Pay's clock.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from outbox.downstream import (
 from outbox.port_shim import old_keywords
 from outbox.provider_contracts import WECHATPAY
 from outbox.states import RejectReason
+from workers.downstream_time import TimeSeen, tell_time
 from workers.transport import BoundedTransport, bound_request, error_name, not_sent
 from workers.wechatpay_classify import (
     CURRENCY,
@@ -55,7 +60,12 @@ from workers.wechatpay_classify import (
     classify_lookup,
     classify_refund,
 )
-from workers.wechatpay_signing import MerchantKeys, answer_unverified, authorization
+from workers.wechatpay_signing import (
+    MerchantKeys,
+    answer_time,
+    answer_unverified,
+    authorization,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +92,7 @@ class WechatPayGateway:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
+        time_seen: TimeSeen | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -90,6 +101,7 @@ class WechatPayGateway:
         self._base = api_base.rstrip("/")
         self._timeout = timeout
         self._clock = clock
+        self._time_seen = time_seen
         self._http = httpx.Client(
             transport=transport or BoundedTransport(), trust_env=False, follow_redirects=False
         )
@@ -138,7 +150,8 @@ class WechatPayGateway:
             "amount": {"refund": params["amount_minor"], "total": total, "currency": CURRENCY},
         }
         content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-        answer = self._send(keys, "POST", self._base + REFUNDS_PATH, content, until)
+        url = self._base + REFUNDS_PATH
+        answer = self._send(keys, "POST", url, content, until, request.kind.name)
         if not isinstance(answer, tuple):
             outcome: SubmitOutcome = answer
         else:
@@ -163,7 +176,7 @@ class WechatPayGateway:
         if until.left() <= 0:
             return Unavailable("deadline passed before sending")
         url = f"{self._base}{REFUNDS_PATH}/{quote(key, safe='')}"
-        answer = self._send(keys, "GET", url, b"", until)
+        answer = self._send(keys, "GET", url, b"", until, request.kind.name)
         if not isinstance(answer, tuple):
             log.info(
                 "wechatpay lookup unavailable",
@@ -174,11 +187,18 @@ class WechatPayGateway:
         return classify_lookup(status, data, request.params, key)
 
     def _send(
-        self, keys: MerchantKeys, method: str, url: str, content: bytes, until: Deadline
+        self,
+        keys: MerchantKeys,
+        method: str,
+        url: str,
+        content: bytes,
+        until: Deadline,
+        downstream: str,
     ) -> tuple[int, Mapping[str, str], Any] | NotSent | Unknown:
         """One signed request and its verified answer (status, header fields, JSON body), or
         what its failure proves: ``NotSent`` where nothing left, ``Unknown`` where it may have
-        (the answer lost, cut, unsigned, or not WeChat Pay's)."""
+        (the answer lost, cut, unsigned, or not WeChat Pay's). A verified answer's time is
+        told as ``downstream``'s."""
         split = urlsplit(url)
         signed_url = split.path + (f"?{split.query}" if split.query else "")
         headers = {
@@ -196,6 +216,7 @@ class WechatPayGateway:
         }
         if content:
             headers["Content-Type"] = "application/json"
+        began = until.monotonic()
         try:
             # The float is httpx's per-phase timeout (what is left now); the bound ends the
             # whole request, the answer's every byte included.
@@ -219,6 +240,7 @@ class WechatPayGateway:
                 extra={"status": response.status_code, "reason": why},
             )
             return Unknown(f"the answer's signature does not verify ({why})", response.status_code)
+        tell_time(self._time_seen, downstream, answer_time(response.headers), until, began)
         try:
             data = json.loads(raw) if raw else {}
         except (ValueError, RecursionError):

@@ -18,6 +18,7 @@ import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -34,6 +35,9 @@ SIGNATURE_TYPE = "Wechatpay-Signature-Type"
 #: How far an answer's timestamp may be from this process's clock (WeChat Pay's SDKs: 5 min):
 #: an older signed answer replayed is no answer to this request.
 MAX_SKEW_SECONDS = 300
+#: The resolution of ``Wechatpay-Timestamp`` (Unix seconds, truncated): the true time lies in
+#: ``[said, said + 1)``.
+TIMESTAMP_RESOLUTION = 1.0
 #: The ``Authorization`` fields, ``name="value"`` separated by commas.
 _FIELD = re.compile(r'\s*([a-z_]+)="([^"]*)"\s*(?:,|$)')
 
@@ -142,3 +146,19 @@ def answer_unverified(
     if not verify(keys.platform_key, message(timestamp, nonce, body), signature):
         return "bad_signature"
     return None
+
+
+def answer_time(headers: Mapping[str, str]) -> tuple[datetime, float] | None:
+    """WeChat Pay's clock as an answer's signed ``Wechatpay-Timestamp`` says it, with its
+    resolution (``TIMESTAMP_RESOLUTION``); None where it is absent or not Unix seconds. Read
+    only of an answer whose signature verified (``answer_unverified``): the signature covers
+    the timestamp, so no proxy's clock is taken for WeChat Pay's. ``headers`` are looked up by
+    lower-case name."""
+    got = {name.lower(): value for name, value in headers.items()}
+    stamp = got.get(TIMESTAMP.lower())
+    if not stamp or not stamp.isascii() or not stamp.isdigit():
+        return None
+    try:
+        return datetime.fromtimestamp(int(stamp), UTC), TIMESTAMP_RESOLUTION
+    except (OverflowError, OSError, ValueError):
+        return None

@@ -10,6 +10,7 @@ answers 404.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from urllib.parse import unquote
 
 from outbox import wire
@@ -22,6 +23,12 @@ from settled.simulator.submit import submit
 
 CONTROL_PREFIX = "/_control/"
 LOOKUP_PREFIX = wire.LOOKUP_PATH.format(key="")
+
+
+def _as_provider(response: Response) -> Response:
+    """A provider mode's answer: its time said by ``Date`` alone (whole seconds), as the
+    provider says it, never the wire protocol's ``Settled-Server-Time``."""
+    return replace(response, server_time=False)
 
 
 class Application:
@@ -69,11 +76,11 @@ class Application:
                     )
                 return control_api.respond(sim, method, route, request.body)
             if path.startswith(stripe.PREFIX + "/"):
-                return stripe.respond(sim, request, connection)
+                return _as_provider(stripe.respond(sim, request, connection))
             if path.startswith(wechatpay.PREFIX + "/"):
-                return wechatpay.respond(self.wechatpay, sim, request, connection)
+                return _as_provider(wechatpay.respond(self.wechatpay, sim, request, connection))
             if path.startswith(alipay.PREFIX + "/"):
-                return alipay.respond(sim, request, connection)
+                return _as_provider(alipay.respond(sim, request, connection))
             if method == "POST" and path in self.kinds:
                 return submit(sim, self.kinds[path], request, connection)
             if method == "GET" and path.startswith(LOOKUP_PREFIX):

@@ -82,7 +82,8 @@ class HttpServer(ThreadingHTTPServer):
     ) -> None:
         self.app = app
         #: the server's clock (the simulator's, which a test may set off): every answer says it
-        #: (``Settled-Server-Time`` and ``Date``), and the deadline fence reads the same clock
+        #: (``Date``, and ``Settled-Server-Time`` in the wire protocol's answers), and the
+        #: deadline fence reads the same clock
         self.clock = clock
         self.stopping = stopping
         self.idle_timeout = idle_timeout
@@ -289,8 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
             f"{self.protocol_version} {status} {self.responses[status][0]}\r\n"
             f"Server: {self.version_string()}\r\n"
             f"Date: {_http_date(int(now))}\r\n"
-            f"{wire.SERVER_TIME}: {said}\r\n"
-            "Content-Type: application/json\r\n"
+            + (f"{wire.SERVER_TIME}: {said}\r\n" if response.server_time else "")
+            + "Content-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\n"
         ]
         head += [f"{name}: {value}\r\n" for name, value in response.headers.items()]

@@ -37,6 +37,9 @@ class Response:
     headers: Mapping[str, str]
     #: the pause before each byte of the body (the ``slow_body`` fault); None: one write
     pace: float | None = None
+    #: whether the answer says ``Settled-Server-Time`` (the wire protocol's answers); a
+    #: provider mode's answer says only ``Date``, as the provider does (``httpserver``)
+    server_time: bool = True
 
 
 class Answer(Exception):

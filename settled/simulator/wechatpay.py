@@ -152,17 +152,17 @@ def respond(
             answer = wechat_error(404, "RESOURCE_NOT_EXISTS", "no such route")
     except Answer as early:
         answer = as_wechat(early.response)
-    return signed(mode, answer)
+    return signed(mode, answer, sim.now())
 
 
-def signed(mode: WechatPayMode, response: Response) -> Response:
+def signed(mode: WechatPayMode, response: Response, now: float) -> Response:
     """``response`` with the platform's signature over its body (the bytes the HTTP layer
-    writes: ``json.dumps`` of the body, as ``httpserver`` writes it)."""
+    writes: ``json.dumps`` of the body, as ``httpserver`` writes it), signed at ``now``: the
+    simulator's clock, which a test may set off (as the answer's ``Date``), so a WeChat Pay
+    whose clock runs behind signs its answers with its own time. (Set off by more than
+    ``MAX_SKEW_SECONDS``, its answers are refused as stale, as WeChat Pay's would be.)"""
     body = json.dumps(response.body).encode()
-    stamp, nonce = (
-        str(int(time.time())),
-        secrets.token_hex(16),
-    )  # the wire's time, not the simulated clock
+    stamp, nonce = str(int(now)), secrets.token_hex(16)
     signature = {
         "Wechatpay-Timestamp": stamp,
         "Wechatpay-Nonce": nonce,

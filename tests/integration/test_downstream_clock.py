@@ -15,16 +15,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select, update
 
+from outbox import wire
 from outbox.clock_steps import ClockWatch
 from outbox.downstream_clock import Episode
 from outbox.errors import ReviewConflict
 from outbox.models import DownstreamClockLag
 from outbox.settings import Settings
+from outbox.settings_contracts import ContractSettings
 from outbox.states import State
 from outbox.storage.downstream_clock import record_lag
 from outbox.storage.operations import db_time
@@ -257,3 +259,55 @@ def test_the_runtimes_gateway_measures_every_answer_for_the_process(
     assert (downstream, begins, by) == ("refund", True, worker_name())
     # the bound: the lag, plus at most the round trip, rounded up to a tenth of a second
     assert BEHIND <= lag <= BEHIND + took + 0.1
+
+
+@pytest.mark.usefixtures("behind")
+def test_the_runtimes_worker_tells_a_downstream_behind_a_deadline_that_much_earlier(
+    rig: Rig, settings: Settings, proxy: FaultProxy
+) -> None:
+    """Once an answer measured the lag, each fenced send's ``Settled-Deadline`` is that much
+    earlier, so the downstream's fence cuts at the lease's end less the margin in database
+    time: a request held past its lease's end is refused there, where the uncorrected header
+    (5 s later by the downstream's clock) would have let it land."""
+    configured = settings.model_copy(
+        update={
+            "database_url": rig.engine.url.render_as_string(hide_password=False),
+            "downstream_url": proxy.url,
+            "downstream_api_keys": {rig.tenant.name: rig.tenant.api_key},
+            "downstream_timeout": 1.0,
+            "downstream_contracts": {"refund": ContractSettings(enforces_deadline=True)},
+            "lease_seconds": LEASE,
+            "clock_margin_seconds": MARGIN,
+        }
+    )
+    runtime = build_runtime(configured)
+    try:
+        first = rig.enqueue()
+        assert runtime.executor.execute([first]) == {first: State.SUCCEEDED}
+        # Its header is not corrected: no answer had measured the lag yet.
+        (row,) = rig.control.ledger()["requests"]
+        told = wire.parse_deadline(row["last_deadline"])
+        (attempt,) = rig.attempts(first)
+        lease_end = attempt.not_after.replace(tzinfo=attempt.not_after.tzinfo or UTC)
+        assert told is not None
+        assert lease_end - timedelta(seconds=MARGIN + BEHIND) < told
+        assert told <= lease_end - timedelta(seconds=MARGIN)
+        proxy.hold_requests()
+        second = rig.enqueue("op-2", {**GOOD, "amount_minor": 5})
+        runtime.executor.execute([second])
+    finally:
+        runtime.close()
+    assert rig.op(second).state == State.UNKNOWN and rig.sends(second) == 0  # held
+    (attempt,) = rig.attempts(second)
+    lease_end = attempt.not_after.replace(tzinfo=attempt.not_after.tzinfo or UTC)
+    # Past the lease's end: 5 s before the uncorrected header's deadline by the downstream's
+    # clock, after the corrected one's.
+    wait_until(lambda: datetime.now(UTC) > lease_end + timedelta(seconds=0.1), 15, "lease end")
+    proxy.release()
+    wait_until(lambda: proxy.answered == 1, 10, "the held request answered")
+    assert rig.effects(second) == 0
+    key = rig.op(second).idempotency_key
+    (row,) = [r for r in rig.control.ledger()["requests"] if r["idempotency_key"] == key]
+    told = wire.parse_deadline(row["last_deadline"])
+    assert told is not None
+    assert told <= lease_end - timedelta(seconds=MARGIN + BEHIND)

@@ -9,6 +9,11 @@ Keep the reasons checkable: a reviewer should be able to read the line and agree
 from __future__ import annotations
 
 EQUIVALENT: dict[str, str] = {
+    "outbox/downstream_clock.py::corrected_deadline::cmp#1": (
+        "`not lag > 0` -> `not lag >= 0`: differs only for a lag of exactly 0 (or -0.0), which "
+        "the mutant goes on to subtract: `deadline - timedelta(seconds=0)` is equal to "
+        "`deadline` (the same instant and tzinfo), so the header said is the same."
+    ),
     "outbox/clock.py::Step.direction::cmp#0": (
         "`seconds > 0` -> `>= 0`: differs only for a step of exactly 0 s, which StepDetector "
         "never reports: it reports one only when lo - last_hi (or last_lo - hi) exceeds the "

@@ -88,6 +88,14 @@ TARGETS: tuple[Target, ...] = (
         ("tests/unit/test_lease_keeper.py", "tests/integration/test_leases.py"),
     ),
     Target(
+        "outbox/downstream_clock.py",
+        ("tests/unit/test_downstream_clock.py", "tests/unit/test_provider_clocks.py"),
+    ),
+    Target(
+        "workers/downstream_time.py",
+        ("tests/unit/test_provider_clocks.py", "tests/unit/test_downstream_clock.py"),
+    ),
+    Target(
         "outbox/clock.py",
         (
             "tests/unit/test_db_clock.py",

@@ -33,6 +33,7 @@ from tests.support.judge import check_truthful
 from tests.support.simtools import SimTenant
 from tests.support.wechatpay import private_pem, register, rsa_key
 from workers.alipay_gateway import AlipayApp, AlipayGateway
+from workers.downstream_time import TimeSeen
 from workers.executor import Executor
 from workers.http_client import HttpGateway
 from workers.stripe_gateway import StripeGateway
@@ -116,30 +117,36 @@ class Rig:
         url: str | None = None,
         api_keys: Mapping[str, SecretStr] | None = None,
         timeout: float = RIG_CLIENT_TIMEOUT,
+        time_seen: TimeSeen | None = None,
     ) -> Gateway:
         """A gateway to the rig's simulator (or ``url``), closed when the test ends: the
-        wire protocol's, or in Stripe mode the Stripe gateway."""
+        wire protocol's, or in a provider's mode that provider's gateway; the time each answer
+        says told to ``time_seen``."""
         keys = {self.tenant.name: self.tenant.api_key} if api_keys is None else api_keys
         gateway: HttpGateway | StripeGateway | WechatPayGateway | AlipayGateway
         if self.wechatpay is not None:
-            gateway = self._wechatpay_gateway(url, keys, timeout)
+            gateway = self._wechatpay_gateway(url, keys, timeout, time_seen)
         elif self.alipay is not None:
             # another key than the tenant's: an app signing with a key Alipay was not given
             wrong = api_keys is not None and api_keys != {self.tenant.name: self.tenant.api_key}
             app = unregistered_key_app(self.alipay) if wrong else self.alipay
             apps = {self.tenant.name: app}
             url_ = gateway_url(url or self.url)
-            gateway = AlipayGateway(apps, gateway_url=url_, timeout=timeout)
+            gateway = AlipayGateway(apps, gateway_url=url_, timeout=timeout, time_seen=time_seen)
         elif self.stripe:
             base = (url or self.url) + STRIPE_PREFIX
-            gateway = StripeGateway(keys, api_base=base, timeout=timeout)
+            gateway = StripeGateway(keys, api_base=base, timeout=timeout, time_seen=time_seen)
         else:
-            gateway = HttpGateway(url or self.url, keys, timeout=timeout)
+            gateway = HttpGateway(url or self.url, keys, timeout=timeout, time_seen=time_seen)
         self.gateways.append(gateway)
         return gateway
 
     def _wechatpay_gateway(
-        self, url: str | None, api_keys: Mapping[str, SecretStr], timeout: float
+        self,
+        url: str | None,
+        api_keys: Mapping[str, SecretStr],
+        timeout: float,
+        time_seen: TimeSeen | None = None,
     ) -> WechatPayGateway:
         """The WeChat Pay gateway; given keys other than the tenant's, it signs with a key the
         simulator does not know (as a wrong API key does elsewhere)."""
@@ -153,7 +160,9 @@ class Rig:
 
         base = (url or self.url) + WECHATPAY_PREFIX
         totals = self.control.order_total
-        return WechatPayGateway(keys, order_totals=totals, api_base=base, timeout=timeout)
+        return WechatPayGateway(
+            keys, order_totals=totals, api_base=base, timeout=timeout, time_seen=time_seen
+        )
 
     def close(self) -> None:
         for gateway in self.gateways:

@@ -12,8 +12,15 @@ from pydantic import SecretStr
 from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import DownstreamRequest, LookupNotFound
-from outbox.downstream_clock import DownstreamClocks, Lag, fence_excess, lag_of
-from outbox.kinds import DownstreamContract, default_registry
+from outbox.downstream_clock import (
+    MAX_CORRECTION,
+    DownstreamClocks,
+    Lag,
+    corrected_deadline,
+    fence_excess,
+    lag_of,
+)
+from outbox.kinds import DownstreamContract, KindRegistry, default_registry
 from outbox.quiescence import quiet_at
 from outbox.states import State
 from reconciler.decide import Situation, decide
@@ -61,6 +68,11 @@ def test_an_answer_before_its_request_is_refused() -> None:
         lag_of(T, -1, db_before=T, db_after=T)
 
 
+def test_an_exact_time_and_an_instant_answer_are_read() -> None:
+    """A resolution of 0 (a time said exactly) and an answer in no time are not errors."""
+    assert lag_of(T - s(2), 0.0, db_before=T, db_after=T) == Lag(2.0, 2.0, T)
+
+
 @pytest.mark.parametrize(
     ("lag", "margin", "excess"),
     [(None, 1.0, 0.0), (0.4, 1.0, 0.0), (1.0, 1.0, 0.0), (6.2, 1.0, 5.2), (-3.0, 1.0, 0.0)],
@@ -91,6 +103,42 @@ def test_an_episode_begins_once_grows_in_steps_and_ends_within_the_margin() -> N
     assert not clocks.beyond("refund")
     again = clocks.observe("refund", lag(3.0))
     assert again is not None and again.begins  # a new episode: counted again
+
+
+def test_an_episode_is_beyond_the_margin_strictly_and_ends_at_the_margin() -> None:
+    """Certainly at the margin is within it: no episode; in one, a bound back at the margin
+    ends it."""
+    clocks = DownstreamClocks(margin=1.0)
+    assert clocks.observe("refund", lag(1.5, 1.0)) is None
+    assert not clocks.beyond("refund")
+    assert clocks.observe("refund", lag(1.5, 1.01)) is not None
+    assert clocks.observe("refund", lag(1.0)) is None
+    assert not clocks.beyond("refund")
+
+
+@pytest.mark.parametrize(
+    ("bound", "recorded"),
+    [(6.2, 6.2), (6.1000002, 6.2), (6.10000005, 6.1)],
+    ids=["on_a_step", "a_fifth_of_a_microsecond_past", "float_noise_past"],
+)
+def test_an_episodes_lag_is_recorded_rounded_up_to_the_step_float_noise_aside(
+    bound: float, recorded: float
+) -> None:
+    """Never recorded below its bound by more than the float noise of the division (under a
+    tenth of a microsecond), nor a step above it for that noise."""
+    episode = DownstreamClocks(margin=1.0).observe("refund", lag(bound))
+    assert episode is not None and episode.lag == pytest.approx(recorded, abs=1e-9)
+
+
+def test_the_newest_samples_are_kept_the_oldest_forgotten() -> None:
+    """``KEPT`` answers per downstream: the oldest of them still counts, one more drops it."""
+    clocks = DownstreamClocks(margin=100.0)
+    clocks.observe("refund", lag(9.0))
+    for _ in range(255):
+        clocks.observe("refund", lag(0.5))
+    assert clocks.worst("refund", since=T) == 9.0  # the oldest of 256
+    clocks.observe("refund", lag(0.5))
+    assert clocks.worst("refund", since=T) == 0.5
 
 
 def test_a_lag_beyond_the_margin_only_by_its_rounding_starts_no_episode() -> None:
@@ -254,3 +302,76 @@ def test_a_downstream_that_says_no_time_is_not_measured() -> None:
     gw.submit(request, deadline=T + s(60))
     gw.lookup(request, deadline=T + s(60))
     assert told == []
+
+
+# -- the sender's Settled-Deadline corrected by the measured lag ---------------------------------
+
+
+@pytest.mark.parametrize("lag", [None, 0.0, -0.0, -0.5, -6.0, float("nan")], ids=str)
+def test_a_deadline_is_never_corrected_later_nor_without_a_lag_behind(lag: float | None) -> None:
+    assert corrected_deadline(T, lag) == T
+
+
+@pytest.mark.parametrize("lag", [0.001, 6.2, 3600.0])
+def test_a_downstream_behind_is_told_a_deadline_that_much_earlier(lag: float) -> None:
+    """Its fence, by its clock ``lag`` behind, then cuts at ``T`` in database time."""
+    assert corrected_deadline(T, lag) == T - s(lag)
+
+
+def test_a_correction_is_capped_so_no_time_said_moves_the_header_out_of_the_calendar() -> None:
+    """A ``Date`` of the year 1 bounds a lag of two thousand years: the header moves a day."""
+    year_one = lag_of(datetime(1, 1, 1, tzinfo=UTC), 1.0, db_before=T, db_after=T)
+    assert corrected_deadline(T, year_one.bound) == T - s(MAX_CORRECTION)
+    assert corrected_deadline(T, MAX_CORRECTION + 1) == T - s(MAX_CORRECTION)
+    assert corrected_deadline(T, 1e6) == T - timedelta(days=1)
+    assert corrected_deadline(T, 86399.5) == T - s(86399.5)
+
+
+def test_the_newest_answer_says_the_lag_a_header_is_corrected_by() -> None:
+    clocks = DownstreamClocks(margin=1.0)
+    assert clocks.latest("refund") is None
+    clocks.observe("refund", lag_of(T - s(6), 0.001, db_before=T, db_after=T + s(0.2)))
+    clocks.observe("refund", lag_of(T - s(2), 0.001, db_before=T, db_after=T + s(0.1)))
+    assert clocks.latest("refund") == pytest.approx(2.1)  # set right: followed at once
+    assert clocks.latest("other") is None
+
+
+def gateway_correcting(lag: float | None, sent: list[httpx.Request]) -> HttpGateway:
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        body = {"error": {"type": "not_found", "code": "idempotency_key_not_found"}}
+        return httpx.Response(404 if request.method == "GET" else 503, json=body)
+
+    return HttpGateway(
+        "https://pay.example",
+        {"acme": SecretStr("sk_test_1")},
+        transport=httpx.MockTransport(respond),
+        lag_seen={"refund": lag}.get,
+    )
+
+
+FENCED_REGISTRY = default_registry().with_contract("refund", enforces_deadline=True)
+
+
+def told_deadlines(lag: float | None, registry: KindRegistry) -> list[datetime | None]:
+    sent: list[httpx.Request] = []
+    gw = gateway_correcting(lag, sent)
+    request = DownstreamRequest("acme", "op-1", registry.get("refund"), "stl_k1", PARAMS)
+    deadline = Deadline(T + s(5), 100.0, lambda: 95.0)  # 5 s left: the timeout caps nothing
+    gw.submit(request, deadline=deadline)
+    gw.lookup(request, deadline=deadline)
+    return [wire.parse_deadline(r.headers[wire.DEADLINE]) for r in sent]
+
+
+def test_a_fenced_kinds_header_is_earlier_by_the_lag_last_measured() -> None:
+    assert told_deadlines(6.2, FENCED_REGISTRY) == [T + s(5) - s(6.2)] * 2
+
+
+@pytest.mark.parametrize("lag", [None, -3.0], ids=["unmeasured", "ahead"])
+def test_a_fenced_kinds_header_is_not_moved_without_a_lag_behind(lag: float | None) -> None:
+    assert told_deadlines(lag, FENCED_REGISTRY) == [T + s(5)] * 2
+
+
+def test_an_unfenced_kinds_header_is_never_moved() -> None:
+    """Its 408 would go to review, not be sent again: the header stays the send's bound."""
+    assert told_deadlines(6.2, default_registry()) == [T + s(5)] * 2
