@@ -162,6 +162,7 @@ def test_no_resend_once_the_attempt_budget_is_spent(rig: Rig) -> None:
     rig.set(op, max_attempts=1)
     assert resending(rig).run_once().outcomes == {"wait_quiescence": 1}
     assert rig.sends(op) == 1
+    assert rig.op(op).lookups == 1  # the lookup before the resend that was not sent
 
 
 def test_no_automatic_resend_without_idempotency(rig: Rig) -> None:
