@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -30,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.change import Change
-from outbox.clock import DbClock, Monotonic
+from outbox.clock import DbClock, Monotonic, Step
 from outbox.clock_steps import ClockWatch
 from outbox.downstream import (
     Gateway,
@@ -203,16 +205,39 @@ class Reconciler:
         lag = self.clock_watch.downstream_lag(session, kind.name, now)
         return None if lag is None else timedelta(seconds=lag)
 
-    def _clock_read(self, db_at: datetime, before: float, session: Session | None = None) -> None:
+    def _clock_read(
+        self,
+        db_at: datetime,
+        before: float,
+        session: Session | None = None,
+        kept: list[Step] | None = None,
+    ) -> None:
         """A reading of the database's clock taken from ``before``: a step it shows is logged
-        and recorded (in ``session``, else in a transaction of its own)."""
+        and recorded (in ``session``, and kept in ``kept`` in case that transaction is rolled
+        back: ``_steps_kept``; else in a transaction of its own)."""
         step = self.clock_watch.seen(db_at, before, self.monotonic(), by=self.actor)
         if step is None:
             return
         if session is not None:
             self.clock_watch.record(session, step, by=self.actor)
+            if kept is not None:
+                kept.append(step)
         else:
             self.clock_watch.record_now(self.sessions, step, by=self.actor)
+
+    @contextmanager
+    def _steps_kept(self) -> Iterator[list[Step]]:
+        """The steps recorded in a transaction the block opens: if it is rolled back (a write
+        refused as stale, an error), each is recorded again in a transaction of its own. The
+        detector has taken in the reading that showed it and will not show it again, and the
+        other processes learn of a step only from its record."""
+        kept: list[Step] = []
+        try:
+            yield kept
+        except BaseException:
+            for step in kept:
+                self.clock_watch.record_now(self.sessions, step, by=self.actor)
+            raise
 
     def _reconcile_safely(self, claimed: Claimed, clock: DbClock) -> str:
         """``_reconcile_caught``, inside the observer's ``reconciling``."""
@@ -270,11 +295,11 @@ class Reconciler:
             if deadline is None:
                 return self._not_asked(claimed)
             lookup = look_up(self.gateway, claimed, kind, deadline=deadline)
-        with self.sessions.begin() as session:
+        with self._steps_kept() as kept, self.sessions.begin() as session:
             facts = operation_facts(session, claimed.id)
             before = self.monotonic()
             now = db_time(session)
-            self._clock_read(now, before, session)
+            self._clock_read(now, before, session, kept)
             situation = situation_of(
                 state=claimed.state,
                 contract=kind.contract,

@@ -6,18 +6,26 @@ confirms each settled one.
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from outbox import runs
+from outbox.clock import Deadline
 from outbox.db import db_now
-from outbox.downstream import DownstreamRequest
+from outbox.downstream import DownstreamRequest, LookupOutcome
+from outbox.downstream_clock import Episode
 from outbox.kinds import default_registry
-from outbox.models import Operation, OperationEvent, Run
+from outbox.models import ClockStep, DownstreamClockLag, Operation, OperationEvent, Run
 from outbox.states import State
+from outbox.storage.downstream_clock import record_lag
+from outbox.storage.operations import db_time
 from reconciler import reconcile
 from reconciler.reconcile import PassReport, Reconciler
 from settled.simulator.proxy import FaultProxy
@@ -46,6 +54,48 @@ def test_commit_then_timeout_is_reconciled_to_succeeded_with_one_effect(rig: Rig
     assert rig.effects(op) == 1
     assert rig.sends(op) == 1
     assert rig.reviews(op) == []
+
+
+def test_a_pass_claims_its_batch_a_chunk_at_a_time_and_stops_there(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Six operations due, a batch of five, chunks of three: the pass claims three, then the
+    two its batch has left, and ends with its batch full (it never asks for a claim of
+    nothing); the next pass takes the sixth, and stops at a chunk that was not filled."""
+    ops = done_but_unknown(rig, 6)
+    limits: list[int] = []
+    claim = reconcile.claim_unresolved
+
+    def counted(session: Any, *, limit: int, **kw: Any) -> Any:
+        limits.append(limit)
+        assert limit > 0 and len(limits) <= 4, f"a claim of {limit}, call {len(limits)}"
+        return claim(session, limit=limit, **kw)
+
+    monkeypatch.setattr(reconcile, "claim_unresolved", counted)
+    reconciler = rig.reconciler(batch=5, client_timeout=10.0)
+    assert reconciler.chunk == 3  # 4 leases of 15 s, twice a 10 s lookup each
+    with caplog.at_level(logging.INFO, logger="reconciler.reconcile"):
+        first = reconciler.run_once()
+    (logged,) = [r for r in caplog.records if r.getMessage() == "reconcile pass"]
+    assert (logged.claimed, logged.outcomes) == (5, {"found": 5})  # type: ignore[attr-defined]
+    assert (first.claimed, first.outcomes, limits) == (5, {"found": 5}, [3, 2])
+    assert first.as_dict() == {
+        "claimed": 5,
+        "outcomes": {"found": 5},
+        "oldest_unknown_seconds": first.oldest_unknown_seconds,
+        "at": first.at.isoformat(),
+    }
+    assert first.oldest_unknown_seconds is not None  # the sixth, still unknown
+    assert 699 < first.oldest_unknown_seconds < 900
+    second = reconciler.run_once()
+    assert (second.claimed, second.outcomes, limits) == (1, {"found": 1}, [3, 2, 3])
+    assert json.loads(json.dumps(second.as_dict())) == {  # as `settled reconcile --once` prints
+        "claimed": 1,
+        "outcomes": {"found": 1},
+        "oldest_unknown_seconds": None,
+        "at": second.at.isoformat(),
+    }
+    assert {rig.op(o).state for o in ops} == {"succeeded"}
 
 
 def test_a_commit_between_the_reconcilers_read_and_its_write_does_not_defer_it(
@@ -376,6 +426,7 @@ def test_lookups_the_lease_leaves_no_time_for_are_not_asked_and_not_recorded(
         assert rig.reviews(op) == []
         last = events_of(rig, op)[-1]
         assert last.reason == "not_asked" and "lookup" not in (last.evidence or {})
+        assert (last.evidence or {})["asked"] is False
     # The next pass asks them.
     assert rig.reconciler(client_timeout=1.5).run_once().outcomes == {"found": 2}
     for op in ops:
@@ -445,3 +496,195 @@ def test_a_chunk_of_slow_lookups_over_http_outlasts_its_first_lease_and_settles_
         assert (row.state, row.lookups) == ("succeeded", 1)
         assert lookups_asked(rig, op) == 1
         assert rig.reviews(op) == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OperationalError("SELECT", None, Exception("server closed the connection")),
+        InterfaceError("SELECT", None, Exception("closed"), connection_invalidated=True),
+    ],
+    ids=["operational", "connection_invalidated"],
+)
+def test_a_database_gone_mid_reconcile_defers_the_operation_as_it_was(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, error: DBAPIError
+) -> None:
+    """The database drops the connection (an OperationalError) or the driver finds it dead
+    (any DBAPIError with the connection invalidated) while the pass reads the facts: nobody's
+    case to review; the operation is left as it was and looked at again after the lease."""
+    op = lost_after_commit(rig)
+
+    def gone(session: Any, operation_id: int) -> Any:
+        raise error
+
+    with monkeypatch.context() as patched:
+        patched.setattr(reconcile, "operation_facts", gone)
+        assert rig.reconciler().run_once().outcomes == {"deferred": 1}
+    row = rig.op(op)
+    assert (row.state, row.lookups) == ("unknown", 0)
+    assert rig.reviews(op) == []
+    rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    assert rig.op(op).state == "succeeded" and rig.effects(op) == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [IntegrityError("UPDATE", None, Exception("value refused")), RuntimeError("a bug")],
+    ids=["refused", "bug"],
+)
+def test_an_operations_own_error_puts_it_in_review_and_the_pass_goes_on(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """An error of this operation's own (the database refused a value, its connection is
+    fine; a bug): logged, counted as "error", and the operation put in review to be looked
+    at again later; the pass goes on with the others."""
+    ops = done_but_unknown(rig, 2)
+    facts = reconcile.operation_facts
+
+    def refused(session: Any, operation_id: int) -> Any:
+        if operation_id == ops[0]:
+            raise error
+        return facts(session, operation_id)
+
+    monkeypatch.setattr(reconcile, "operation_facts", refused)
+    assert rig.reconciler().run_once().outcomes == {"error": 1, "found": 1}
+    row = rig.op(ops[0])
+    assert row.state == "unknown" and row.lease_owner is None
+    assert row.next_attempt_at > datetime.now(UTC) + timedelta(minutes=4)  # MAX_RECHECK
+    (item,) = rig.reviews(ops[0])
+    assert item.reason == "reconcile_failed"
+    assert item.evidence["error"] == type(error).__name__
+    assert rig.op(ops[1]).state == "succeeded"
+
+
+def test_closing_a_reconciler_stops_its_lease_keeper(rig: Rig) -> None:
+    """A pass starts the thread that renews its claims' leases; ``close`` stops it (and,
+    before any pass, has nothing to stop)."""
+    done_but_unknown(rig, 1)
+    before = set(threading.enumerate())
+    reconciler = rig.reconciler()
+    reconciler.close()  # nothing claimed yet: no keeper
+    assert reconciler.run_once().outcomes == {"found": 1}
+    (keeper,) = [
+        t for t in threading.enumerate() if t not in before and t.name == "settled-lease-keeper"
+    ]
+    assert keeper.is_alive()
+    reconciler.close()
+    assert not keeper.is_alive()
+
+
+def test_a_step_seen_at_the_claim_is_recorded_before_the_first_lookup_is_asked(rig: Rig) -> None:
+    """Each reading of the database's clock a pass takes is watched, its claim's first: a step
+    shown there is recorded, for every process to distrust a "not found", before the pass asks
+    a lookup (which may take all its time). The step: between two passes the reconciler's
+    monotonic clock runs 100 s ahead of the database's, as a step back of the database's
+    clock shows."""
+    (op,) = done_but_unknown(rig, 1)
+    rig.set(op, next_attempt_at=datetime.now(UTC) + timedelta(hours=1))
+    mono = FakeMonotonic()
+    reconciler = rig.reconciler(monotonic=mono)
+    inner = reconciler.gateway
+    recorded_when_asked: list[int] = []
+
+    class Asked:
+        def submit(self, request: DownstreamRequest, /, **kw: Any) -> Any:
+            return inner.submit(request, **kw)
+
+        def lookup(
+            self, request: DownstreamRequest, /, *, deadline: Deadline | datetime
+        ) -> LookupOutcome:
+            with rig.sessions() as s:
+                recorded_when_asked.append(
+                    s.scalar(select(func.count()).select_from(ClockStep)) or 0
+                )
+            return inner.lookup(request, deadline=deadline)
+
+    reconciler.gateway = Asked()
+    assert reconciler.run_once().claimed == 0  # a reading of the database's clock
+    mono.advance(100.0)
+    rig.make_due(op)
+    assert reconciler.run_once().outcomes == {"found": 1}
+    assert recorded_when_asked == [1]
+    with rig.sessions() as s:
+        (step,) = s.scalars(select(ClockStep)).all()
+    assert (step.direction, step.detected_by) == ("backward", "reconciler:r1")
+
+
+def test_a_step_seen_as_the_decision_is_read_is_recorded_even_if_the_write_is_refused(
+    rig: Rig,
+) -> None:
+    """The step shows at the reading taken to decide (the lookup took 5 s on the reconciler's
+    monotonic clock and none on the database's, as a step back of the database's clock
+    shows); meanwhile a newer claim took the operation over, so this pass's write is refused
+    and its transaction rolled back. The step is recorded for every process all the same:
+    this process has taken the reading in and would not show the step again."""
+    (op,) = done_but_unknown(rig, 1)
+    reconciler, slow = slow_reconciler(rig, 5.0, client_timeout=10.0)
+
+    def taken_over(number: int) -> None:
+        rig.set(op, lease_version=rig.op(op).lease_version + 1)
+
+    slow.after = taken_over
+    assert reconciler.run_once().outcomes == {"stale": 1}
+    with rig.sessions() as s:
+        (step,) = s.scalars(select(ClockStep)).all()
+    assert (step.direction, step.detected_by) == ("backward", "reconciler:r1")
+    assert step.step_seconds < -3
+    rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+
+
+def test_a_not_found_waits_out_a_downstream_clock_lag_another_process_recorded(rig: Rig) -> None:
+    """Quiet by the fence alone (the attempt's lease ended a minute ago), but a worker
+    recorded the downstream's clock 120 s behind the database's: a request may still land
+    by its clock, so the "not found" waits; with a lag of 30 s, long covered, it is sent
+    again."""
+    rig.control.add_rule("reset_before", times=1)
+    op = rig.enqueue()
+    rig.executor().execute([op])
+    rig.make_quiet(op)
+    with rig.sessions.begin() as s:
+        record_lag(s, Episode("refund", 120.0, True, db_time(s)), by="w9")
+    assert rig.reconciler().run_once().outcomes == {"wait_quiescence": 1}
+    assert rig.op(op).state == "unknown"
+    with rig.sessions.begin() as s:
+        s.execute(update(DownstreamClockLag).values(lag_seconds=30.0))
+    rig.make_due(op)
+    assert rig.reconciler().run_once().outcomes == {"requeued": 1}
+    assert rig.op(op).state == "planned" and rig.sends(op) == 1
+
+
+def test_a_dead_workers_send_that_cannot_be_reconciled_keeps_its_lease_and_stays_out_of_review(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``submitted`` operation (its worker died mid-send) whose reconcile fails: nothing is
+    written, not even the review (released, it would never be looked at again); its lease
+    lapses and a later pass looks again."""
+    op = rig.enqueue()
+    claimed = rig.start_send(op)
+    rig.gateway().submit(
+        DownstreamRequest(
+            "acme",
+            claimed.op_id,
+            default_registry().get("refund"),
+            claimed.idempotency_key,
+            claimed.params,
+        ),
+        deadline=datetime.now(UTC) + timedelta(seconds=5),
+    )
+    rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    before = len(events_of(rig, op))
+
+    def broken(session: Any, operation_id: int) -> Any:
+        raise RuntimeError("a bug")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(reconcile, "operation_facts", broken)
+        assert rig.reconciler().run_once().outcomes == {"error": 1}
+    row = rig.op(op)
+    assert (row.state, row.lease_owner) == ("submitted", "reconciler:r1")
+    assert rig.reviews(op) == [] and len(events_of(rig, op)) == before
+    rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    assert rig.reconciler().run_once().outcomes == {"found": 1}
+    assert rig.op(op).state == "succeeded" and rig.effects(op) == 1

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from outbox.kinds import default_registry
 from outbox.models import OperationEvent, Run
 from reconciler.reconcile import Reconciler
+from tests.support.gateways import Interposed
 from tests.support.rig import GOOD, Rig
 
 
@@ -161,6 +162,7 @@ def test_no_resend_once_the_attempt_budget_is_spent(rig: Rig) -> None:
     rig.set(op, max_attempts=1)
     assert resending(rig).run_once().outcomes == {"wait_quiescence": 1}
     assert rig.sends(op) == 1
+    assert rig.op(op).lookups == 1  # the lookup before the resend that was not sent
 
 
 def test_no_automatic_resend_without_idempotency(rig: Rig) -> None:
@@ -190,3 +192,19 @@ def test_a_stale_reconciler_claim_sends_nothing(rig: Rig) -> None:
     reconciler.run_once()
     assert taken == [op]
     assert rig.sends(op) == 1 and rig.op(op).state == "unknown"
+
+
+def test_no_resend_once_the_reconcilers_lease_could_not_be_renewed(rig: Rig) -> None:
+    """After the lookup the database would not renew the reconciler's lease (it lapsed): the
+    operation is no longer surely its own to send, so nothing is sent, and it is decided as by
+    a reconciler that cannot resend."""
+    op = lost_before_execution(rig)
+    reconciler = resending(rig)
+
+    def lapsed(found: Any) -> None:
+        rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
+        assert reconciler.keeper.renew_now() == set()
+
+    reconciler.gateway = Interposed(reconciler.gateway, after_lookup=lapsed)
+    assert reconciler.run_once().outcomes == {"wait_quiescence": 1}
+    assert rig.op(op).state == "unknown" and rig.sends(op) == 1

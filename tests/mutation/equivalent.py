@@ -63,12 +63,27 @@ EQUIVALENT: dict[str, str] = {
         "the start (workers/claiming.py, check_before_send), and the database's own "
         "first_sent_at is written by the transition. No reader, so no observable change."
     ),
-    "workers/sending.py::SendsBatches._send_and_record::const#5": (
-        "`first = True` -> False: `first` only arms the test failpoint `after_send` (a no-op "
-        "unless a test arms it) and lets the first gather of a batch linger as long as the "
-        "sends took (throughput). No outcome, fence or deadline reads it. The crash-after-send "
-        "tests that arm the failpoint run real Celery workers (tests/integration/"
-        "test_celery_worker.py), outside the fast selection."
+    "workers/sending.py::SendsBatches._send_and_record::const#3": (
+        "`max_workers=max(1, self.max_batch)`, the 1 -> 2 or 0: the pool is made only for a "
+        "batch of two or more (`len(batch) <= 1` is sent in the caller's thread), and a batch "
+        "is at most max(1, max_batch) operations (Executor.execute cuts the hinted ids in "
+        "chunks of that size and claims up to that many in all: ids plus extra), so max_batch "
+        ">= 2 wherever the pool is made, and then max(2, n) == max(1, n) == max(0, n) == n."
+    ),
+    "workers/sending.py::SendsBatches._send_and_record::const#4": (
+        "`max_workers=max(1, self.max_batch)`, the 1 -> 2 or 0: the pool is made only for a "
+        "batch of two or more (`len(batch) <= 1` is sent in the caller's thread), and a batch "
+        "is at most max(1, max_batch) operations (Executor.execute cuts the hinted ids in "
+        "chunks of that size and claims up to that many in all: ids plus extra), so max_batch "
+        ">= 2 wherever the pool is made, and then max(2, n) == max(1, n) == max(0, n) == n."
+    ),
+    "reconciler/reconcile.py::Reconciler.run_once::const#3": (
+        "`self._clock_read(claims[0].now, mono)` -> `claims[-1].now`: every claim's `now` is "
+        "the database's clock read by the same claim UPDATE (its RETURNING, outbox/storage/"
+        "claims.py), so both are readings taken between `mono` (before the claim) and the "
+        "monotonic time `_clock_read` takes after it, the interval the step detector judges a "
+        "reading by; they differ by the statement's own microseconds, far inside the clock "
+        "margin (1 s) the detector allows. (claims[1] instead, const#2, fails on one claim.)"
     ),
     "outbox/leases.py::LeaseKeeper.__init__::const#2": (
         "`self._pid = 0` -> 1 or -1 in __init__: `_pid` is read only in `_start`, after "

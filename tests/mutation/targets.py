@@ -40,7 +40,11 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "reconciler/reconcile.py",
-        ("tests/integration/test_reconciler.py", "tests/integration/test_resend.py"),
+        (
+            "tests/unit/test_reconciler_parts.py",
+            "tests/integration/test_reconciler.py",
+            "tests/integration/test_resend.py",
+        ),
     ),
     Target(
         "workers/verdicts.py",
@@ -60,9 +64,12 @@ TARGETS: tuple[Target, ...] = (
         "workers/sending.py",
         (
             "tests/unit/test_send_bound.py",
+            "tests/unit/test_send_batches.py",
             "tests/integration/test_send_fencing.py",
             "tests/integration/test_deadline_fence.py",
             "tests/integration/test_executor.py",
+            # a slow send holds up no other outcome of its batch (the first gather's linger)
+            "tests/integration/test_executor_batch.py",
             # a crash between the send and its record (the ``after_send`` failpoint)
             "tests/integration/test_provider_faults.py",
         ),
