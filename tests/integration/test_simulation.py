@@ -50,13 +50,16 @@ from outbox.intake import Outbox
 from outbox.kinds import default_registry
 from outbox.models import Operation
 from support.staff import Role, Staff
-from tests.support.simulation import ORDERS, SUBMIT_FATES, Figures, World
+from tests.support.simulation import HUNG, ORDERS, SUBMIT_FATES, Figures, TimedEngine, World
 from workers.failpoints import STEPS, FailpointHit, arm
 
 CI_EXAMPLES = 40
 STEP_COUNT = 30
 EXAMPLES = int(os.environ.get("SETTLED_TEST_SIMULATION_EXAMPLES", CI_EXAMPLES))
 
+#: a short key retention (seconds): two minutes, inside the delay bound (5 min), so that a
+#: resend may be asked for after the downstream forgot the key
+KEY_RETENTION = 120.0
 MAX_OPS = 4
 MAX_RUNS = 2
 WORKERS = ("w1", "w2")
@@ -78,7 +81,7 @@ FIGURES: dict[str, Figures] = {}
 class Simulation(RuleBasedStateMachine):
     """One example: a fresh database, a fake downstream, up to four operations."""
 
-    engine: Engine
+    db: TimedEngine
     outbox: Outbox
     figures: Figures
 
@@ -95,13 +98,17 @@ class Simulation(RuleBasedStateMachine):
         self.figures.steps += 1
         self.figures.rules[name] += 1
 
-    @initialize(visibility=st.sampled_from([0.0, 1.0, 2.0]), fenced=st.booleans())
-    def start(self, visibility: float, fenced: bool) -> None:
+    @initialize(
+        visibility=st.sampled_from([0.0, 1.0, 2.0]),
+        fenced=st.booleans(),
+        retention=st.sampled_from([None, KEY_RETENTION]),
+    )
+    def start(self, visibility: float, fenced: bool, retention: float | None) -> None:
         """A downstream that enforces the deadline (the fence), or one bounded only by the
         delay bound; lookups that see what was done at once, or up to the processing time
-        later."""
+        later; keys remembered for the contract's 24 h, or for ``KEY_RETENTION`` only."""
         outbox = self.outbox if fenced else replace(self.outbox, registry=default_registry())
-        self.world = World(self.engine, outbox, visibility_delay=visibility)
+        self.world = World(self.db, outbox, visibility_delay=visibility, key_retention=retention)
         self.figures.examples += 1
 
     # -- the app -----------------------------------------------------------------------------
@@ -206,13 +213,17 @@ class Simulation(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         worker=st.sampled_from(WORKERS),
-        crash=st.sampled_from([None, None, None, *STEPS]),
+        crash=st.sampled_from([None, None, None, *STEPS, HUNG]),
         fates=FATES,
     )
     def work(self, data: st.DataObject, worker: str, crash: str | None, fates: list[str]) -> None:
         """A worker's pass, its sends meeting ``fates`` downstream (then the default); or a
-        pass that dies at a failpoint (its leases left to lapse)."""
+        pass that dies at a failpoint (its leases left to lapse); or one whose first send
+        hangs until its send bound, the worker dying there (nothing written)."""
         ids = self.hinted(data)
+        if crash == HUNG:
+            fates, crash = [HUNG, *fates], "after_send"
+            self.figures.rules["hung"] += 1
         self.script(fates)
         if crash is None:
             self.counted("execute")
@@ -273,14 +284,33 @@ class Simulation(RuleBasedStateMachine):
             report = reconciler.run_once()
         finally:
             reconciler.close()
+            self.w.settle_clock()
         if report.outcomes.get("resent"):  # the same-key resends the examples exercised
             self.figures.rules["resent"] += report.outcomes["resent"]
 
     @precondition(lambda self: bool(self.w.ops))
-    @rule(down=st.integers(0, 2))
-    def reconcile(self, down: int) -> None:
-        """A reconcile pass, its first ``down`` lookups unanswered (the lookup API down)."""
+    @rule(
+        data=st.data(),
+        down=st.integers(0, 2),
+        fates=FATES,
+        slow=st.sampled_from([None, None, 0.5, 1.0]),
+    )
+    def reconcile(
+        self, data: st.DataObject, down: int, fates: list[str], slow: float | None
+    ) -> None:
+        """A reconcile pass, its first ``down`` lookups unanswered (the lookup API down), its
+        same-key resends meeting ``fates`` downstream; its first lookup answered ``slow`` of
+        its time left after the downstream read it, requests on the wire landing meanwhile."""
         self.counted("reconcile")
+        self.script(fates)
+        if slow is not None:
+            landing = [
+                r.id
+                for r in self.w.fake.in_flight
+                if data.draw(st.booleans(), label=f"request {r.id} lands meanwhile")
+            ]
+            self.figures.rules["lookup_slow"] += 1
+            self.w.slow_lookup(slow, landing)
         if down:
             self.figures.rules["lookups_down"] += 1
             self.w.lookups_down(down)
@@ -346,8 +376,18 @@ class Simulation(RuleBasedStateMachine):
             world.check()
         assert not world.unsettled(), world.describe()
         self.figures.effects += len(world.fake.ledger)
+        self.figures.rules.update({f"answered_{k}": v for k, v in world.wire.given.items()})
+        self.figures.rules["keys_forgotten"] += world.fake.forgotten
         for row in world.rows().values():
             self.figures.states[row.state] += 1
+
+
+@pytest.fixture
+def db(engine: Engine) -> Iterator[TimedEngine]:
+    """The test's database, its clock movable (``TimedEngine``)."""
+    timed = TimedEngine(engine)
+    yield timed
+    timed.close()
 
 
 @pytest.fixture(scope="module")
@@ -370,11 +410,11 @@ def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Figures]]:
 #: no limit in the long mode; in CI, room for a failure to shrink to its shortest steps
 @pytest.mark.timeout(0 if EXAMPLES > CI_EXAMPLES else 900)
 def test_protocol_invariants_hold_in_every_simulated_interleaving(
-    engine: Engine, outbox: Outbox, figures: dict[str, Figures]
+    engine: Engine, db: TimedEngine, outbox: Outbox, figures: dict[str, Figures]
 ) -> None:
     database = engine.dialect.name
     machine = type(f"Simulation_{database}", (Simulation,), {})
-    machine.engine = engine
+    machine.db = db
     machine.outbox = outbox
     machine.figures = figures.setdefault(database, Figures())
     run_state_machine_as_test(
@@ -394,12 +434,12 @@ def test_protocol_invariants_hold_in_every_simulated_interleaving(
 
 
 def test_simulated_time_lapses_a_dead_workers_lease_and_a_late_request_settles_it(
-    engine: Engine, outbox: Outbox
+    db: TimedEngine, outbox: Outbox
 ) -> None:
     """A worker dies after its request left (held on the wire); time passes (no sleeping),
     the request lands within its deadline, the lease lapses, and the reconciler takes over:
     its lookup finds what the request did, and the operation is done, once."""
-    world = World(engine, outbox)
+    world = World(db, outbox)
     op_id = world.enqueue(world.open_run(), ORDERS[0])
     world.fake.hold_submits()
     with arm("after_send"), pytest.raises(FailpointHit):
@@ -417,12 +457,12 @@ def test_simulated_time_lapses_a_dead_workers_lease_and_a_late_request_settles_i
 
 
 def test_the_judge_sees_a_rejected_operation_that_a_request_can_still_reach(
-    engine: Engine, outbox: Outbox
+    db: TimedEngine, outbox: Outbox
 ) -> None:
     """The invariants are not vacuous: an operation settled ``rejected`` (here by hand, as
     a broken rule would) while its request is still on the wire fails them, and so does the
     effect once it lands."""
-    world = World(engine, outbox)
+    world = World(db, outbox)
     op_id = world.enqueue(None, ORDERS[0])
     world.fake.hold_submits()
     world.executor("w1").execute(list(world.ops.values()))
@@ -440,12 +480,12 @@ def test_the_judge_sees_a_rejected_operation_that_a_request_can_still_reach(
 
 
 def test_a_same_key_resend_settles_a_held_request_once_and_its_late_landing_replays(
-    engine: Engine, outbox: Outbox
+    db: TimedEngine, outbox: Outbox
 ) -> None:
     """The first request is held on the wire; a lookup finds nothing, long before that proves
     anything; the reconciler has it sent again with the same key, which is carried out and
     settles it. The held request landing later is a replay of the key: one effect."""
-    world = World(engine, outbox)
+    world = World(db, outbox)
     op_id = world.enqueue(world.open_run(), ORDERS[0])
     world.fake.hold_submits()
     world.executor("w1").execute(list(world.ops.values()))
