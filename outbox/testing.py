@@ -41,7 +41,9 @@ downstream and network would, on a clock of the test's own (``clock=``, seconds;
   ``land``s, or that it is ``drop``ped. A request that lands after its deadline (the time it
   had left when sent, on the fake's clock) is refused, as a downstream that enforces
   ``Settled-Deadline`` does (``enforces_deadline=False``: it is carried out all the same);
-  one that lands in time is carried out, or replays its key;
+  one that lands in time is carried out, or replays its key. ``clock_behind`` (seconds) is
+  how far the downstream's clock runs behind the sender's: the deadline is an instant, read
+  on the downstream's clock, so a request held on the wire has that much longer;
 - a **visibility delay** (``visibility_delay=``, seconds): what a request did is found by a
   lookup only that long after it was carried out (a submit replaying the key sees it at once);
 - **answers lost after commit**: ``script_submit(Unknown(...), executed=True)``, as above;
@@ -161,6 +163,9 @@ class FakeGateway:
         self.enforces_deadline = enforces_deadline
         #: a key's record is forgotten this long after it was made (None: never)
         self.key_retention = key_retention
+        #: how far the downstream's clock runs behind the sender's (seconds; negative:
+        #: ahead): a held request's deadline, an instant, is read on it
+        self.clock_behind = 0.0
         #: how many keys' records were forgotten (``key_retention``)
         self.forgotten = 0
         #: no connection can be made: every call answers NotSent (connect) / Unavailable
@@ -315,7 +320,14 @@ class FakeGateway:
         if self._take_hold(key):
             request_id = next(self._requests)
             self._wire[request_id] = InFlight(
-                request_id, tenant, op_id, kind, key, dict(params), self.clock(), left
+                request_id,
+                tenant,
+                op_id,
+                kind,
+                key,
+                dict(params),
+                self.clock(),
+                left + self.clock_behind,
             )
             return Unknown("no answer: the request is still on the wire")
         scripted = self._next(self._submits, key)

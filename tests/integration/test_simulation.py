@@ -29,11 +29,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -56,6 +56,9 @@ from workers.failpoints import STEPS, FailpointHit, arm
 CI_EXAMPLES = 40
 STEP_COUNT = 30
 EXAMPLES = int(os.environ.get("SETTLED_TEST_SIMULATION_EXAMPLES", CI_EXAMPLES))
+#: ``SETTLED_TEST_SIMULATION_SHRINK=0``: a failure is reported as found, not shrunk to its
+#: shortest steps (a quick verdict, as for a mutant)
+SHRINK = os.environ.get("SETTLED_TEST_SIMULATION_SHRINK", "1") != "0"
 
 #: a short key retention (seconds): two minutes, inside the delay bound (5 min), so that a
 #: resend may be asked for after the downstream forgot the key
@@ -63,9 +66,9 @@ KEY_RETENTION = 120.0
 MAX_OPS = 4
 MAX_RUNS = 2
 WORKERS = ("w1", "w2")
-#: how far time moves in one step: within a lease, past it, past the delay bound, past the
-#: review threshold
-ADVANCES = (1.0, 5.0, 16.0, 60.0, 301.0, 700.0)
+#: how far time moves in one step: within a clock margin, within a lease, past it, past the
+#: delay bound, past the review threshold
+ADVANCES = (0.5, 1.0, 5.0, 16.0, 60.0, 301.0, 700.0)
 #: where a step of the database's clock leaves it against the downstream's: within the
 #: clock margin (1 s), the contract's assumption
 CLOCK_SKEWS = (-0.9, -0.4, 0.0, 0.4, 0.9)
@@ -424,6 +427,7 @@ def test_protocol_invariants_hold_in_every_simulated_interleaving(
             stateful_step_count=STEP_COUNT,
             deadline=None,
             print_blob=True,
+            phases=tuple(Phase) if SHRINK else tuple(p for p in Phase if p is not Phase.shrink),
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
@@ -496,3 +500,174 @@ def test_a_same_key_resend_settles_a_held_request_once_and_its_late_landing_repl
     world.fake.land(request.id)
     assert world.fake.effects_of("acme", op_id) == 1
     world.check()
+
+
+# -- the faults the review's missed mutants need: one run each, judged after every step ------
+#
+# Each drives the world through the shortest run in which one of six careless changes to the
+# wiring around the reconciler's decisions does harm (docs/model.md, "The deterministic
+# simulation"), with the invariants checked after every step: with the real code each run
+# holds; with the change, the step named fails.
+
+
+def steps(world: World, *actions: Callable[[], object]) -> None:
+    """Each action, then the invariants."""
+    for action in actions:
+        action()
+        world.check()
+
+
+def reconcile(world: World) -> None:
+    reconciler = world.reconciler()
+    try:
+        reconciler.run_once()
+    finally:
+        reconciler.close()
+        world.settle_clock()
+
+
+def send(world: World, *fates: str, crash: str | None = None) -> None:
+    for fate in fates:
+        world.script(fate)
+    executor = world.executor("w1")
+    try:
+        if crash is None:
+            executor.execute(list(world.ops.values()))
+        else:
+            with arm(crash), contextlib.suppress(FailpointHit):
+                executor.execute(list(world.ops.values()))
+    finally:
+        executor.close()
+
+
+def test_a_lookup_answered_late_is_dated_when_it_was_asked(db: TimedEngine, outbox: Outbox) -> None:
+    """The request lands just inside its deadline, visible the processing time later; the
+    reconciler asks before that, and the answer ("not found") comes back after the lease's
+    end plus processing: dated by when it was asked, it proves nothing yet, and the
+    same-key resend settles it. (Dated by its answer, the operation goes back to planned
+    with its refund made: the report says "not done".)"""
+    world = World(db, outbox, visibility_delay=2.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "held"),
+        lambda: world.advance(13.5),
+        lambda: world.fake.land(world.fake.in_flight[0].id),
+        lambda: world.advance(1.5),  # past the lease's end; landed, not visible yet
+        lambda: world.slow_lookup(1.0, []),  # asked now, answered a client timeout later
+        lambda: reconcile(world),
+    )
+    assert (world.rows()[op_id].state, world.fake.effects_of("acme", op_id)) == ("succeeded", 1)
+
+
+def test_a_dead_senders_attempt_counts_to_its_lease_end(db: TimedEngine, outbox: Outbox) -> None:
+    """Without the fence: a worker's send hangs until its send bound and the worker dies
+    there, its request still on the wire (it may land up to the delay bound after that).
+    Its attempt counts to its lease's end: a "not found" just past the delay bound after
+    the send proves nothing, and the same-key resend settles it. (Counted from its start
+    plus the client timeout, the "not found" is trusted: planned again, reported "not
+    done", while the request can still land.)"""
+    world = World(db, replace(outbox, registry=default_registry()))
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, HUNG, crash="after_send"),
+        lambda: world.advance(301.0),
+        lambda: world.advance(5.0),
+        lambda: world.advance(5.0),  # past start + timeout + delay bound, not lease end's
+        lambda: reconcile(world),  # the dead worker's send: unknown
+        lambda: reconcile(world),
+    )
+    assert world.rows()[op_id].state == "succeeded"
+    steps(world, lambda: world.fake.land(world.fake.in_flight[0].id))
+    assert world.fake.effects_of("acme", op_id) == 1
+
+
+def test_a_send_bound_leaves_the_clock_margin_before_the_lease_ends(
+    db: TimedEngine, outbox: Outbox
+) -> None:
+    """The database's clock 0.9 s ahead of the downstream's (within the 1 s margin), which
+    reads each request's deadline on its own clock. A request held until just after the
+    lease's end is refused (its deadline was the lease's end less the margin), and the
+    "not found" at the lease's end plus processing is the truth. (Bounded by the lease's end
+    itself, it is taken, visible only after that "not found" was trusted: reported "not
+    done", with the refund made.)"""
+    world = World(db, outbox, visibility_delay=2.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: world.skew_to(0.9),
+        lambda: send(world, "held"),
+        lambda: world.advance(15.5),
+        lambda: world.fake.land(world.fake.in_flight[0].id),
+        lambda: world.advance(1.7),
+        lambda: reconcile(world),
+    )
+    assert world.fake.effects_of("acme", op_id) == 0
+    steps(world, lambda: send(world))
+    assert (world.rows()[op_id].state, world.fake.effects_of("acme", op_id)) == ("succeeded", 1)
+
+
+def test_an_in_use_key_proves_nothing(db: TimedEngine, outbox: Outbox) -> None:
+    """The first request is on its way; the reconciler's same-key resend meets it at the
+    downstream: 409 idempotency_key_in_use, nothing done, which proves nothing either way
+    (read as not executed, the attempt's proof is wrong)."""
+    world = World(db, outbox)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "held"),
+        lambda: world.script("in_use"),
+        lambda: reconcile(world),
+    )
+    assert world.wire.given["in_use"] == 1
+    assert world.rows()[op_id].state == "unknown"
+
+
+def test_an_idempotency_error_goes_to_review(db: TimedEngine, outbox: Outbox) -> None:
+    """The downstream answers the first send with an idempotency error (it reads the
+    parameters otherwise): misuse, and a person must look (read as a plain unknown, it
+    would be looked up and resent with no one told)."""
+    world = World(db, outbox)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(world, lambda: send(world, "misuse"))
+    assert op_id in world.in_review()
+
+
+def test_no_resend_once_the_key_may_be_forgotten(db: TimedEngine, outbox: Outbox) -> None:
+    """Without the fence, a key kept two minutes: the first request was carried out, its
+    answer lost; the lookups are down until the downstream has forgotten the key. The
+    "not found" then proves nothing (the delay bound has not passed either), and resending
+    the key would carry the refund out again: the last checks before a send stop it, past
+    the key retention less its margin, and the operation goes to review."""
+    world = World(db, replace(outbox, registry=default_registry()), key_retention=120.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "answer_lost"),
+        lambda: world.advance(60.0),
+        lambda: world.advance(60.0),  # the downstream forgets the key
+        lambda: reconcile(world),
+    )
+    assert world.fake.forgotten == 1
+    assert world.fake.effects_of("acme", op_id) == 1
+
+
+def test_resends_stop_the_retention_margin_before_the_key_is_forgotten(
+    db: TimedEngine, outbox: Outbox
+) -> None:
+    """As above, with the database's clock set back 0.9 s after the first send (within the
+    clock margin): the downstream forgets the key 119.1 s after it by the database's clock.
+    The stop comes the retention margin before the retention's end, not at it."""
+    world = World(db, replace(outbox, registry=default_registry()), key_retention=120.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "answer_lost"),
+        lambda: world.advance(60.0),
+        lambda: world.skew_to(-0.9),
+        lambda: world.advance(60.0),  # forgotten; 119.1 s by the database's clock
+        lambda: reconcile(world),
+    )
+    assert world.fake.forgotten == 1
+    assert world.fake.effects_of("acme", op_id) == 1

@@ -86,7 +86,7 @@ PARAMS = {"amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
 #: the orders refunds are made on: the app's and an agent's can meet on one
 ORDERS = ("A1000", "A1001")
 #: the reconciler's client timeout (seconds): a lookup takes at most this long
-CLIENT_TIMEOUT = 1.0
+CLIENT_TIMEOUT = 5.0
 #: a short key retention's margin (seconds): resends stop this long before it ends
 RETENTION_MARGIN = 10.0
 #: the tenant's policy approves an agent's refund up to this amount by itself
@@ -602,9 +602,12 @@ class World:
     def skew_to(self, seconds: float) -> None:
         """The database's clock is set so that it runs ``seconds`` ahead of the downstream's
         (behind: negative): stored timestamps move, the downstream's clock does not. The
-        contract's assumption is that the two stay within the clock margin of each other."""
+        contract's assumption is that the two stay within the clock margin of each other.
+        The downstream reads each request's deadline (an instant) on its own clock: one sent
+        while the database's runs ahead has that much longer (``FakeGateway.clock_behind``)."""
         shift(self.engine, seconds - self.skew)
         self.skew = seconds
+        self.fake.clock_behind = seconds
 
     def sender_done(self, request: InFlight) -> float:
         """When the request's sender stopped waiting for it, on the downstream's clock."""
