@@ -69,6 +69,9 @@ WORKERS = ("w1", "w2")
 #: how far time moves in one step: within a clock margin, within a lease, past it, past the
 #: delay bound, past the review threshold
 ADVANCES = (0.5, 1.0, 5.0, 16.0, 60.0, 301.0, 700.0)
+#: how near an instant a send makes matter time moves to (``advance_to``): within the
+#: clock margin, and within a lookup's time
+NEAR = (-0.5, 0.5, -3.0, 3.0)
 #: where a step of the database's clock leaves it against the downstream's: within the
 #: clock margin (1 s), the contract's assumption
 CLOCK_SKEWS = (-0.9, -0.4, 0.0, 0.4, 0.9)
@@ -169,6 +172,23 @@ class Simulation(RuleBasedStateMachine):
         its deadline, a fenced downstream refuses it) or stay on the wire (past the delay
         bound, it is lost)."""
         self.counted("advance")
+        self.advance_by(data, seconds)
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(data=st.data(), off=st.sampled_from(NEAR))
+    def advance_to(self, data: st.DataObject, off: float) -> None:
+        """Time passes to just before or after an instant the protocol's rules turn on for
+        a send (``World.instants``: a lease's end, quiescence with or without the fence, the
+        key retention less its margin...), each request on the wire landing at the end of
+        it or not, as with ``advance``."""
+        ahead = sorted({round(at + off, 3) for _, at in self.w.instants() if at + off > 0})
+        if not ahead:
+            self.counted("advance_to_none")
+            return
+        self.counted("advance_to")
+        self.advance_by(data, data.draw(st.sampled_from(ahead), label="seconds"))
+
+    def advance_by(self, data: st.DataObject, seconds: float) -> None:
         landing = [
             r.id
             for r in self.w.fake.in_flight

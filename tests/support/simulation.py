@@ -73,7 +73,7 @@ from outbox.models import Attempt, Base, Operation, Proposal, ReviewItem, Run, U
 from outbox.proposals import Proposals, auto_approvable
 from outbox.report_lines import Group
 from outbox.states import RejectReason, State
-from outbox.storage.operations import find_operation
+from outbox.storage.operations import db_time, find_operation
 from outbox.storage.search import operations_on_orders
 from outbox.testing import FakeGateway, InFlight
 from reconciler.reconcile import Reconciler
@@ -103,6 +103,7 @@ SUBMIT_FATES = (
     "not_sent",  # connection refused
     "unknown_not_done",  # a 502 from a proxy: nothing done, the sender cannot tell
     "in_use",  # 409 idempotency_key_in_use: a request with the key is still on its way
+    "processing",  # held, at the downstream already: same-key requests meanwhile answer 409
     "misuse",  # idempotency_error / idempotency_key_reused: nothing done, a person must look
 )
 #: a sender that waits until its send bound, its worker dying there (with a crash after the
@@ -163,6 +164,8 @@ class WireGateway:
         self.answering: Callable[[Deadline | datetime], None] = lambda _deadline: None
         #: requests whose sender waited until its send bound (``HUNG``)
         self.hung: set[int] = set()
+        #: requests held at the downstream, running: their key answers 409 in use meanwhile
+        self.processing: set[int] = set()
         #: the answers only the wire gives, as given (``in_use``, ``misuse``)
         self.given: Counter[str] = Counter()
         self._fates: deque[str] = deque()
@@ -180,7 +183,9 @@ class WireGateway:
             fate = self._fates.popleft() if self._fates else "answered"
             on_wire = {r.id for r in fake.in_flight}
             response: httpx.Response | None
-            if fate == "in_use" and any(r.idempotency_key == key for r in fake.in_flight):
+            running = {r.idempotency_key for r in fake.in_flight if r.id in self.processing}
+            on_its_way = {r.idempotency_key for r in fake.in_flight}
+            if key in running or (fate == "in_use" and key in on_its_way):
                 response = _error(409, wire.IDEMPOTENCY_ERROR, wire.KEY_IN_USE)
                 self.given["in_use"] += 1
             elif fate == "misuse" and _left(deadline) > 0:
@@ -189,8 +194,11 @@ class WireGateway:
             else:
                 self._meets(fate)
                 answer = fake.submit(request, deadline=deadline)
+                new = {r.id for r in fake.in_flight} - on_wire
                 if fate == HUNG:
-                    self.hung |= {r.id for r in fake.in_flight} - on_wire
+                    self.hung |= new
+                if fate == "processing":
+                    self.processing |= new
                 response = on_the_wire(answer)
                 if response is None:
                     return answer
@@ -208,7 +216,7 @@ class WireGateway:
     def _meets(self, fate: str) -> None:
         """Script the fake for what the next submit meets there."""
         fake = self.fake
-        if fate in ("held", HUNG):
+        if fate in ("held", "processing", HUNG):
             fake.hold_submits(1)
         elif fate == "answer_lost":
             fake.script_submit(Unknown("connection reset after commit"), executed=True)
@@ -613,6 +621,42 @@ class World:
         """When the request's sender stopped waiting for it, on the downstream's clock."""
         hung = request.id in self.wire.hung
         return request.sent_at + (request.time_left if hung else 0.0)
+
+    def instants(self) -> list[tuple[str, float]]:
+        """The instants the protocol's rules turn on for the operations' sends, as seconds from
+        now by the database's clock (each of them may be past): per attempt, its lease's end,
+        that plus the processing time (a fenced "not found" trusted), its end plus the delay
+        bound and processing (an unfenced one), its start plus the client timeout, delay
+        bound and processing; per operation, its first send plus the key retention less its
+        margin (resends stop), and plus the key retention (the downstream forgets)."""
+        contract = self.contract
+        processing = contract.processing_time.total_seconds()
+        delay = contract.max_request_delay.total_seconds()
+        retention = contract.key_retention.total_seconds()
+        margin = contract.retention_margin.total_seconds()
+        with self.sessions() as s:
+            now = db_time(s)
+            attempts = s.scalars(
+                select(Attempt).where(Attempt.operation_id.in_(self.ops.values()))
+            ).all()
+            firsts = s.scalars(
+                select(Operation.first_sent_at).where(
+                    Operation.id.in_(self.ops.values()), Operation.first_sent_at.is_not(None)
+                )
+            ).all()
+        found: list[tuple[str, float]] = []
+        for a in attempts:
+            start = (a.started_at - now).total_seconds()
+            found.append(("start+timeout+delay", start + CLIENT_TIMEOUT + delay + processing))
+            if a.not_after is not None:
+                lease = (a.not_after - now).total_seconds()
+                found += [("lease_end", lease), ("lease_end+processing", lease + processing)]
+                end = lease if a.finished_at is None else (a.finished_at - now).total_seconds()
+                found.append(("end+delay", min(end, lease) + delay + processing))
+        for first in firsts:
+            at = (first - now).total_seconds()
+            found += [("resend_until", at + retention - margin), ("forgotten", at + retention)]
+        return found
 
     def landable(self, op_id: str) -> list[InFlight]:
         """The operation's requests on the wire that could still be carried out."""
