@@ -1,27 +1,35 @@
 """A deterministic simulation of the real services: Hypothesis drives the real ``Executor``,
-``Reconciler``, ``ReviewQueue`` and runs over real PostgreSQL and SQLite, against the shipped
-``FakeGateway`` (a ledger, requests held on the wire, lookups that see late, answers lost after
-commit), with time moved by the simulation (``tests.support.simulation``), and checks the
-protocol's invariants after every step:
+``Reconciler`` (with its same-key resender), ``ReviewQueue`` and runs over real PostgreSQL and
+SQLite, against the shipped ``FakeGateway`` (a ledger, requests held on the wire or while the
+downstream processes them, hung senders, lookups that see late or answer late, answers lost
+after commit, in-use keys, idempotency errors, a key retention the downstream forgets keys
+after), its answers read back over the wire protocol by the product's own classifier, with
+time moved by the simulation (``tests.support.simulation``), and checks the protocol's
+invariants after every step:
 
 - at most one effect per operation (the ledger);
 - ``rejected`` or ``cancelled`` means no effect, and no request of it still able to land;
 - ``succeeded`` means exactly one effect, the one its reference names;
 - every run report line agrees with the operation's state and the ledger;
+- each answer is read as what it proves, and a misuse answer goes to review;
 - a tenant's policy never approves a second refund on an order by itself;
 - at the end, once every request has landed and time has passed with passes run, every
   operation is terminal or in review.
 
-Steps: enqueue (in a run or not), what the next submit meets downstream, lookups down, a
-worker's pass (crashing at a failpoint the project ships, or paused there past its lease while
-others work), time passing, a clock step within the clock margin, a request landing late or
-lost, a reconcile pass, a cancel, a staff resolution (on the evidence, or a supervisor's
-override), an agent's proposal (approved by the policy where it may) and a person's approval.
+Steps: enqueue (in a run or not), what the next submit meets downstream, lookups down or
+answered late, a worker's pass (crashing at a failpoint the project ships, hanging in its
+send until it dies, or paused there past its lease while others work), time passing (by a
+fixed step, or to just before or after an instant the rules turn on), a clock step within the
+clock margin, a request landing late or lost, a reconcile pass, a cancel, a staff resolution
+(on the evidence, or a supervisor's override), an agent's proposal (approved by the policy
+where it may) and a person's approval. After the machine, one run per fault that a careless
+change to the wiring needs to do harm (docs/model.md, "The review's six mutants").
 
 A failure prints the steps that led to it, and how to replay it (``@reproduce_failure``); runs
 are reproducible from their seed: ``pytest tests/integration/test_simulation.py
 --hypothesis-seed=N``. ``SETTLED_TEST_SIMULATION_EXAMPLES=N`` runs N examples per database
-(the long mode; CI runs ``CI_EXAMPLES``). The figures are printed at the end of the session.
+(the long mode; CI runs ``CI_EXAMPLES``); ``SETTLED_TEST_SIMULATION_SHRINK=0`` reports a
+failure unshrunk. The figures are printed at the end of the session.
 """
 
 from __future__ import annotations
@@ -181,12 +189,17 @@ class Simulation(RuleBasedStateMachine):
         a send (``World.instants``: a lease's end, quiescence with or without the fence, the
         key retention less its margin...), each request on the wire landing at the end of
         it or not, as with ``advance``."""
-        ahead = sorted({round(at + off, 3) for _, at in self.w.instants() if at + off > 0})
-        if not ahead:
+        instants = dict(self.w.instants())
+        if not instants:
             self.counted("advance_to_none")
             return
+        name = data.draw(st.sampled_from(sorted(instants)), label="instant")
+        seconds = instants[name] + off
+        if seconds <= 0:
+            self.counted("advance_to_past")
+            return
         self.counted("advance_to")
-        self.advance_by(data, data.draw(st.sampled_from(ahead), label="seconds"))
+        self.advance_by(data, seconds)
 
     def advance_by(self, data: st.DataObject, seconds: float) -> None:
         landing = [

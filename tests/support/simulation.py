@@ -623,8 +623,10 @@ class World:
         return request.sent_at + (request.time_left if hung else 0.0)
 
     def instants(self) -> list[tuple[str, float]]:
-        """The instants the protocol's rules turn on for the operations' sends, as seconds from
-        now by the database's clock (each of them may be past): per attempt, its lease's end,
+        """The instants the protocol's rules turn on for the operations' sends, named (by the
+        operation, the attempt and the rule: what a step draws, so that a replay draws the
+        same whatever the milliseconds) with the seconds from now to each by the database's
+        clock (each of them may be past): per attempt, its lease's end,
         that plus the processing time (a fenced "not found" trusted), its end plus the delay
         bound and processing (an unfenced one), its start plus the client timeout, delay
         bound and processing; per operation, its first send plus the key retention less its
@@ -634,29 +636,34 @@ class World:
         delay = contract.max_request_delay.total_seconds()
         retention = contract.key_retention.total_seconds()
         margin = contract.retention_margin.total_seconds()
+        names = {row: op_id for op_id, row in self.ops.items()}
         with self.sessions() as s:
             now = db_time(s)
             attempts = s.scalars(
                 select(Attempt).where(Attempt.operation_id.in_(self.ops.values()))
             ).all()
-            firsts = s.scalars(
-                select(Operation.first_sent_at).where(
+            firsts = s.execute(
+                select(Operation.id, Operation.first_sent_at).where(
                     Operation.id.in_(self.ops.values()), Operation.first_sent_at.is_not(None)
                 )
             ).all()
         found: list[tuple[str, float]] = []
         for a in attempts:
+            name = f"{names[a.operation_id]}#{a.number}"
             start = (a.started_at - now).total_seconds()
-            found.append(("start+timeout+delay", start + CLIENT_TIMEOUT + delay + processing))
+            found.append((f"{name} timeout+delay", start + CLIENT_TIMEOUT + delay + processing))
             if a.not_after is not None:
                 lease = (a.not_after - now).total_seconds()
-                found += [("lease_end", lease), ("lease_end+processing", lease + processing)]
+                found += [(f"{name} lease_end", lease), (f"{name} fenced", lease + processing)]
                 end = lease if a.finished_at is None else (a.finished_at - now).total_seconds()
-                found.append(("end+delay", min(end, lease) + delay + processing))
-        for first in firsts:
+                found.append((f"{name} end+delay", min(end, lease) + delay + processing))
+        for row, first in firsts:
             at = (first - now).total_seconds()
-            found += [("resend_until", at + retention - margin), ("forgotten", at + retention)]
-        return found
+            found += [
+                (f"{names[row]} resend_until", at + retention - margin),
+                (f"{names[row]} forgotten", at + retention),
+            ]
+        return sorted(found)
 
     def landable(self, op_id: str) -> list[InFlight]:
         """The operation's requests on the wire that could still be carried out."""
