@@ -41,10 +41,15 @@ downstream and network would, on a clock of the test's own (``clock=``, seconds;
   ``land``s, or that it is ``drop``ped. A request that lands after its deadline (the time it
   had left when sent, on the fake's clock) is refused, as a downstream that enforces
   ``Settled-Deadline`` does (``enforces_deadline=False``: it is carried out all the same);
-  one that lands in time is carried out, or replays its key;
+  one that lands in time is carried out, or replays its key. ``clock_behind`` (seconds) is
+  how far the downstream's clock runs behind the sender's: the deadline is an instant, read
+  on the downstream's clock, so a request held on the wire has that much longer;
 - a **visibility delay** (``visibility_delay=``, seconds): what a request did is found by a
   lookup only that long after it was carried out (a submit replaying the key sees it at once);
-- **answers lost after commit**: ``script_submit(Unknown(...), executed=True)``, as above.
+- **answers lost after commit**: ``script_submit(Unknown(...), executed=True)``, as above;
+- **key retention** (``key_retention=``, seconds; None: forever): a key's record is forgotten
+  that long after it was made, as a downstream's idempotency store forgets it (Stripe: 24 h);
+  a lookup then finds nothing, and a request with the key is carried out again.
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ class FakeGateway:
         clock: Callable[[], float] = time.monotonic,
         visibility_delay: float = 0.0,
         enforces_deadline: bool = True,
+        key_retention: float | None = None,
     ) -> None:
         self.calls: list[Call] = []
         #: the fake's own clock (seconds): latency, deadlines on the wire, visibility
@@ -155,6 +161,13 @@ class FakeGateway:
         #: a request on the wire that lands after its deadline is refused (off: only the
         #: test's delay bound stops it, as with a downstream that ignores the deadline)
         self.enforces_deadline = enforces_deadline
+        #: a key's record is forgotten this long after it was made (None: never)
+        self.key_retention = key_retention
+        #: how far the downstream's clock runs behind the sender's (seconds; negative:
+        #: ahead): a held request's deadline, an instant, is read on it
+        self.clock_behind = 0.0
+        #: how many keys' records were forgotten (``key_retention``)
+        self.forgotten = 0
         #: no connection can be made: every call answers NotSent (connect) / Unavailable
         self.unreachable = False
         self._prefix = reference_prefix
@@ -215,7 +228,7 @@ class FakeGateway:
             if self.enforces_deadline and not request.in_time(self.clock()):
                 return NotSent("arrived past its deadline: refused", SendPhase.BEFORE)
             tenant, key, params = request.tenant, request.idempotency_key, request.params
-            stored = self._records.get((tenant, key))
+            stored = self._stored(tenant, key)
             if stored is not None:
                 return self._replay(tenant, key, params, stored[1])
             accepted = Accepted(self._receipt(key, params, "succeeded"))
@@ -259,7 +272,7 @@ class FakeGateway:
     def record(self, tenant: str, idempotency_key: str) -> Found | None:
         """What the downstream did with this key, as a lookup would find it (None: nothing)."""
         with self._lock:
-            stored = self._records.get((tenant, idempotency_key))
+            stored = self._stored(tenant, idempotency_key)
             return stored[0] if stored is not None else None
 
     # -- the port -----------------------------------------------------------------------------
@@ -307,12 +320,19 @@ class FakeGateway:
         if self._take_hold(key):
             request_id = next(self._requests)
             self._wire[request_id] = InFlight(
-                request_id, tenant, op_id, kind, key, dict(params), self.clock(), left
+                request_id,
+                tenant,
+                op_id,
+                kind,
+                key,
+                dict(params),
+                self.clock(),
+                left + self.clock_behind,
             )
             return Unknown("no answer: the request is still on the wire")
         scripted = self._next(self._submits, key)
         if scripted is None:
-            stored = self._records.get((tenant, key))
+            stored = self._stored(tenant, key)
             if stored is not None:  # idempotency: the first answer, nothing done again
                 return self._replay(tenant, key, params, stored[1])
             scripted = _Scripted(Accepted(self._receipt(key, params, "succeeded")), None)
@@ -339,6 +359,18 @@ class FakeGateway:
             return Misuse("idempotency_error", "the key was used with other params", 400)
         return answer
 
+    def _stored(self, tenant: str, key: str) -> tuple[Found, SubmitOutcome] | None:
+        """The key's record, unless the key retention has passed since it was made (then it
+        is forgotten: the key is new again)."""
+        at = self._recorded_at.get((tenant, key))
+        retention = self.key_retention
+        if at is not None and retention is not None and self.clock() >= at + retention:
+            del self._records[(tenant, key)], self._recorded_at[(tenant, key)]
+            self._sent.pop((tenant, key), None)
+            self.forgotten += 1
+            return None
+        return self._records.get((tenant, key))
+
     def _take_hold(self, key: str) -> bool:
         for which in (key, None):
             if self._holds.get(which, 0) > 0:
@@ -357,7 +389,7 @@ class FakeGateway:
         if scripted is not None:
             result: LookupOutcome = scripted.outcome
             return result
-        stored = self._records.get((tenant, key))
+        stored = self._stored(tenant, key)
         if stored is None:
             return LookupNotFound()
         if self.clock() < self._recorded_at[(tenant, key)] + self.visibility_delay:

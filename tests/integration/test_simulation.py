@@ -1,27 +1,35 @@
 """A deterministic simulation of the real services: Hypothesis drives the real ``Executor``,
-``Reconciler``, ``ReviewQueue`` and runs over real PostgreSQL and SQLite, against the shipped
-``FakeGateway`` (a ledger, requests held on the wire, lookups that see late, answers lost after
-commit), with time moved by the simulation (``tests.support.simulation``), and checks the
-protocol's invariants after every step:
+``Reconciler`` (with its same-key resender), ``ReviewQueue`` and runs over real PostgreSQL and
+SQLite, against the shipped ``FakeGateway`` (a ledger, requests held on the wire or while the
+downstream processes them, hung senders, lookups that see late or answer late, answers lost
+after commit, in-use keys, idempotency errors, a key retention the downstream forgets keys
+after), its answers read back over the wire protocol by the product's own classifier, with
+time moved by the simulation (``tests.support.simulation``), and checks the protocol's
+invariants after every step:
 
 - at most one effect per operation (the ledger);
 - ``rejected`` or ``cancelled`` means no effect, and no request of it still able to land;
 - ``succeeded`` means exactly one effect, the one its reference names;
 - every run report line agrees with the operation's state and the ledger;
+- each answer is read as what it proves, and a misuse answer goes to review;
 - a tenant's policy never approves a second refund on an order by itself;
 - at the end, once every request has landed and time has passed with passes run, every
   operation is terminal or in review.
 
-Steps: enqueue (in a run or not), what the next submit meets downstream, lookups down, a
-worker's pass (crashing at a failpoint the project ships, or paused there past its lease while
-others work), time passing, a clock step within the clock margin, a request landing late or
-lost, a reconcile pass, a cancel, a staff resolution (on the evidence, or a supervisor's
-override), an agent's proposal (approved by the policy where it may) and a person's approval.
+Steps: enqueue (in a run or not), what the next submit meets downstream, lookups down or
+answered late, a worker's pass (crashing at a failpoint the project ships, hanging in its
+send until it dies, or paused there past its lease while others work), time passing (by a
+fixed step, or to just before or after an instant the rules turn on), a clock step within the
+clock margin, a request landing late or lost, a reconcile pass, a cancel, a staff resolution
+(on the evidence, or a supervisor's override), an agent's proposal (approved by the policy
+where it may) and a person's approval. After the machine, one run per fault that a careless
+change to the wiring needs to do harm (docs/model.md, "The review's six mutants").
 
 A failure prints the steps that led to it, and how to replay it (``@reproduce_failure``); runs
 are reproducible from their seed: ``pytest tests/integration/test_simulation.py
 --hypothesis-seed=N``. ``SETTLED_TEST_SIMULATION_EXAMPLES=N`` runs N examples per database
-(the long mode; CI runs ``CI_EXAMPLES``). The figures are printed at the end of the session.
+(the long mode; CI runs ``CI_EXAMPLES``); ``SETTLED_TEST_SIMULATION_SHRINK=0`` reports a
+failure unshrunk. The figures are printed at the end of the session.
 """
 
 from __future__ import annotations
@@ -29,11 +37,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -50,19 +58,28 @@ from outbox.intake import Outbox
 from outbox.kinds import default_registry
 from outbox.models import Operation
 from support.staff import Role, Staff
-from tests.support.simulation import ORDERS, SUBMIT_FATES, Figures, World
+from tests.support.simulation import HUNG, ORDERS, SUBMIT_FATES, Figures, TimedEngine, World
 from workers.failpoints import STEPS, FailpointHit, arm
 
 CI_EXAMPLES = 40
 STEP_COUNT = 30
 EXAMPLES = int(os.environ.get("SETTLED_TEST_SIMULATION_EXAMPLES", CI_EXAMPLES))
+#: ``SETTLED_TEST_SIMULATION_SHRINK=0``: a failure is reported as found, not shrunk to its
+#: shortest steps (a quick verdict, as for a mutant)
+SHRINK = os.environ.get("SETTLED_TEST_SIMULATION_SHRINK", "1") != "0"
 
+#: a short key retention (seconds): two minutes, inside the delay bound (5 min), so that a
+#: resend may be asked for after the downstream forgot the key
+KEY_RETENTION = 120.0
 MAX_OPS = 4
 MAX_RUNS = 2
 WORKERS = ("w1", "w2")
-#: how far time moves in one step: within a lease, past it, past the delay bound, past the
-#: review threshold
-ADVANCES = (1.0, 5.0, 16.0, 60.0, 301.0, 700.0)
+#: how far time moves in one step: within a clock margin, within a lease, past it, past the
+#: delay bound, past the review threshold
+ADVANCES = (0.5, 1.0, 5.0, 16.0, 60.0, 301.0, 700.0)
+#: how near an instant a send makes matter time moves to (``advance_to``): within the
+#: clock margin, and within a lookup's time
+NEAR = (-0.5, 0.5, -3.0, 3.0)
 #: where a step of the database's clock leaves it against the downstream's: within the
 #: clock margin (1 s), the contract's assumption
 CLOCK_SKEWS = (-0.9, -0.4, 0.0, 0.4, 0.9)
@@ -78,7 +95,7 @@ FIGURES: dict[str, Figures] = {}
 class Simulation(RuleBasedStateMachine):
     """One example: a fresh database, a fake downstream, up to four operations."""
 
-    engine: Engine
+    db: TimedEngine
     outbox: Outbox
     figures: Figures
 
@@ -95,13 +112,17 @@ class Simulation(RuleBasedStateMachine):
         self.figures.steps += 1
         self.figures.rules[name] += 1
 
-    @initialize(visibility=st.sampled_from([0.0, 1.0, 2.0]), fenced=st.booleans())
-    def start(self, visibility: float, fenced: bool) -> None:
+    @initialize(
+        visibility=st.sampled_from([0.0, 1.0, 2.0]),
+        fenced=st.booleans(),
+        retention=st.sampled_from([None, KEY_RETENTION]),
+    )
+    def start(self, visibility: float, fenced: bool, retention: float | None) -> None:
         """A downstream that enforces the deadline (the fence), or one bounded only by the
         delay bound; lookups that see what was done at once, or up to the processing time
-        later."""
+        later; keys remembered for the contract's 24 h, or for ``KEY_RETENTION`` only."""
         outbox = self.outbox if fenced else replace(self.outbox, registry=default_registry())
-        self.world = World(self.engine, outbox, visibility_delay=visibility)
+        self.world = World(self.db, outbox, visibility_delay=visibility, key_retention=retention)
         self.figures.examples += 1
 
     # -- the app -----------------------------------------------------------------------------
@@ -159,6 +180,28 @@ class Simulation(RuleBasedStateMachine):
         its deadline, a fenced downstream refuses it) or stay on the wire (past the delay
         bound, it is lost)."""
         self.counted("advance")
+        self.advance_by(data, seconds)
+
+    @precondition(lambda self: bool(self.w.ops))
+    @rule(data=st.data(), off=st.sampled_from(NEAR))
+    def advance_to(self, data: st.DataObject, off: float) -> None:
+        """Time passes to just before or after an instant the protocol's rules turn on for
+        a send (``World.instants``: a lease's end, quiescence with or without the fence, the
+        key retention less its margin...), each request on the wire landing at the end of
+        it or not, as with ``advance``."""
+        instants = dict(self.w.instants())
+        if not instants:
+            self.counted("advance_to_none")
+            return
+        name = data.draw(st.sampled_from(sorted(instants)), label="instant")
+        seconds = instants[name] + off
+        if seconds <= 0:
+            self.counted("advance_to_past")
+            return
+        self.counted("advance_to")
+        self.advance_by(data, seconds)
+
+    def advance_by(self, data: st.DataObject, seconds: float) -> None:
         landing = [
             r.id
             for r in self.w.fake.in_flight
@@ -206,13 +249,17 @@ class Simulation(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         worker=st.sampled_from(WORKERS),
-        crash=st.sampled_from([None, None, None, *STEPS]),
+        crash=st.sampled_from([None, None, None, *STEPS, HUNG]),
         fates=FATES,
     )
     def work(self, data: st.DataObject, worker: str, crash: str | None, fates: list[str]) -> None:
         """A worker's pass, its sends meeting ``fates`` downstream (then the default); or a
-        pass that dies at a failpoint (its leases left to lapse)."""
+        pass that dies at a failpoint (its leases left to lapse); or one whose first send
+        hangs until its send bound, the worker dying there (nothing written)."""
         ids = self.hinted(data)
+        if crash == HUNG:
+            fates, crash = [HUNG, *fates], "after_send"
+            self.figures.rules["hung"] += 1
         self.script(fates)
         if crash is None:
             self.counted("execute")
@@ -273,14 +320,33 @@ class Simulation(RuleBasedStateMachine):
             report = reconciler.run_once()
         finally:
             reconciler.close()
+            self.w.settle_clock()
         if report.outcomes.get("resent"):  # the same-key resends the examples exercised
             self.figures.rules["resent"] += report.outcomes["resent"]
 
     @precondition(lambda self: bool(self.w.ops))
-    @rule(down=st.integers(0, 2))
-    def reconcile(self, down: int) -> None:
-        """A reconcile pass, its first ``down`` lookups unanswered (the lookup API down)."""
+    @rule(
+        data=st.data(),
+        down=st.integers(0, 2),
+        fates=FATES,
+        slow=st.sampled_from([None, None, 0.5, 1.0]),
+    )
+    def reconcile(
+        self, data: st.DataObject, down: int, fates: list[str], slow: float | None
+    ) -> None:
+        """A reconcile pass, its first ``down`` lookups unanswered (the lookup API down), its
+        same-key resends meeting ``fates`` downstream; its first lookup answered ``slow`` of
+        its time left after the downstream read it, requests on the wire landing meanwhile."""
         self.counted("reconcile")
+        self.script(fates)
+        if slow is not None:
+            landing = [
+                r.id
+                for r in self.w.fake.in_flight
+                if data.draw(st.booleans(), label=f"request {r.id} lands meanwhile")
+            ]
+            self.figures.rules["lookup_slow"] += 1
+            self.w.slow_lookup(slow, landing)
         if down:
             self.figures.rules["lookups_down"] += 1
             self.w.lookups_down(down)
@@ -346,8 +412,18 @@ class Simulation(RuleBasedStateMachine):
             world.check()
         assert not world.unsettled(), world.describe()
         self.figures.effects += len(world.fake.ledger)
+        self.figures.rules.update({f"answered_{k}": v for k, v in world.wire.given.items()})
+        self.figures.rules["keys_forgotten"] += world.fake.forgotten
         for row in world.rows().values():
             self.figures.states[row.state] += 1
+
+
+@pytest.fixture
+def db(engine: Engine) -> Iterator[TimedEngine]:
+    """The test's database, its clock movable (``TimedEngine``)."""
+    timed = TimedEngine(engine)
+    yield timed
+    timed.close()
 
 
 @pytest.fixture(scope="module")
@@ -370,11 +446,11 @@ def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Figures]]:
 #: no limit in the long mode; in CI, room for a failure to shrink to its shortest steps
 @pytest.mark.timeout(0 if EXAMPLES > CI_EXAMPLES else 900)
 def test_protocol_invariants_hold_in_every_simulated_interleaving(
-    engine: Engine, outbox: Outbox, figures: dict[str, Figures]
+    engine: Engine, db: TimedEngine, outbox: Outbox, figures: dict[str, Figures]
 ) -> None:
     database = engine.dialect.name
     machine = type(f"Simulation_{database}", (Simulation,), {})
-    machine.engine = engine
+    machine.db = db
     machine.outbox = outbox
     machine.figures = figures.setdefault(database, Figures())
     run_state_machine_as_test(
@@ -384,6 +460,7 @@ def test_protocol_invariants_hold_in_every_simulated_interleaving(
             stateful_step_count=STEP_COUNT,
             deadline=None,
             print_blob=True,
+            phases=tuple(Phase) if SHRINK else tuple(p for p in Phase if p is not Phase.shrink),
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
@@ -394,12 +471,12 @@ def test_protocol_invariants_hold_in_every_simulated_interleaving(
 
 
 def test_simulated_time_lapses_a_dead_workers_lease_and_a_late_request_settles_it(
-    engine: Engine, outbox: Outbox
+    db: TimedEngine, outbox: Outbox
 ) -> None:
     """A worker dies after its request left (held on the wire); time passes (no sleeping),
     the request lands within its deadline, the lease lapses, and the reconciler takes over:
     its lookup finds what the request did, and the operation is done, once."""
-    world = World(engine, outbox)
+    world = World(db, outbox)
     op_id = world.enqueue(world.open_run(), ORDERS[0])
     world.fake.hold_submits()
     with arm("after_send"), pytest.raises(FailpointHit):
@@ -417,12 +494,12 @@ def test_simulated_time_lapses_a_dead_workers_lease_and_a_late_request_settles_i
 
 
 def test_the_judge_sees_a_rejected_operation_that_a_request_can_still_reach(
-    engine: Engine, outbox: Outbox
+    db: TimedEngine, outbox: Outbox
 ) -> None:
     """The invariants are not vacuous: an operation settled ``rejected`` (here by hand, as
     a broken rule would) while its request is still on the wire fails them, and so does the
     effect once it lands."""
-    world = World(engine, outbox)
+    world = World(db, outbox)
     op_id = world.enqueue(None, ORDERS[0])
     world.fake.hold_submits()
     world.executor("w1").execute(list(world.ops.values()))
@@ -440,12 +517,12 @@ def test_the_judge_sees_a_rejected_operation_that_a_request_can_still_reach(
 
 
 def test_a_same_key_resend_settles_a_held_request_once_and_its_late_landing_replays(
-    engine: Engine, outbox: Outbox
+    db: TimedEngine, outbox: Outbox
 ) -> None:
     """The first request is held on the wire; a lookup finds nothing, long before that proves
     anything; the reconciler has it sent again with the same key, which is carried out and
     settles it. The held request landing later is a replay of the key: one effect."""
-    world = World(engine, outbox)
+    world = World(db, outbox)
     op_id = world.enqueue(world.open_run(), ORDERS[0])
     world.fake.hold_submits()
     world.executor("w1").execute(list(world.ops.values()))
@@ -456,3 +533,174 @@ def test_a_same_key_resend_settles_a_held_request_once_and_its_late_landing_repl
     world.fake.land(request.id)
     assert world.fake.effects_of("acme", op_id) == 1
     world.check()
+
+
+# -- the faults the review's missed mutants need: one run each, judged after every step ------
+#
+# Each drives the world through the shortest run in which one of six careless changes to the
+# wiring around the reconciler's decisions does harm (docs/model.md, "The deterministic
+# simulation"), with the invariants checked after every step: with the real code each run
+# holds; with the change, the step named fails.
+
+
+def steps(world: World, *actions: Callable[[], object]) -> None:
+    """Each action, then the invariants."""
+    for action in actions:
+        action()
+        world.check()
+
+
+def reconcile(world: World) -> None:
+    reconciler = world.reconciler()
+    try:
+        reconciler.run_once()
+    finally:
+        reconciler.close()
+        world.settle_clock()
+
+
+def send(world: World, *fates: str, crash: str | None = None) -> None:
+    for fate in fates:
+        world.script(fate)
+    executor = world.executor("w1")
+    try:
+        if crash is None:
+            executor.execute(list(world.ops.values()))
+        else:
+            with arm(crash), contextlib.suppress(FailpointHit):
+                executor.execute(list(world.ops.values()))
+    finally:
+        executor.close()
+
+
+def test_a_lookup_answered_late_is_dated_when_it_was_asked(db: TimedEngine, outbox: Outbox) -> None:
+    """The request lands just inside its deadline, visible the processing time later; the
+    reconciler asks before that, and the answer ("not found") comes back after the lease's
+    end plus processing: dated by when it was asked, it proves nothing yet, and the
+    same-key resend settles it. (Dated by its answer, the operation goes back to planned
+    with its refund made: the report says "not done".)"""
+    world = World(db, outbox, visibility_delay=2.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "held"),
+        lambda: world.advance(13.5),
+        lambda: world.fake.land(world.fake.in_flight[0].id),
+        lambda: world.advance(1.5),  # past the lease's end; landed, not visible yet
+        lambda: world.slow_lookup(1.0, []),  # asked now, answered a client timeout later
+        lambda: reconcile(world),
+    )
+    assert (world.rows()[op_id].state, world.fake.effects_of("acme", op_id)) == ("succeeded", 1)
+
+
+def test_a_dead_senders_attempt_counts_to_its_lease_end(db: TimedEngine, outbox: Outbox) -> None:
+    """Without the fence: a worker's send hangs until its send bound and the worker dies
+    there, its request still on the wire (it may land up to the delay bound after that).
+    Its attempt counts to its lease's end: a "not found" just past the delay bound after
+    the send proves nothing, and the same-key resend settles it. (Counted from its start
+    plus the client timeout, the "not found" is trusted: planned again, reported "not
+    done", while the request can still land.)"""
+    world = World(db, replace(outbox, registry=default_registry()))
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, HUNG, crash="after_send"),
+        lambda: world.advance(301.0),
+        lambda: world.advance(5.0),
+        lambda: world.advance(5.0),  # past start + timeout + delay bound, not lease end's
+        lambda: reconcile(world),  # the dead worker's send: unknown
+        lambda: reconcile(world),
+    )
+    assert world.rows()[op_id].state == "succeeded"
+    steps(world, lambda: world.fake.land(world.fake.in_flight[0].id))
+    assert world.fake.effects_of("acme", op_id) == 1
+
+
+def test_a_send_bound_leaves_the_clock_margin_before_the_lease_ends(
+    db: TimedEngine, outbox: Outbox
+) -> None:
+    """The database's clock 0.9 s ahead of the downstream's (within the 1 s margin), which
+    reads each request's deadline on its own clock. A request held until just after the
+    lease's end is refused (its deadline was the lease's end less the margin), and the
+    "not found" at the lease's end plus processing is the truth. (Bounded by the lease's end
+    itself, it is taken, visible only after that "not found" was trusted: reported "not
+    done", with the refund made.)"""
+    world = World(db, outbox, visibility_delay=2.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: world.skew_to(0.9),
+        lambda: send(world, "held"),
+        lambda: world.advance(15.5),
+        lambda: world.fake.land(world.fake.in_flight[0].id),
+        lambda: world.advance(1.7),
+        lambda: reconcile(world),
+    )
+    assert world.fake.effects_of("acme", op_id) == 0
+    steps(world, lambda: send(world))
+    assert (world.rows()[op_id].state, world.fake.effects_of("acme", op_id)) == ("succeeded", 1)
+
+
+def test_an_in_use_key_proves_nothing(db: TimedEngine, outbox: Outbox) -> None:
+    """The first request is on its way; the reconciler's same-key resend meets it at the
+    downstream: 409 idempotency_key_in_use, nothing done, which proves nothing either way
+    (read as not executed, the attempt's proof is wrong)."""
+    world = World(db, outbox)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "held"),
+        lambda: world.script("in_use"),
+        lambda: reconcile(world),
+    )
+    assert world.wire.given["in_use"] == 1
+    assert world.rows()[op_id].state == "unknown"
+
+
+def test_an_idempotency_error_goes_to_review(db: TimedEngine, outbox: Outbox) -> None:
+    """The downstream answers the first send with an idempotency error (it reads the
+    parameters otherwise): misuse, and a person must look (read as a plain unknown, it
+    would be looked up and resent with no one told)."""
+    world = World(db, outbox)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(world, lambda: send(world, "misuse"))
+    assert op_id in world.in_review()
+
+
+def test_no_resend_once_the_key_may_be_forgotten(db: TimedEngine, outbox: Outbox) -> None:
+    """Without the fence, a key kept two minutes: the first request was carried out, its
+    answer lost; the lookups are down until the downstream has forgotten the key. The
+    "not found" then proves nothing (the delay bound has not passed either), and resending
+    the key would carry the refund out again: the last checks before a send stop it, past
+    the key retention less its margin, and the operation goes to review."""
+    world = World(db, replace(outbox, registry=default_registry()), key_retention=120.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "answer_lost"),
+        lambda: world.advance(60.0),
+        lambda: world.advance(60.0),  # the downstream forgets the key
+        lambda: reconcile(world),
+    )
+    assert world.fake.forgotten == 1
+    assert world.fake.effects_of("acme", op_id) == 1
+
+
+def test_resends_stop_the_retention_margin_before_the_key_is_forgotten(
+    db: TimedEngine, outbox: Outbox
+) -> None:
+    """As above, with the database's clock set back 0.9 s after the first send (within the
+    clock margin): the downstream forgets the key 119.1 s after it by the database's clock.
+    The stop comes the retention margin before the retention's end, not at it."""
+    world = World(db, replace(outbox, registry=default_registry()), key_retention=120.0)
+    op_id = world.enqueue(world.open_run(), ORDERS[0])
+    steps(
+        world,
+        lambda: send(world, "answer_lost"),
+        lambda: world.advance(60.0),
+        lambda: world.skew_to(-0.9),
+        lambda: world.advance(60.0),  # forgotten; 119.1 s by the database's clock
+        lambda: reconcile(world),
+    )
+    assert world.fake.forgotten == 1
+    assert world.fake.effects_of("acme", op_id) == 1
