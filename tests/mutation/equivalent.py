@@ -65,4 +65,13 @@ EQUIVALENT: dict[str, str] = {
         "tests that arm the failpoint run real Celery workers (tests/integration/"
         "test_celery_worker.py), outside the fast selection."
     ),
+    "workers/verdicts.py::judge_resend::const#1": (
+        "`timedelta(seconds=retry_after or 0.0)` -> `or -1.0`, inside "
+        "`max(..., contract.processing_time)`: only a falsy retry_after (None or 0) reaches the "
+        "constant, and then max(-1 s, processing_time) == max(0 s, processing_time) == "
+        "processing_time, because processing_time is never negative (the default 2 s, the "
+        "providers' 30 s, and `processing_seconds` is validated `ge=0` in "
+        "outbox/settings_contracts.py). The 0.0 -> 1.0 mutant is killed "
+        "(test_resend_rules, a processing time of 0 and 0.5 s)."
+    ),
 }
