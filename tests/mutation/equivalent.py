@@ -74,4 +74,12 @@ EQUIVALENT: dict[str, str] = {
         "outbox/settings_contracts.py). The 0.0 -> 1.0 mutant is killed "
         "(test_resend_rules, a processing time of 0 and 0.5 s)."
     ),
+    "workers/wechatpay_classify.py::code_of::drop-operand#1": (
+        "`code if isinstance(code, str) and code else None`, the `and code` dropped: an empty "
+        'code is then returned as "" instead of None. code_of has two callers, both in the '
+        'module (classify_error, classify_lookup), and every use of its value treats "" as '
+        "None: membership in the code sets (non-empty strings), `code or ...` fallbacks, "
+        "`== \"RESOURCE_NOT_EXISTS\"`, and `code or ''` in a detail. The non-string case "
+        "(operand 1 dropped, and `or`) is killed by test_classify_edges (a 401 whose code is 7)."
+    ),
 }
