@@ -24,7 +24,7 @@ from outbox.downstream import (
 from outbox.kinds import default_registry
 from outbox.states import RejectReason
 from workers import wechatpay_classify
-from workers.http_classify import classify_submit
+from workers.http_classify import FenceProbe, classify_lookup, classify_probe, classify_submit
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 REFUND = default_registry().get("refund")
@@ -235,3 +235,105 @@ def test_a_wechatpay_query_unlike_the_intent_keeps_the_refund_only_if_ours_and_s
     looked = wechatpay_classify.classify_lookup(200, refund, PARAMS, "stl_k")
     assert isinstance(looked, LookupMisuse) and looked.code == code, looked
     assert (looked.record is not None) is kept
+
+
+RECEIPT_BODY = {"id": "re_1", "status": "succeeded", "params": PARAMS, "idempotency_key": "stl_k"}
+
+
+@pytest.mark.parametrize(
+    ("status", "accepted"), [(199, False), (200, True), (299, True), (300, False)]
+)
+def test_a_receipt_is_read_only_from_a_2xx(status: int, accepted: bool) -> None:
+    got = _classify(httpx.Response(status, json=RECEIPT_BODY))
+    if accepted:
+        assert isinstance(got, Accepted) and got.status == status, got
+    else:  # a receipt on a status the protocol does not define: a person looks
+        assert got == Misuse("unexpected_response", f"unexpected HTTP {status}", status)
+
+
+@pytest.mark.parametrize(
+    ("status", "type_", "want"),
+    [
+        (400, wire.IDEMPOTENCY_ERROR, Misuse("idempotency_error", "idempotency error", 400)),
+        (402, wire.BUSINESS_ERROR, Refused(RejectReason.BUSINESS_REJECTED, "business_error", 402)),
+        (400, wire.INVALID_REQUEST, Refused(RejectReason.INVALID_PARAMS, "invalid_request", 400)),
+        (422, wire.INVALID_REQUEST, Refused(RejectReason.INVALID_PARAMS, "invalid_request", 422)),
+        (500, None, Unknown("server error 500", 500)),
+    ],
+    ids=["idempotency", "business", "invalid_400", "invalid_422", "server"],
+)  # fmt: skip
+def test_an_error_without_a_code_is_named_by_its_kind(
+    status: int, type_: str | None, want: object
+) -> None:
+    body = {"error": {"type": type_, "message": "m"}} if type_ else {}
+    assert _classify(httpx.Response(status, json=body)) == want
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        # an invalid-request refusal is one only from a 400 or 422; a 404 is a missing route
+        (404, {"error": {"type": wire.INVALID_REQUEST, "code": "bad_amount"}}),
+        # a 400 or a 499 whose body the protocol does not define: nobody can tell
+        (400, {}),
+        (400, {"error": {"type": "something_new", "code": "x"}}),
+        (499, {}),
+    ],
+    ids=["404_invalid_request", "400_no_body", "400_unknown_type", "499_no_body"],
+)
+def test_an_undefined_4xx_answer_is_misuse_for_a_person(status: int, body: object) -> None:
+    got = _classify(httpx.Response(status, json=body))
+    assert got == Misuse("unexpected_response", f"unexpected HTTP {status}", status)
+
+
+def _look(status: int, body: object) -> object:
+    return classify_lookup(httpx.Response(status, json=body), PARAMS, idempotency_key="stl_k")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "want"),
+    [
+        # "no such key" only as a 404: the code on another status proves nothing
+        (400, {"error": {"type": "invalid_request_error", "code": wire.KEY_NOT_FOUND}},
+         Unavailable("lookup answered HTTP 400")),
+        (500, {"error": {"type": "api_error", "code": wire.KEY_NOT_FOUND}},
+         Unavailable("lookup answered HTTP 500")),
+        # a record is read only from a 200
+        (500, RECEIPT_BODY, Unavailable("lookup answered HTTP 500")),
+        (201, RECEIPT_BODY, Unavailable("lookup answered HTTP 201")),
+    ],
+    ids=["400_key_not_found", "500_key_not_found", "500_record", "201_record"],
+)  # fmt: skip
+def test_a_lookup_is_read_only_from_a_200_or_a_404_key_not_found(
+    status: int, body: object, want: object
+) -> None:
+    assert _look(status, body) == want
+
+
+def test_a_lookup_record_unlike_the_intent_is_kept_only_when_it_is_ours() -> None:
+    other = _look(200, {**RECEIPT_BODY, "params": {**PARAMS, "amount_minor": 1}})
+    assert isinstance(other, LookupMisuse) and other.code == "receipt_mismatch", other
+    assert other.record is not None and other.record.params["amount_minor"] == 1
+    not_ours = _look(200, {**RECEIPT_BODY, "idempotency_key": "stl_other"})
+    assert isinstance(not_ours, LookupMisuse) and not_ours.code == "receipt_key_mismatch"
+    assert not_ours.record is None
+
+
+def test_a_rejected_record_without_a_code_is_a_business_refusal() -> None:
+    got = _look(200, {**RECEIPT_BODY, "status": "rejected"})
+    assert isinstance(got, Found), got
+    assert (got.reason, got.code) == (RejectReason.BUSINESS_REJECTED, "business_error")
+
+
+@pytest.mark.parametrize(
+    ("status", "why"),
+    [
+        (199, "not the fence's answer (408 deadline_exceeded)"),
+        (200, "it accepted a request past its deadline: it does not enforce the deadline"),
+        (299, "it accepted a request past its deadline: it does not enforce the deadline"),
+        (300, "not the fence's answer (408 deadline_exceeded)"),
+    ],
+)
+def test_the_fence_probe_reads_a_success_only_from_a_2xx(status: int, why: str) -> None:
+    probe = classify_probe(httpx.Response(status, json=RECEIPT_BODY))
+    assert probe == FenceProbe(False, f"answered HTTP {status}: {why}")
