@@ -107,7 +107,7 @@ class SendsBatches(RecordsOutcomes):
         """When this attempt must be over: the operation's deadline, or its lease's end less
         the clock margin, whichever comes first (database time: ``send_bound``), on the
         claim's clock."""
-        return clock.deadline(send_bound(claimed.lease_until, claimed.deadline, 0.0))  # MUTANT
+        return clock.deadline(send_bound(claimed.lease_until, claimed.deadline, self.clock_margin))
 
     def _send_one(self, claimed: Claimed, kind: Kind, clock: DbClock) -> Sent:
         """``_attempt``, inside the observer's ``sending``."""

@@ -164,4 +164,21 @@ EQUIVALENT: dict[str, str] = {
         "reached (and -1 fails `retries_left <= 0` as 0 does). That a refused connect is tried "
         "once is pinned by test_transport_bounds::test_a_refused_connection_is_tried_once."
     ),
+    "workers/verdicts.py::judge_resend::const#1": (
+        "`timedelta(seconds=retry_after or 0.0)` -> `or -1.0`, inside "
+        "`max(..., contract.processing_time)`: only a falsy retry_after (None or 0) reaches the "
+        "constant, and then max(-1 s, processing_time) == max(0 s, processing_time) == "
+        "processing_time, because processing_time is never negative (the default 2 s, the "
+        "providers' 30 s, and `processing_seconds` is validated `ge=0` in "
+        "outbox/settings_contracts.py). The 0.0 -> 1.0 mutant is killed "
+        "(test_resend_rules, a processing time of 0 and 0.5 s)."
+    ),
+    "workers/wechatpay_classify.py::code_of::drop-operand#1": (
+        "`code if isinstance(code, str) and code else None`, the `and code` dropped: an empty "
+        'code is then returned as "" instead of None. code_of has two callers, both in the '
+        'module (classify_error, classify_lookup), and every use of its value treats "" as '
+        "None: membership in the code sets (non-empty strings), `code or ...` fallbacks, "
+        "`== \"RESOURCE_NOT_EXISTS\"`, and `code or ''` in a detail. The non-string case "
+        "(operand 1 dropped, and `or`) is killed by test_classify_edges (a 401 whose code is 7)."
+    ),
 }

@@ -74,6 +74,7 @@ def test_a_success_code_that_does_not_prove_this_refund_is_unknown(
     outcome = classify_refund(node, PARAMS, KEY)
     assert isinstance(outcome, Unknown), outcome  # never Refused, never NotExecuted
     assert detail in outcome.detail
+    assert outcome.status == 200
 
 
 @pytest.mark.parametrize(
@@ -84,6 +85,9 @@ def test_a_success_code_that_does_not_prove_this_refund_is_unknown(
         ({"send_back_fee": "1e2"}, "receipt_unreadable"),
         ({"trade_no": None}, "receipt_unreadable"),
         ({"trade_no": "2026<script>"}, "receipt_unreadable"),
+        # Alipay's trade number is a non-empty string: an empty one or a number is not it
+        ({"trade_no": ""}, "receipt_unreadable"),
+        ({"trade_no": int(TRADE)}, "receipt_unreadable"),
     ],
 )
 def test_a_success_that_does_not_fit_the_intent_is_misuse(
@@ -130,6 +134,22 @@ def test_a_documented_refusal_is_refused_with_its_sub_code(
     assert isinstance(outcome, Refused), outcome
     assert outcome.reason is RejectReason(reason)
     assert outcome.code == node["sub_code"]
+    assert outcome.status == 200  # Alipay answers in the body: the HTTP status recorded
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [("20001", "permission_denied"), ("40006", "permission_denied"),
+     ("40001", "invalid_params"), ("40002", "invalid_params")],
+)  # fmt: skip
+def test_a_refusal_without_a_sub_code_is_named_by_its_code(code: str, reason: str) -> None:
+    outcome = classify_refund(failed(code, "..."), PARAMS, KEY)
+    assert isinstance(outcome, Refused), outcome
+    assert (outcome.reason, outcome.code, outcome.status) == (
+        RejectReason(reason),
+        f"code_{code}",
+        200,
+    )
 
 
 @pytest.mark.parametrize(
@@ -140,6 +160,9 @@ def test_a_documented_refusal_is_refused_with_its_sub_code(
         failed("40004", "Business Failed", "ACQ.SYSTEM_ERROR"),
         # a sub-code Alipay does not document for refunds proves nothing
         failed("40004", "Business Failed", "ACQ.SOMETHING_NEW"),
+        # a credential sub-code is our credentials' fault under 40002 only: under 40004 it is
+        # not a documented refund refusal, and proves nothing was not done
+        failed("40004", "Business Failed", "isv.invalid-signature"),
     ],
 )
 def test_an_answer_that_may_follow_processing_is_unknown(node: dict[str, Any]) -> None:
@@ -150,11 +173,17 @@ def test_the_refund_number_used_with_other_params_is_misuse() -> None:
     node = failed("40004", "Business Failed", "ACQ.DISCORDANT_REPEAT_REQUEST")
     outcome = classify_refund(node, PARAMS, KEY)
     assert isinstance(outcome, Misuse) and outcome.code == "idempotency_error", outcome
+    assert outcome.status == 200
 
 
 def test_an_undocumented_code_is_misuse() -> None:
     outcome = classify_refund({"code": "99999", "msg": "?"}, PARAMS, KEY)
     assert isinstance(outcome, Misuse) and outcome.code == "unexpected_response"
+    assert outcome.status == 200
+    # the person who looks is told which code came back, or that none did
+    assert outcome.detail == "Alipay answered code 99999"
+    without = classify_refund({"msg": "?"}, PARAMS, KEY)
+    assert isinstance(without, Misuse) and without.detail == "Alipay answered code none"
 
 
 def queried(**changes: Any) -> dict[str, Any]:
@@ -189,6 +218,22 @@ def test_an_empty_query_answer_is_not_found_never_not_executed() -> None:
 def test_a_query_of_a_trade_that_does_not_exist_is_not_found() -> None:
     node = failed("40004", "Business Failed", "ACQ.TRADE_NOT_EXIST")
     assert isinstance(classify_query(node, PARAMS, KEY), LookupNotFound)
+    # only as a business failure: the sub-code under an unavailable service proves nothing
+    down = failed("20000", "Service Currently Unavailable", "ACQ.TRADE_NOT_EXIST")
+    assert isinstance(classify_query(down, PARAMS, KEY), Unavailable)
+
+
+@pytest.mark.parametrize(
+    ("node", "detail"),
+    [
+        (failed("20000", "Service Currently Unavailable", "isp.unknow-error"),
+         "the refund query answered 20000 isp.unknow-error"),
+        ({"msg": "?"}, "the refund query answered no code"),
+    ],
+)  # fmt: skip
+def test_an_unavailable_query_says_which_code_came_back(node: dict[str, Any], detail: str) -> None:
+    looked = classify_query(node, PARAMS, KEY)
+    assert isinstance(looked, Unavailable) and looked.detail == detail, looked
 
 
 @pytest.mark.parametrize(
@@ -198,8 +243,13 @@ def test_a_query_of_a_trade_that_does_not_exist_is_not_found() -> None:
         failed("40004", "Business Failed", "ACQ.SYSTEM_ERROR"),
         failed("40002", "Invalid Arguments", "isv.invalid-signature"),
         queried(refund_status=None),  # an amount without a status: not proof of either
+        # a success without its amount: not readable, and never "not found"
+        queried(refund_amount=None),
         queried(refund_status="REFUND_PROCESSING"),  # not a status Alipay documents
         queried(refund_amount="ten"),
+        # no trade number: not a readable refund (as an unreadable amount), not misuse
+        queried(trade_no=None),
+        queried(trade_no=""),
     ],
 )
 def test_a_query_that_cannot_settle_it_is_unavailable(node: dict[str, Any]) -> None:

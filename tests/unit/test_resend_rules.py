@@ -165,3 +165,29 @@ def test_a_refusal_found_for_the_only_attempt_is_rejected_at_once() -> None:
 
 
 REFUSED_RECORD = Found(Receipt("re_2", "rejected", {}), RejectReason.BUSINESS_REJECTED, "closed")
+
+
+def test_a_resend_that_did_not_execute_without_retry_after_waits_only_the_processing_time() -> None:
+    """No ``Retry-After`` adds no wait of its own: a downstream whose results show at once
+    (``processing_seconds`` may be 0) is looked at again at once."""
+    for processing in (timedelta(0), timedelta(milliseconds=500)):
+        contract = replace(CONTRACT, processing_time=processing)
+        for outcome in (NotSent("refused", SendPhase.CONNECT), NotExecuted(503)):
+            change = judge_resend(outcome, contract=contract, now=NOW)
+            assert change.next_attempt_at == NOW + processing, (processing, outcome)
+
+
+@pytest.mark.parametrize(
+    ("reason", "fault"),
+    [(RejectReason.PERMISSION_DENIED, {"fault": "credentials"}),
+     (RejectReason.BUSINESS_REJECTED, {}), (RejectReason.INVALID_PARAMS, {})],
+    ids=["credentials", "business", "invalid"],
+)  # fmt: skip
+def test_a_resend_refused_names_our_credentials_as_the_fault_and_only_them(
+    reason: RejectReason, fault: dict[str, object]
+) -> None:
+    change = judge_resend(Refused(reason, "code_1", 401), contract=CONTRACT, now=NOW)
+    assert change.evidence == {
+        "code": "code_1", "status": 401, "resend": "refused", "reason": reason.value, **fault,
+    }  # fmt: skip
+    assert change.next_attempt_at == NOW  # looked up at once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -272,3 +273,44 @@ def test_a_give_up_names_its_true_stop_and_what_was_spent(
     )  # fmt: skip
     assert (v.event, v.to, v.reason) == (Event.GIVE_UP, State.REJECTED, RejectReason.NOT_EXECUTED)
     assert v.evidence == {"stop": stop, "tries": budget.tries, "reached": spent}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "kept"),
+    [
+        (NotExecuted(429, retry_after=5.0), {"retry_after": 5.0}),
+        (NotExecuted(503), {}),  # no Retry-After: none is written, not a null one
+        (NotSent("ConnectError"), {}),
+    ],
+    ids=["retry_after", "none_given", "not_sent"],
+)
+def test_a_deferral_keeps_the_retry_after_it_was_given_and_only_that(
+    outcome: SubmitOutcome, kept: dict[str, object]
+) -> None:
+    v = judge_submit(
+        outcome, budget=BUDGETS["room"], contract=CONTRACTS["idempotent"], now=NOW,
+        rand=lambda: 0.5,
+    )  # fmt: skip
+    assert v.event is Event.DEFER and v.next_attempt_at is not None
+    assert v.evidence == {"retry_at": v.next_attempt_at.isoformat(), **kept}
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Refused(RejectReason.BUSINESS_REJECTED, "order_closed", 402, request_id="req_1"),
+        Unknown("read timeout", 502, request_id="req_1"),
+        Misuse("idempotency_error", "keys reused", 400, request_id="req_1"),
+    ],
+    ids=["refused", "unknown", "misuse"],
+)
+def test_the_downstreams_request_id_is_kept_in_the_evidence_where_it_gave_one(
+    outcome: Refused | Unknown | Misuse,
+) -> None:
+    """Support quotes it to the downstream (Stripe's ``Request-Id``); where none was given the
+    evidence has no ``request_id`` at all, not a null one."""
+    judge = {"budget": BUDGETS["room"], "contract": CONTRACTS["idempotent"], "now": NOW}
+    given = judge_submit(outcome, rand=lambda: 0.5, **judge)  # type: ignore[arg-type]
+    assert given.evidence["request_id"] == "req_1"
+    without = replace(outcome, request_id=None)
+    assert "request_id" not in judge_submit(without, rand=lambda: 0.5, **judge).evidence  # type: ignore[arg-type]
