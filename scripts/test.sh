@@ -48,24 +48,21 @@ fi
 mutation_pid=$!
 echo "== pytest: unit tests, with the coverage floor on the pure core"
 .venv/bin/pytest tests/unit --cov --cov-report=term
+# Print a background run's output, and stop with its status if it failed.
+finish() {
+  local pid=$1 log=$2 what=$3 status=0
+  wait "$pid" || status=$?
+  cat "$log"
+  rm -f "$log"
+  if [ "$status" -ne 0 ]; then
+    echo "$what failed (exit status $status)" >&2
+    exit "$status"
+  fi
+}
 echo "== the model checker: python -m tests.model"
-model_status=0
-wait "$model_pid" || model_status=$?
-cat "$model_log"
-rm -f "$model_log"
-if [ "$model_status" -ne 0 ]; then
-  echo "the model checker failed (exit status $model_status)" >&2
-  exit "$model_status"
-fi
+finish "$model_pid" "$model_log" "the model checker"
 echo "== the mutation sample: python -m tests.mutation"
-mutation_status=0
-wait "$mutation_pid" || mutation_status=$?
-cat "$mutation_log"
-rm -f "$mutation_log"
-if [ "$mutation_status" -ne 0 ]; then
-  echo "the mutation suite failed (exit status $mutation_status)" >&2
-  exit "$mutation_status"
-fi
+finish "$mutation_pid" "$mutation_log" "the mutation suite"
 echo "== pytest: the model checker, integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
 # Three test processes per two cores: most of these tests wait on other processes (workers,
 # servers, the simulator), so one per core left them part idle (load average about 1.5).

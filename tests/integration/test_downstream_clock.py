@@ -61,22 +61,10 @@ def behind(rig: Rig) -> Iterator[None]:
 
 def measured_gateway(rig: Rig, watch: ClockWatch, by: str, url: str | None = None) -> HttpGateway:
     """A gateway whose answers' time ``watch`` measures, recording episodes as ``by``."""
-
-    def seen(
-        downstream: str, said: datetime, resolution: float, before: datetime, after: datetime
-    ) -> None:
-        watch.downstream_answered(
-            downstream,
-            said,
-            resolution,
-            db_before=before,
-            db_after=after,
-            by=by,
-            sessions=rig.sessions,
-        )
-
     keys = {rig.tenant.name: rig.tenant.api_key}
-    gateway = HttpGateway(url or rig.url, keys, timeout=RIG_CLIENT_TIMEOUT, time_seen=seen)
+    gateway = HttpGateway(
+        url or rig.url, keys, timeout=RIG_CLIENT_TIMEOUT, time_seen=rig.measured_by(watch, by)
+    )
     rig.gateways.append(gateway)
     return gateway
 

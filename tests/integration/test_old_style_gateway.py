@@ -5,67 +5,24 @@ old way (``outbox.port_shim.as_gateway``)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
-from datetime import datetime
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from outbox import FakeGateway, Settings, new_op_id, upgrade
-from outbox.clock import Deadline
+from outbox import Settings, new_op_id, upgrade
 from outbox.downstream import (
-    DownstreamRequest,
-    LookupOutcome,
-    SubmitOutcome,
     Unknown,
 )
-from outbox.kinds import Kind
 from outbox.port_shim import OldStyleGateway
 from reconciler.reconcile import Reconciler
 from settled.runtime import Runtime, build_runtime
+from tests.support.old_style import OldStyle
 from workers.executor import Executor
 
 PARAMS = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
 OLD_FORM = r"OldStyle.lookup and OldStyle.submit take the old keywords"
 NEW_FORM = r"submit\(self, request: DownstreamRequest, \*, deadline\)"
-
-
-class OldStyle:
-    """A user's adapter as written before ``DownstreamRequest``: every call in keywords."""
-
-    def __init__(self) -> None:
-        self.fake = FakeGateway()
-        #: what each call was given, by name: (method, the type of ``params``)
-        self.given: list[tuple[str, type]] = []
-
-    def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
-    ) -> SubmitOutcome:
-        self.given.append(("submit", type(params)))
-        request = DownstreamRequest(tenant, op_id, kind, idempotency_key, params)
-        return self.fake.submit(request, deadline=deadline)
-
-    def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
-    ) -> LookupOutcome:
-        self.given.append(("lookup", type(params)))
-        request = DownstreamRequest(tenant, op_id, kind, idempotency_key, params)
-        return self.fake.lookup(request, deadline=deadline)
 
 
 @pytest.fixture

@@ -55,26 +55,6 @@ pytestmark = [
 ]
 
 
-def measuring(rig: Rig, watch: ClockWatch, by: str) -> Callable[..., None]:
-    """What a process's gateway tells its clock watch (``settled.runtime``), recording
-    episodes as ``by``."""
-
-    def seen(
-        downstream: str, said: datetime, resolution: float, before: datetime, after: datetime
-    ) -> None:
-        watch.downstream_answered(
-            downstream,
-            said,
-            resolution,
-            db_before=before,
-            db_after=after,
-            by=by,
-            sessions=rig.sessions,
-        )
-
-    return seen
-
-
 def lag_rows(rig: Rig) -> list[tuple[str, float, bool, str]]:
     with rig.sessions() as s:
         rows = s.execute(
@@ -102,7 +82,7 @@ def test_a_providers_clock_behind_is_detected_logged_recorded_and_counted(
     assert scrape(reg)[("settled_downstream_clock_lag_episodes_total", ())] == 0
     watch = ClockWatch(margin=MARGIN)
     executor = rig.executor(clock_watch=watch)
-    executor.gateway = rig.gateway(time_seen=measuring(rig, watch, "w1"))
+    executor.gateway = rig.gateway(time_seen=rig.measured_by(watch, "w1"))
     put_right = behind(rig)
     try:
         with caplog.at_level(logging.INFO, logger="outbox.clock_steps"):
@@ -144,7 +124,7 @@ def test_a_provider_set_right_shows_no_episode_though_its_time_is_rounded_to_the
     rig = provider_rig
     watch = ClockWatch(margin=SMALL_MARGIN)
     executor = rig.executor(clock_watch=watch)
-    executor.gateway = rig.gateway(time_seen=measuring(rig, watch, "w1"))
+    executor.gateway = rig.gateway(time_seen=rig.measured_by(watch, "w1"))
     ops = [rig.enqueue_on_its_own_order(f"op-{n}") for n in range(ANSWERS)]
     with caplog.at_level(logging.INFO, logger="outbox.clock_steps"):
         started = time.monotonic()
@@ -174,7 +154,7 @@ def test_a_providers_not_found_is_trusted_at_its_delay_bound_though_its_clock_is
     watch = ClockWatch(margin=MARGIN)
     reconciler = Reconciler(
         sessions=rig.sessions,
-        gateway=rig.gateway(time_seen=measuring(rig, watch, "r1")),
+        gateway=rig.gateway(time_seen=rig.measured_by(watch, "r1")),
         registry=rig.outbox.registry,
         worker="r1",
         client_timeout=1.0,

@@ -246,17 +246,7 @@ def test_mismatched_lookup_stays_in_review(rig: Rig) -> None:
 
 def test_worker_died_mid_send_is_found_by_the_reconciler(rig: Rig) -> None:
     op = rig.enqueue()
-    rig.start_send(op)
-    rig.gateway().submit(
-        DownstreamRequest(
-            "acme",
-            rig.op(op).op_id,
-            default_registry().get("refund"),
-            rig.op(op).idempotency_key,
-            rig.op(op).params,
-        ),
-        deadline=datetime.now(UTC) + timedelta(seconds=5),
-    )
+    rig.sent_by_a_dead_worker(op)
     assert rig.reconciler().run_once().claimed == 0  # the lease is still live
     rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
     assert rig.reconciler().run_once().outcomes == {"found": 1}
@@ -445,17 +435,7 @@ def test_a_dead_workers_send_the_lease_leaves_no_time_to_ask_about_stays_as_it_w
     ops = []
     for i in range(2):
         op = rig.enqueue_on_its_own_order(f"op-{i}")
-        claimed = rig.start_send(op)
-        rig.gateway().submit(
-            DownstreamRequest(
-                "acme",
-                claimed.op_id,
-                default_registry().get("refund"),
-                claimed.idempotency_key,
-                claimed.params,
-            ),
-            deadline=datetime.now(UTC) + timedelta(seconds=5),
-        )
+        rig.sent_by_a_dead_worker(op)
         rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
         ops.append(op)
     before = {op: len(events_of(rig, op)) for op in ops}
@@ -662,17 +642,7 @@ def test_a_dead_workers_send_that_cannot_be_reconciled_keeps_its_lease_and_stays
     written, not even the review (released, it would never be looked at again); its lease
     lapses and a later pass looks again."""
     op = rig.enqueue()
-    claimed = rig.start_send(op)
-    rig.gateway().submit(
-        DownstreamRequest(
-            "acme",
-            claimed.op_id,
-            default_registry().get("refund"),
-            claimed.idempotency_key,
-            claimed.params,
-        ),
-        deadline=datetime.now(UTC) + timedelta(seconds=5),
-    )
+    rig.sent_by_a_dead_worker(op)
     rig.set(op, lease_until=datetime.now(UTC) - timedelta(seconds=1))
     before = len(events_of(rig, op))
 

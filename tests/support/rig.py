@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.clock_steps import ClockWatch
 from outbox.downstream import DownstreamRequest, Gateway, Receipt
 from outbox.errors import StaleLease
 from outbox.intake import Outbox
@@ -96,6 +97,41 @@ class Rig:
         with self.sessions.begin() as s:
             (claimed,) = claim_for_send(s, worker=worker, lease_seconds=lease, ids=[op_id])
             return start_attempt(self.storage, s, claimed, worker=worker)
+
+    def measured_by(self, watch: ClockWatch, by: str) -> TimeSeen:
+        """What a process's gateway tells its clock watch of each answer's time
+        (``settled.runtime``), recording episodes as ``by``."""
+
+        def seen(
+            downstream: str, said: datetime, resolution: float, before: datetime, after: datetime
+        ) -> None:
+            watch.downstream_answered(
+                downstream,
+                said,
+                resolution,
+                db_before=before,
+                db_after=after,
+                by=by,
+                sessions=self.sessions,
+            )
+
+        return seen
+
+    def sent_by_a_dead_worker(self, op_id: int) -> Claimed:
+        """``start_send``, then the request carried out downstream: a worker that died after
+        its send reached the payment service, before it could write what came back."""
+        claimed = self.start_send(op_id)
+        self.gateway().submit(
+            DownstreamRequest(
+                self.tenant.name,
+                claimed.op_id,
+                default_registry().get("refund"),
+                claimed.idempotency_key,
+                claimed.params,
+            ),
+            deadline=datetime.now(UTC) + timedelta(seconds=5),
+        )
+        return claimed
 
     def executor(
         self, registry: KindRegistry | None = None, url: str | None = None, **kw: Any

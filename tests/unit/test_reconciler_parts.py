@@ -5,8 +5,7 @@ Storage it writes through."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
-from datetime import datetime
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,12 +13,11 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import sessionmaker
 
 from outbox import FakeGateway
-from outbox.clock import Deadline
-from outbox.downstream import DownstreamRequest, LookupOutcome, SubmitOutcome
-from outbox.kinds import Kind, default_registry
+from outbox.kinds import default_registry
 from outbox.settings import Settings
 from outbox.storage import storage_for
 from reconciler.reconcile import Reconciler
+from tests.support.old_style import OldStyle
 
 
 @pytest.fixture
@@ -114,39 +112,6 @@ def test_its_storage_is_kept_while_its_engine_is_and_made_again_when_that_change
         assert type(r.storage) is type(storage_for(other))
     finally:
         other.dispose()
-
-
-class OldStyle:
-    """An adapter written with the keywords of earlier releases."""
-
-    def __init__(self) -> None:
-        self.fake = FakeGateway()
-
-    def submit(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
-    ) -> SubmitOutcome:
-        request = DownstreamRequest(tenant, op_id, kind, idempotency_key, params)
-        return self.fake.submit(request, deadline=deadline)
-
-    def lookup(
-        self,
-        *,
-        tenant: str,
-        op_id: str,
-        kind: Kind,
-        idempotency_key: str,
-        params: Mapping[str, Any],
-        deadline: Deadline | datetime,
-    ) -> LookupOutcome:
-        request = DownstreamRequest(tenant, op_id, kind, idempotency_key, params)
-        return self.fake.lookup(request, deadline=deadline)
 
 
 def test_an_old_style_adapter_is_warned_about_at_the_line_that_built_the_reconciler(
