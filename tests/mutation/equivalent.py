@@ -8,6 +8,13 @@ Keep the reasons checkable: a reviewer should be able to read the line and agree
 
 from __future__ import annotations
 
+_STRIPE_HEADERS = (
+    '`(error.headers or {}).get("Retry-After")`, the `or {}` dropped: the SDK\'s '
+    "StripeError.__init__ sets `self.headers = headers or {}` (stripe/_error.py), so "
+    "`error.headers` is always a dict, `{}` where the answer had none: the same lookup. The "
+    "fallback guards only a hand-made error value."
+)
+
 EQUIVALENT: dict[str, str] = {
     "outbox/downstream_clock.py::corrected_deadline::cmp#1": (
         "`not lag > 0` -> `not lag >= 0`: differs only for a lag of exactly 0 (or -0.0), which "
@@ -172,6 +179,21 @@ EQUIVALENT: dict[str, str] = {
         "providers' 30 s, and `processing_seconds` is validated `ge=0` in "
         "outbox/settings_contracts.py). The 0.0 -> 1.0 mutant is killed "
         "(test_resend_rules, a processing time of 0 and 0.5 s)."
+    ),
+    "workers/http_classify.py::_receipt::drop-operand#1": (
+        "`not isinstance(status, str)` dropped from the receipt's check: a body whose status is "
+        "not a string is then a Receipt with that status. Both callers read the status only by "
+        "comparing it with strings: classify_submit answers `Unknown` for `status != "
+        '"succeeded"` and classify_lookup `Unavailable` for `status not in ("succeeded", '
+        '"rejected")`, the very answers they give for no receipt (None). JSON\'s other values '
+        "(numbers, lists, objects, null, booleans) never equal a string."
+    ),
+    "workers/stripe_classify.py::classify_error::drop-operand#7": _STRIPE_HEADERS,
+    "workers/stripe_classify.py::classify_intent_error::drop-operand#11": _STRIPE_HEADERS,
+    "workers/stripe_classify.py::classify_intent_error::drop-operand#3": (
+        "`and error.__cause__ is not None` dropped: `not_sent(None)` is then called, and "
+        "answers None (None is no NotSentError, PoolTimeout, ConnectError or ConnectTimeout), "
+        "which the next line treats exactly as a cause that proves nothing: the same outcome."
     ),
     "workers/wechatpay_classify.py::code_of::drop-operand#1": (
         "`code if isinstance(code, str) and code else None`, the `and code` dropped: an empty "

@@ -23,6 +23,7 @@ _CLASSIFY = (
     "tests/unit/test_http_classification.py",
     "tests/unit/test_fence_probe.py",
     "tests/unit/test_stripe_classification.py",
+    "tests/unit/test_stripe_rules.py",
     "tests/unit/test_wechatpay_classification.py",
     "tests/unit/test_alipay_classification.py",
 )

@@ -337,3 +337,20 @@ def test_a_rejected_record_without_a_code_is_a_business_refusal() -> None:
 def test_the_fence_probe_reads_a_success_only_from_a_2xx(status: int, why: str) -> None:
     probe = classify_probe(httpx.Response(status, json=RECEIPT_BODY))
     assert probe == FenceProbe(False, f"answered HTTP {status}: {why}")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"id": 31}, {"id": None}, {"params": None}, {"params": ["A1042", 10000]}, {"params": "A1042"}],
+    ids=["id_number", "no_id", "no_params", "params_list", "params_string"],
+)
+def test_a_receipt_of_an_undefined_shape_is_no_receipt_on_a_submit_or_a_lookup(
+    changes: dict[str, object],
+) -> None:
+    body = {**RECEIPT_BODY, **changes}
+    # not a receipt that fails to fit (misuse, for a person): no receipt at all, which a
+    # lookup may yet settle
+    assert _classify(httpx.Response(200, json=body)) == Unknown(
+        "2xx without a readable receipt", 200
+    )
+    assert _look(200, body) == Unavailable("lookup answered without a readable record")
