@@ -24,9 +24,10 @@ from outbox.intake import Outbox
 from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.integration import test_approval_races as races
 from tests.integration.test_celery_worker import App, assert_at_most_one_effect, wait_settled
-from tests.support.pgbouncer import pgbouncer
+from tests.support.load import Producer, judge_committed
+from tests.support.pgbouncer import PgBouncer, pgbouncer
 from tests.support.rig import Rig
-from tests.support.simtools import SimTenant
+from tests.support.simtools import SimTenant, wait_until
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -112,6 +113,69 @@ def test_a_worker_through_pgbouncer_sends_and_reconciles_each_refund_once(
             stack.stop_all()
             app.close()
             engine.dispose()
+
+
+def test_pgbouncer_restarted_under_load_loses_no_refund_and_sends_none_twice(
+    pg: Engine,
+    pg_url: str,
+    redis_url: str,
+    outbox: Outbox,
+    simulator: SimulatorHandle,
+    sim_control: SimulatorControl,
+    sim_tenant: SimTenant,
+    tmp_path: Path,
+) -> None:
+    """The app and a real worker (prefork, with beat) through PgBouncer in transaction mode;
+    the pooler killed mid-load (every connection cut, commits in flight with outcomes their
+    clients do not know) and started again on its port. Judged by the ledger: every refund
+    the app saw committed is done exactly once, every state true; the time the app took to
+    commit again is printed."""
+    sim_control.create_order("acme", "A1042", 10**9)
+    bouncer = PgBouncer(pg_url, "transaction")
+    bouncer.start()
+    url = bouncer.url + NO_PREPARE
+    stack = Stack(
+        database_url=url,
+        broker_url=redis_url,
+        downstream_url=simulator.url,
+        api_keys={sim_tenant.name: sim_tenant.api_key.get_secret_value()},
+        workdir=tmp_path,
+    )
+    engine = make_engine(url)
+    app = App(stack, engine, outbox)
+    producer = Producer(app, outbox)
+    try:
+        worker = stack.start_worker(beat=True, pool="prefork", concurrency=2)
+        wait_until(
+            lambda: "deadline fence verified" in stack.log_of(worker), 60, "the worker's start"
+        )
+        producer.start()
+        wait_until(lambda: len(producer.committed) >= 15, 60, "the load before the restart")
+        at_kill = producer.mark()
+        bouncer.kill()
+        wait_until(lambda: producer.failures > 0, 30, "a commit to fail on the cut pooler")
+        bouncer.start()
+        wait_until(
+            lambda: len(producer.committed) >= at_kill + 15 or producer.error is not None,
+            60,
+            "the load after the restart",
+        )
+        producer.finish()
+        ids = judge_committed(app, stack, producer, sim_control)
+        assert "prepared statement" not in stack.logs()
+        print(
+            f"pgbouncer restarted under load: {len(ids)} refunds, {producer.failures} failed "
+            f"commits, the app committing again {producer.recovered:.1f} s after the kill"
+        )
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        producer.stopping.set()
+        stack.stop_all()
+        app.close()
+        engine.dispose()
+        bouncer.close()
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """A Redis master, an optional replica and a Redis Sentinel watching them, all of a test's
-own (throwaway ``redis-server`` processes on free loopback ports, nothing kept on disk), for
+own (throwaway ``redis-server`` processes and Debian's ``redis-sentinel`` on free loopback
+ports, nothing kept on disk), for
 the ``sentinel://`` broker; ``failover`` moves the master to the replica as an operator would
 (``SENTINEL FAILOVER``)."""
 
@@ -20,6 +21,7 @@ from tests.support.services import (
     redis_answers,
     redis_binary,
     spawn_redis,
+    system_binary,
     wait_for_own_redis,
     wait_until,
 )
@@ -65,9 +67,11 @@ class RedisSentinel:
             f"sentinel down-after-milliseconds {MASTER_NAME} 2000\n"
             f"sentinel failover-timeout {MASTER_NAME} 10000\n"
         )
-        sentinel = subprocess.Popen(
-            [self.binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL
-        )
+        # Debian's redis-sentinel, as production runs it (.ci/run installs it)
+        binary = system_binary("redis-sentinel")
+        if binary is None:
+            raise RuntimeError("no redis-sentinel: apt-get install redis-sentinel (.ci/run does)")
+        sentinel = subprocess.Popen([str(binary), str(conf)], stdout=subprocess.DEVNULL)
         self.procs.append(sentinel)
         url = f"redis://127.0.0.1:{self.sentinel_port}"
         if not wait_until(lambda: sentinel.poll() is not None or redis_answers(url), 10):

@@ -328,7 +328,9 @@ def postgres_bin_dir() -> Path:
     else the ``pgserver`` wheel's own build. Found without importing the wheel."""
     initdb = system_binary("initdb")
     if initdb is not None and (initdb.parent / "pg_ctl").exists():
-        return initdb.parent
+        # the real folder, where a link was found (/usr/local/bin): it holds every tool
+        # (pg_controldata, pg_rewind, pg_basebackup: Patroni's), not only those linked
+        return initdb.resolve().parent
     import importlib.util
 
     spec = importlib.util.find_spec("pgserver")
