@@ -209,6 +209,8 @@ def test_an_intake_waiting_on_a_prune_of_its_op_id_is_answered_from_the_tombston
     pruning = threading.Thread(target=prune, args=(engine, AGE), daemon=True)
     pruning.start()
     assert deleted.wait(DEADLINE)
+    # one transaction: until it commits, others see the operation and no tombstone
+    assert (rows(engine)[0], tombstone(engine, "op-race")) == (1, None)
     with contender(lambda: replay(outbox, engine, "op-race", GOOD)) as racer:
         racer.start()
         assert wait_until(lambda: _intake_waits(engine, racer), DEADLINE)
