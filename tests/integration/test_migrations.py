@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 from sqlalchemy import Table, insert, inspect, select, text, update
 from sqlalchemy.orm import Session
 
 from outbox.db import alembic_config, make_engine, upgrade
 from outbox.intake import Outbox
-from outbox.models import Operation, ReviewItem
+from outbox.models import Base, Operation, ReviewItem
 from tests.support import services
 from tests.support.contend import DEADLINE, contender
 from tests.support.rig import GOOD
@@ -123,5 +125,18 @@ def test_0011_adds_the_tombstones_and_takes_them_away_again(empty_url: str, outb
                 found = "SELECT count(*) FROM pg_proc WHERE proname = 'settled_tombstoned'"
                 assert conn.scalar(text(found)) == 0
             assert conn.scalar(select(Operation.op_id).where(Operation.op_id == "op-1")) == "op-1"
+    finally:
+        engine.dispose()
+
+
+def test_0011_makes_the_tombstones_table_the_model_describes(empty_url: str) -> None:
+    upgrade(empty_url)
+    engine = make_engine(empty_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            diffs = [d for d in compare_metadata(context, Base.metadata)
+                     if "operation_tombstones" in repr(d)]  # fmt: skip
+        assert diffs == []
     finally:
         engine.dispose()
