@@ -26,7 +26,7 @@ from outbox.storage import prune as prune_store
 from outbox.storage.operations import db_time
 from outbox.tombstones import prune_tombstones
 from tests.integration.test_intake import statements
-from tests.integration.test_ops_cli import not_executed, ok, settled, succeeded
+from tests.integration.test_ops_cli import not_executed, ok, one_line_error, settled, succeeded
 from tests.integration.test_ops_prune import age
 from tests.support.contend import DEADLINE, Contender, contender
 from tests.support.rig import GOOD, Rig
@@ -126,6 +126,9 @@ def test_a_replay_of_a_pruned_operation_is_answered_from_its_tombstone(rig: Rig)
     assert gone.value.code == "operation_pruned"
     assert rows(rig.engine) == before  # no operation, no event, the tombstone untouched
     assert rig.control.effects("acme", key) == 1  # refunded once, whatever the app resends
+    # and an operator asking about it is told so
+    line = one_line_error(settled(rig, "ops", "show", "acme", "op-done"))
+    assert f"it was succeeded, reference {reference};" in line and "[operation_pruned]" in line
 
 
 def test_another_intent_under_a_pruned_op_id_is_a_conflict_and_writes_nothing(
