@@ -37,13 +37,14 @@ from outbox.ids import (
     validate_tenant,
 )
 from outbox.kinds import Intent, Kind, KindRegistry, default_registry
-from outbox.models import Operation, Run
+from outbox.models import Operation, OperationTombstone, Run
 from outbox.observer import NO_OBSERVER, Observer, guarded
 from outbox.settings import Settings
 from outbox.states import State
-from outbox.storage import borrowed, storage_for
+from outbox.storage import borrowed, storage_for, tombstones
 from outbox.storage.borrowed import Door, session_for
 from outbox.storage.operations import INTAKE_RETURNS, compensations_of, find_operation
+from outbox.tombstones import Tombstone
 
 #: ``Session.info`` key listing the operations created in the session's transaction.
 CREATED_KEY = "settled.created"
@@ -75,21 +76,31 @@ class Enqueued:
 
     ``door``: the app's connection when intake wrote on one (``outbox.borrowed``), else None;
     ``session`` is then the Session intake made over it, closed once ``enqueue`` returned.
+
+    ``pruned``: a replay of an operation that was pruned (``settled ops prune``), answered
+    from its tombstone (``outbox.tombstones.Tombstone``: final state, reason, the downstream's
+    reference, when it was pruned). Its row is gone, and what only the row held is not made
+    up: ``id`` and ``deadline`` are None, ``run_id``, ``compensates_id`` and
+    ``correlation_id`` None, and ``operation`` raises NotFound (``operation_pruned``).
+    ``state`` is its final state, ``idempotency_key`` the key it was sent with.
     """
 
-    id: int
+    #: None only for a pruned operation (``pruned``)
+    id: int | None
     tenant: str
     op_id: str
     kind: str
     state: str
     idempotency_key: str
-    deadline: datetime
+    #: None only for a pruned operation (``pruned``)
+    deadline: datetime | None
     run_id: int | None
     compensates_id: int | None
     correlation_id: str | None
     created: bool
     session: Session = field(repr=False, compare=False)
     door: object = field(default=None, repr=False, compare=False)
+    pruned: Tombstone | None = None
 
     @classmethod
     def of(
@@ -105,6 +116,26 @@ class Enqueued:
         got.__dict__["operation"] = operation  # cached_property's slot: no read on first use
         return got
 
+    @classmethod
+    def of_tombstone(cls, tomb: Tombstone, *, session: Session, door: object = None) -> Enqueued:
+        """The replay answer of a pruned operation, from its tombstone."""
+        return cls(
+            id=None,
+            tenant=tomb.tenant,
+            op_id=tomb.op_id,
+            kind=tomb.kind,
+            state=tomb.state,
+            idempotency_key=tomb.idempotency_key,
+            deadline=None,
+            run_id=None,
+            compensates_id=None,
+            correlation_id=None,
+            created=False,
+            session=session,
+            door=door,
+            pruned=tomb,
+        )
+
     @cached_property
     def operation(self) -> Operation:
         """The operation's row: while the intake's transaction is open, the entity in its
@@ -115,7 +146,13 @@ class Enqueued:
         On a connection door (``door``): read once, detached, in the transaction open on the
         app's connection; once no transaction is open there, InvalidInput
         (``transaction_ended``) unless it was read before: Settled does not begin a
-        transaction on the app's connection."""
+        transaction on the app's connection. A pruned operation's (``pruned``): NotFound
+        (``operation_pruned``)."""
+        if self.pruned is not None or self.id is None:
+            raise NotFound(
+                "the operation was pruned: only its tombstone is kept (Enqueued.pruned)",
+                code="operation_pruned",
+            )
         if self.door is not None:
             loaded = borrowed.read(self.door, Operation, self.id)
         elif self.session.in_transaction():
@@ -196,8 +233,10 @@ class Outbox:
         ``unsupported_connection``).
 
         A replay of ``(tenant, op_id)`` with the same intent returns the stored operation and
-        writes nothing; with another intent it raises IdempotencyConflict. Bad input raises an
-        InvalidInput subclass before anything is written.
+        writes nothing; with another intent it raises IdempotencyConflict. The same holds once
+        the operation was pruned: a replay is answered from its tombstone (``Enqueued.pruned``,
+        no operation id), never by a new operation. Bad input raises an InvalidInput subclass
+        before anything is written.
         """
         door = None if isinstance(session, Session) else session
         with session_for(session) as own:
@@ -247,11 +286,10 @@ class Outbox:
         )
         row = self._insert(session, request)
         if row is None:
-            replayed = self._replayed(session, request)
-            return Enqueued.of(replayed, created=False, session=session, door=door)
+            return self._replayed(session, door, request)
         values = {name: row[name] for name in INTAKE_RETURNS}
         got = Enqueued(**values, created=True, session=session, door=door)
-        _hint_after_commit(session, got.id)
+        _hint_after_commit(session, row["id"])
         return got
 
     def _validate(
@@ -341,10 +379,14 @@ class Outbox:
             "compensates_id": request.compensates_id,
         }
 
-    def _replayed(self, session: Session, request: _Request) -> Operation:
-        """The stored operation a replay of ``(tenant, op_id)`` names, if it is the same
-        intent; IdempotencyConflict otherwise."""
+    def _replayed(self, session: Session, door: object, request: _Request) -> Enqueued:
+        """The answer to a replay of ``(tenant, op_id)``: the stored operation, or the
+        tombstone of the pruned one, if it is the same intent; IdempotencyConflict
+        otherwise."""
+        existing: Operation | OperationTombstone | None
         existing = find_operation(session, request.tenant, request.op_id)
+        if existing is None:  # pruned (maybe meanwhile: the prune wrote its tombstone first)
+            existing = tombstones.find(session, request.tenant, request.op_id)
         if existing is None:  # only under REPEATABLE READ or SERIALIZABLE isolation
             raise IdempotencyConflict(
                 "a concurrent transaction holds this op_id; retry the transaction",
@@ -360,7 +402,9 @@ class Outbox:
                 tenant=request.tenant,
                 op_id=request.op_id,
             )
-        return existing
+        if isinstance(existing, OperationTombstone):
+            return Enqueued.of_tombstone(Tombstone.of(existing), session=session, door=door)
+        return Enqueued.of(existing, created=False, session=session, door=door)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Tables: operations, attempts, operation events (append-only), runs, review items, API keys,
-the support console's staff accounts, their sessions and failed sign-ins, and the proposals
-an AI agent makes (``outbox.proposals``)."""
+"""Tables: operations, attempts, operation events (append-only), runs, review items, the
+tombstones of pruned operations, API keys, the support console's staff accounts, their
+sessions and failed sign-ins, and the proposals an AI agent makes (``outbox.proposals``)."""
 
 from __future__ import annotations
 
@@ -204,6 +204,31 @@ class ReviewItem(Base):
     resolved_by: Mapped[str | None] = mapped_column(String(100))
     resolution: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     note: Mapped[str | None] = mapped_column(Text)
+
+
+class OperationTombstone(Base):
+    """What is kept of a pruned operation (``outbox.prune``): enough to answer a replay of its
+    ``(tenant, op_id)`` (``outbox.intake``) as its own row did, never a second operation.
+    Deleted only by ``outbox.tombstones.prune_tombstones``."""
+
+    __tablename__ = "operation_tombstones"
+    __table_args__ = (
+        CheckConstraint("state IN ('succeeded','rejected','cancelled')", name="state"),
+        Index("ix_operation_tombstones_pruned_at", "pruned_at"),
+    )
+
+    tenant: Mapped[str] = mapped_column(String(63), primary_key=True)
+    op_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    fingerprint_key_version: Mapped[str] = mapped_column(String(20))
+    idempotency_key: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(32))
+    downstream_ref: Mapped[str | None] = mapped_column(String(200))
+    #: the operation's own creation time
+    created_at: Mapped[datetime]
+    pruned_at: Mapped[datetime]
 
 
 class ApiKey(Base):

@@ -52,8 +52,8 @@ class Intake(Protocol):
     """What ``enqueuing`` is told: what intake did (``outbox.intake.Enqueued``)."""
 
     @property
-    def id(self) -> int:
-        """The operation's primary key."""
+    def id(self) -> int | None:
+        """The operation's primary key (None: a replay of a pruned one, ``Enqueued.pruned``)."""
 
     @property
     def op_id(self) -> str:

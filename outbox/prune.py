@@ -57,7 +57,7 @@ class Pruned:
         verb = "would prune" if self.dry_run else "pruned"
         return (
             f"{verb} {self.operations:,} operations and {self.events:,} events older than "
-            f"{_age(self.older_than)}"
+            f"{age_words(self.older_than)}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -255,7 +255,8 @@ def _jsonable(value: object) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _age(age: timedelta) -> str:
+def age_words(age: timedelta) -> str:
+    """An age in words, in its largest whole unit: "90 days", "36 hours"."""
     seconds = int(age.total_seconds())
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds >= size and seconds % size == 0:

@@ -27,7 +27,7 @@ from outbox.ids import validate_label, validate_op_id, validate_tenant
 from outbox.intake import Outbox, order_lock
 from outbox.models import Operation, Run
 from outbox.states import State
-from outbox.storage import storage_for
+from outbox.storage import storage_for, tombstones
 from outbox.storage.events import events_of
 from outbox.storage.operations import find_operation, operation
 from outbox.storage.reviews import in_review
@@ -122,9 +122,10 @@ def resubmit(
             field="op_id",
             resubmitted_as=earlier,
         )
-    if existing is not None:
+    if existing is not None or tombstones.find(session, tenant, new_op_id) is not None:
         raise IdempotencyConflict(
-            "the new op id already names an operation; mint a new one", code="op_id_taken",
+            "the new op id already names an operation (or a pruned one); mint a new one",
+            code="op_id_taken",
             op_id=new_op_id,
         )  # fmt: skip
     run = _live_run(session, original)
@@ -138,6 +139,7 @@ def resubmit(
         run=run,
         compensates=compensates,
     )
+    created = got.operation
     actor = f"staff:{by}"
     storage_for(session).write_transitions(
         session,
@@ -148,14 +150,14 @@ def resubmit(
                 evidence={"resubmitted_as": new_op_id, "by": by, "why": why},
             ),
             Note(
-                got.id,
+                created.id,
                 note=RESUBMISSION,
                 evidence={"resubmits": op_id, "by": by, "why": why},
             ),
         ],
         actor=actor,
     )
-    return Resubmitted(original, got.operation, created=True, run=run)
+    return Resubmitted(original, created, created=True, run=run)
 
 
 def resubmission_of(session: Session, original: Operation) -> str | None:

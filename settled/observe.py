@@ -144,6 +144,9 @@ class Observed(NoObserver):
 
             def enqueued(got: Intake) -> None:
                 span.set_attribute("settled.created", got.created)
+                if got.id is None:  # a replay of a pruned operation: its row is gone
+                    span.set_attribute("settled.pruned", True)
+                    return
                 span.set_attribute("settled.operation_id", got.id)
                 if got.created and span.get_span_context().is_valid:
                     tracing.store_context(session, got.id, span)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from outbox.errors import InvalidIdentifier, InvalidInput, NotFound
 from outbox.ids import validate_op_id, validate_tenant
 from outbox.states import RejectReason, State
+from outbox.storage import tombstones
 from outbox.storage.operations import db_time, find_operation, listed_operations
 from support.operation_view import operation_page, report_words
 
@@ -61,14 +62,25 @@ def list_operations(
 
 def show_operation(session: Session, tenant: str, op_id: str) -> dict[str, Any]:
     """One operation as the console's operation page shows it: its facts, attempts, lookups,
-    events, run, the report's words and its open review item. NotFound when there is none."""
+    events, run, the report's words and its open review item. NotFound when there is none
+    (``operation_pruned``, with what its tombstone keeps, when it was pruned)."""
     try:
-        op = find_operation(session, validate_tenant(tenant), validate_op_id(op_id))
+        tenant, op_id = validate_tenant(tenant), validate_op_id(op_id)
     except InvalidIdentifier:
-        op = None  # a name no operation can have: not found, like a missing one
-    if op is None:
+        # a name no operation can have: not found, like a missing one
+        raise NotFound("no such operation", code="operation_not_found") from None
+    op = find_operation(session, tenant, op_id)
+    if op is not None:
+        return operation_page(session, op)
+    tomb = tombstones.find(session, tenant, op_id)
+    if tomb is None:
         raise NotFound("no such operation", code="operation_not_found")
-    return operation_page(session, op)
+    state = tomb.state + (f" ({tomb.reason})" if tomb.reason else "")
+    raise NotFound(
+        f"pruned on {tomb.pruned_at:%Y-%m-%d}: it was {state}, reference "
+        f"{tomb.downstream_ref or 'none'}; a replay of it is answered from its tombstone",
+        code="operation_pruned",
+    )
 
 
 def _check_filters(

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from outbox.db import db_now
 from outbox.models import Operation, UTCDateTime
 from outbox.states import State
+from outbox.storage.tombstones import NOT_TOMBSTONED
 
 ops: Table = Operation.__table__  # type: ignore[assignment]
 
@@ -35,6 +36,9 @@ def intake_insert(insert: Callable[[Any], Any], lock: ColumnElement[Any] | None 
     nothing on a conflict. Parameters: ``INTAKE_PARAMS``, ``deadline`` (None:
     ``default_deadline_seconds`` from now, in database time).
 
+    It inserts nothing where ``(tenant, op_id)`` has a tombstone (a pruned operation:
+    ``outbox.storage.tombstones``), as if the operation were still there.
+
     ``lock``: an expression the row is selected through, evaluated before the row is written,
     in the same statement (PostgreSQL: the order's lock, ``PostgresStorage``), so taking it
     costs no round trip.
@@ -53,12 +57,10 @@ def intake_insert(insert: Callable[[Any], Any], lock: ColumnElement[Any] | None 
         "created_at": db_now(),
         "updated_at": db_now(),
     }
-    if lock is None:
-        statement = insert(ops).values(**values)
-    else:
-        locked = select(lock.label("locked")).subquery("order_lock")
-        row = select(*(value.label(name) for name, value in values.items())).select_from(locked)
-        statement = insert(ops).from_select(list(values), row)
+    row = select(*(value.label(name) for name, value in values.items())).where(NOT_TOMBSTONED)
+    if lock is not None:
+        row = row.select_from(select(lock.label("locked")).subquery("order_lock"))
+    statement = insert(ops).from_select(list(values), row)
     returned = [ops.c[name] for name in (*INTAKE_RETURNS, "created_at")]
     return statement.on_conflict_do_nothing(index_elements=["tenant", "op_id"]).returning(*returned)
 

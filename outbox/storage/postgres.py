@@ -39,9 +39,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from outbox.models import OperationEvent
+from outbox.storage import tombstones
 from outbox.storage.connection import run_twice
 from outbox.storage.database import Storage
 from outbox.storage.operations import INTAKE_RETURNS, intake_insert
+from outbox.storage.tombstones import tombstoned
 from outbox.storage.transitions import Finish, Transition
 
 T = TypeVar("T")
@@ -113,7 +115,9 @@ _INSERT_NEW = intake_insert(
 def created_event(inserted: Any) -> Any:
     """Intake in one statement: ``inserted`` (the INSERT ... RETURNING) as a data-modifying
     CTE, its ``created`` event row written by a second one from the row it returned (nothing
-    on a conflict), and the new row's ``INTAKE_RETURNS`` selected from the first."""
+    on a conflict), and the new row's ``INTAKE_RETURNS`` selected from the first, with
+    ``tombstoned``: whether a prune that the INSERT waited for left a tombstone of its
+    ``(tenant, op_id)`` (``outbox.storage.tombstones``)."""
     new = inserted.cte("new")
     evidence = case(
         (new.c.correlation_id.is_(None), literal_column("'null'::json")),
@@ -126,7 +130,10 @@ def created_event(inserted: Any) -> Any:
         new.c.created_at,
     )  # fmt: skip
     event = pg_insert(events).from_select(columns, row).cte("created")
-    return select(*(new.c[name] for name in INTAKE_RETURNS)).add_cte(event)
+    returned = [new.c[name] for name in INTAKE_RETURNS]
+    return select(*returned, tombstoned(new.c.tenant, new.c.op_id).label("tombstoned")).add_cte(
+        event
+    )
 
 
 _INSERT_OPERATION = created_event(_INSERT_NEW)
@@ -212,7 +219,13 @@ class PostgresStorage(Storage):
         self, session: Session, params: Mapping[str, Any]
     ) -> Mapping[str, Any] | None:
         row = session.execute(_INSERT_OPERATION, params).one_or_none()
-        return None if row is None else dict(row._mapping)
+        if row is None:
+            return None
+        values = dict(row._mapping)
+        if values.pop("tombstoned"):  # it waited for a prune of this op_id: a replay after all
+            tombstones.undo_insert(session, values["id"])
+            return None
+        return values
 
     def serialize(self, session: Session, key: str) -> None:
         session.execute(_SERIALIZE, {"key": key})

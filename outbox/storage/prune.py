@@ -31,6 +31,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from outbox.models import Attempt, Operation, OperationEvent, Proposal, ReviewItem, Run
 from outbox.states import LIVE, TERMINAL
+from outbox.storage import tombstones
 
 ops: Table = Operation.__table__  # type: ignore[assignment]
 events: Table = OperationEvent.__table__  # type: ignore[assignment]
@@ -183,9 +184,11 @@ def rows_of(session: Session, ids: Collection[int]) -> list[dict[str, Any]]:
 
 
 def delete_operations(session: Session, ids: Sequence[int]) -> tuple[int, int, int, int]:
-    """Delete these terminal operations with their review items, events and attempts: how
-    many of each ``(operations, events, attempts, review items)`` went."""
+    """Delete these terminal operations with their review items, events and attempts, each
+    operation leaving its tombstone (``outbox.storage.tombstones``) in the same transaction:
+    how many of each ``(operations, events, attempts, review items)`` went."""
     params = {"ids": sorted(ids)}
+    tombstones.write(session, ids)
     gone_reviews = _deleted(session, DELETE_REVIEWS, params)
     gone_events = _deleted(session, DELETE_EVENTS, params)
     gone_attempts = _deleted(session, DELETE_ATTEMPTS, params)

@@ -3,10 +3,13 @@
     list       operations by state, reason, tenant and age, each in the run report's words
     show       one operation as the console's operation page shows it (report, timeline)
     resubmit   a rejected or cancelled intent again, under a new op id, audited
-    prune      delete terminal operations older than N days (optionally archived first)
+    prune      delete terminal operations older than N days (optionally archived first),
+               keeping a tombstone of each that answers a replay of its op_id
+    prune-tombstones  delete tombstones older than N days: re-opens those op_ids (warned)
 
 ``list`` and ``show`` read through ``support.listing``, ``resubmit`` writes through
-``outbox.resubmit`` (the normal intake), ``prune`` is ``outbox.prune.prune``.
+``outbox.resubmit`` (the normal intake), ``prune`` is ``outbox.prune.prune``,
+``prune-tombstones`` ``outbox.tombstones.prune_tombstones``.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def _read(action: Any) -> Any:
 
 @click.group()
 def ops() -> None:
-    """Operations: list, show, resubmit, prune (operators)."""
+    """Operations: list, show, resubmit, prune, prune-tombstones (operators)."""
 
 
 @ops.command("list")
@@ -206,6 +209,43 @@ def ops_prune(
     try:
         pruned = prune(
             engine, timedelta(days=days), archive=archive, dry_run=dry_run, batch_size=batch_size
+        )
+    finally:
+        engine.dispose()
+    click.echo(json.dumps(pruned.as_dict()) if as_json else pruned.summary())
+
+
+@ops.command("prune-tombstones")
+@click.option(
+    "--older-than", "days", required=True, type=click.IntRange(1, 36500), metavar="DAYS",
+    help="operations pruned this many days ago or more",
+)  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="count only: delete nothing")
+@click.option(
+    "--yes-replays-execute-again", "confirmed", is_flag=True,
+    help="required to delete: those op_ids, enqueued again, are carried out again",
+)  # fmt: skip
+@click.option("--batch-size", type=click.IntRange(1, 5000), default=500, show_default=True)
+@AS_JSON
+def ops_prune_tombstones(
+    days: int, dry_run: bool, confirmed: bool, batch_size: int, as_json: bool
+) -> None:
+    """Delete the tombstones of operations pruned DAYS ago or more. This RE-OPENS their
+    op_ids: enqueued again, each makes a new operation with the same idempotency key, which a
+    downstream past its key retention carries out a second time."""
+    from outbox.db import make_engine
+    from outbox.settings import Settings
+    from outbox.tombstones import WARNING, prune_tombstones
+
+    click.echo(WARNING, err=True)
+    if not dry_run and not confirmed:
+        raise click.UsageError(
+            "deleting tombstones needs --yes-replays-execute-again (or --dry-run to count)"
+        )
+    engine = make_engine(Settings().database_url)
+    try:
+        pruned = prune_tombstones(
+            engine, timedelta(days=days), dry_run=dry_run, batch_size=batch_size
         )
     finally:
         engine.dispose()

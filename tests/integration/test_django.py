@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from outbox.db import make_engine
 from outbox.errors import (
     IdempotencyConflict,
     InvalidIdentifier,
@@ -40,6 +42,7 @@ from outbox.errors import (
     UnknownKind,
 )
 from outbox.intake import Outbox
+from outbox.prune import prune
 from outbox.report_lines import Group
 from settled.celery_app import hint_publisher
 from settled.contrib import django as settled
@@ -62,7 +65,9 @@ _FIXTURES = (app, broker_url, stack)  # the real worker's, from tests.integratio
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_refunds"
 GOOD = {"order_id": "A1042", "amount_minor": 10000, "currency": "CNY", "payee": "P-7"}
 #: Settled's tables, children first (the SQLite file is emptied after each test).
-OWN_TABLES = ("review_items", "operation_events", "attempts", "operations", "runs")
+OWN_TABLES = (
+    "review_items", "operation_events", "attempts", "operations", "runs", "operation_tombstones",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -224,6 +229,31 @@ def test_a_replay_returns_the_same_operation_and_publishes_nothing(door: Door) -
     )
     assert door.counts() == (0, 1, 1)
     assert door.hints == [[first.id]]
+
+
+def test_a_replay_of_a_pruned_operation_is_answered_from_its_tombstone(door: Door) -> None:
+    with atomic(door):
+        first = door.enqueue()
+    from django.db import connections
+
+    old = "2000-01-01 00:00:00"  # long before any prune's cutoff, on both databases
+    with connections[door.using].cursor() as cursor:  # as if it had been refused long ago
+        cursor.execute("UPDATE operations SET state = 'cancelled', created_at = %s,"
+                       " updated_at = %s", [old, old])  # fmt: skip
+        cursor.execute("UPDATE operation_events SET at = %s", [old])
+    engine = make_engine(settled.settled_database_url(door.using))
+    try:
+        assert prune(engine, timedelta(days=90)).operations == 1
+    finally:
+        engine.dispose()
+    with atomic(door):
+        again = door.enqueue()
+    assert (again.created, again.id, again.state) == (False, None, "cancelled")
+    assert again.pruned is not None and again.idempotency_key == first.idempotency_key
+    with pytest.raises(IdempotencyConflict):
+        door.commit(lambda: door.enqueue(params={**GOOD, "amount_minor": 20000}))
+    assert door.counts() == (0, 0, 0)
+    assert door.hints == [[first.id]]  # the replay's commit hints nothing
 
 
 def test_a_conflicting_replay_raises_and_its_transaction_writes_nothing(door: Door) -> None:

@@ -11,7 +11,7 @@ each door enqueued, brought by the door's hints alone."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from outbox.errors import (
 )
 from outbox.intake import Outbox
 from outbox.models import Operation, OperationEvent
+from outbox.prune import prune
 from settled.celery_app import hint_publisher
 from settled.simulator import SimulatorControl
 from tests.integration.test_celery_worker import (
@@ -129,6 +130,30 @@ def test_a_replay_returns_the_same_operation_and_writes_nothing(door: Door, db: 
     assert (again.id, again.idempotency_key) == (first.id, first.idempotency_key)
     assert again.state == "succeeded"  # the stored operation, with its result
     assert written(db) == (1, 1, 0)
+    assert door.hints == [[first.id]]  # the replay's commit hints nothing
+
+
+def test_a_replay_of_a_pruned_operation_is_answered_from_its_tombstone(
+    door: Door, db: Engine
+) -> None:
+    with door.begin() as tx:
+        first = tx.enqueue(**intent())
+        tx.commit()
+    then = datetime.now(UTC) - timedelta(days=100)
+    with Session(db) as s, s.begin():  # settled long ago
+        s.execute(update(Operation).values(state="succeeded", downstream_ref="re_1",
+                                           created_at=then, updated_at=then))  # fmt: skip
+        s.execute(update(OperationEvent).values(at=then))
+    assert prune(db, timedelta(days=90)).operations == 1
+    with door.begin() as tx:
+        again = tx.enqueue(**intent())
+        with pytest.raises(IdempotencyConflict):
+            tx.enqueue(**intent(params={**GOOD, "amount_minor": 20000}))
+        tx.commit()
+    assert (again.created, again.id, again.state) == (False, None, "succeeded")
+    assert again.pruned is not None and again.pruned.reference == "re_1"
+    assert again.idempotency_key == first.idempotency_key
+    assert written(db) == (0, 0, 0)  # no second operation
     assert door.hints == [[first.id]]  # the replay's commit hints nothing
 
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, select, text, update
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Table, insert, inspect, select, text, update
 from sqlalchemy.orm import Session
 
-from outbox.db import make_engine, upgrade
+from outbox.db import alembic_config, make_engine, upgrade
 from outbox.intake import Outbox
-from outbox.models import Operation, ReviewItem
+from outbox.models import Base, Operation, ReviewItem
 from tests.support import services
 from tests.support.contend import DEADLINE, contender
 from tests.support.rig import GOOD
 
+ops: Table = Operation.__table__  # type: ignore[assignment]
 ITEM = (
     "INSERT INTO review_items (operation_id, tenant, reason, evidence, version)"
     " VALUES (:id, 'acme', 'lookup_unavailable', '{}', 1)"
@@ -35,9 +40,20 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def test_0003_closes_review_items_whose_operation_left_unknown(
-    empty_url: str, outbox: Outbox
-) -> None:
+def write_operation(s: Session, op_id: str, amount_minor: int = 10000) -> int:
+    """A planned operation written as the app's intake of that schema did (today's intake
+    reads tables of later migrations: the tombstones of 0011); its id."""
+    now = datetime.now(UTC)
+    values = {
+        "tenant": "acme", "op_id": op_id, "kind": "refund",
+        "params": {**GOOD, "amount_minor": amount_minor}, "fingerprint": "f" * 64,
+        "fingerprint_key_version": "v1", "idempotency_key": f"key-{op_id}", "max_attempts": 5,
+        "deadline": now + timedelta(hours=1), "next_attempt_at": now,
+    }  # fmt: skip
+    return int(s.execute(insert(ops).values(**values).returning(ops.c.id)).scalar_one())
+
+
+def test_0003_closes_review_items_whose_operation_left_unknown(empty_url: str) -> None:
     upgrade(empty_url, "0002")
     engine = make_engine(empty_url)
     states = {"op-1": "succeeded", "op-2": "unknown", "op-3": "planned"}
@@ -45,9 +61,7 @@ def test_0003_closes_review_items_whose_operation_left_unknown(
         ids = {}
         with Session(engine) as s, s.begin():
             for n, (op_id, state) in enumerate(states.items()):
-                params = {**GOOD, "amount_minor": 100 + n}
-                got = outbox.enqueue(s, tenant="acme", op_id=op_id, kind="refund", params=params)
-                ids[op_id] = got.operation.id
+                ids[op_id] = write_operation(s, op_id, 100 + n)
                 s.execute(update(Operation).where(Operation.id == ids[op_id]).values(state=state))
                 s.execute(text(ITEM), {"id": ids[op_id]})
         upgrade(empty_url)
@@ -70,7 +84,7 @@ def test_0003_closes_review_items_whose_operation_left_unknown(
         engine.dispose()
 
 
-def test_upgrade_waits_for_a_writer_instead_of_failing(empty_url: str, outbox: Outbox) -> None:
+def test_upgrade_waits_for_a_writer_instead_of_failing(empty_url: str) -> None:
     """`settled db upgrade` while the app writes: the migration reads where it is, the app
     commits, the migration writes. On SQLite it failed there ("database is locked" at once,
     the busy timeout never applied); it must wait its turn and finish."""
@@ -79,8 +93,7 @@ def test_upgrade_waits_for_a_writer_instead_of_failing(empty_url: str, outbox: O
     try:
         with contender(lambda: upgrade(empty_url)) as migration:
             with Session(engine) as s, s.begin():
-                got = outbox.enqueue(s, tenant="acme", op_id="op-1", kind="refund", params=GOOD)
-                op = got.operation.id
+                op = write_operation(s, "op-1")
                 migration.start()
                 assert migration.started.wait(DEADLINE)
             migration.result()
@@ -89,5 +102,41 @@ def test_upgrade_waits_for_a_writer_instead_of_failing(empty_url: str, outbox: O
             stored = conn.scalar(select(Operation.op_id).where(Operation.id == op))
         assert "compensates_id" in proposal_columns  # 0007 applied
         assert stored == "op-1"
+    finally:
+        engine.dispose()
+
+
+def test_0011_adds_the_tombstones_and_takes_them_away_again(empty_url: str, outbox: Outbox) -> None:
+    upgrade(empty_url, "0010")
+    engine = make_engine(empty_url)
+    try:
+        with Session(engine) as s, s.begin():
+            write_operation(s, "op-1")
+        upgrade(empty_url)
+        with Session(engine) as s, s.begin():  # today's intake, on the migrated database
+            assert not outbox.enqueue(s, tenant="acme", op_id="op-2", kind="refund",
+                                      params=GOOD).pruned  # fmt: skip
+        with engine.connect() as conn:
+            assert inspect(conn).has_table("operation_tombstones")
+        command.downgrade(alembic_config(empty_url), "0010")
+        with engine.connect() as conn:
+            assert not inspect(conn).has_table("operation_tombstones")
+            if engine.dialect.name == "postgresql":
+                found = "SELECT count(*) FROM pg_proc WHERE proname = 'settled_tombstoned'"
+                assert conn.scalar(text(found)) == 0
+            assert conn.scalar(select(Operation.op_id).where(Operation.op_id == "op-1")) == "op-1"
+    finally:
+        engine.dispose()
+
+
+def test_0011_makes_the_tombstones_table_the_model_describes(empty_url: str) -> None:
+    upgrade(empty_url)
+    engine = make_engine(empty_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            diffs = [d for d in compare_metadata(context, Base.metadata)
+                     if "operation_tombstones" in repr(d)]  # fmt: skip
+        assert diffs == []
     finally:
         engine.dispose()

@@ -127,7 +127,7 @@ def enqueue(
         max_attempts=max_attempts,
         deadline=deadline,
     )
-    if got.created:
+    if got.created and got.id is not None:
         hint_after_commit([got.id], using=using)
     return got
 

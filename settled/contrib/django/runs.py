@@ -93,7 +93,7 @@ def compensate(
             params=params,
             correlation_id=correlation_id,
         )
-    if got.created:
+    if got.created and got.id is not None:
         hint_after_commit([got.id], using=using)
     return got
 
