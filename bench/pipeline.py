@@ -697,10 +697,41 @@ def broker_fault_rows(r: BrokerFaultsResult, seconds: float) -> list[tuple[str, 
     return rows
 
 
+def claim_batch_and_doorbell(args: argparse.Namespace) -> tuple[int, int]:
+    """``--claim-batch`` and ``--doorbell``, else the settings' defaults."""
+    defaults = Settings()
+    return (
+        defaults.claim_batch if args.claim_batch is None else args.claim_batch,
+        defaults.hint_doorbell if args.doorbell is None else args.doorbell,
+    )
+
+
+def services(
+    args: argparse.Namespace, db_name: str, db_url: str, broker: str, sim_port: int, workdir: Path
+) -> Services:
+    """The services of a run: its throwaway database, ``broker``, the simulator's port."""
+    claim_batch, doorbell = claim_batch_and_doorbell(args)
+    return Services(
+        admin_url=args.pg,
+        db_name=db_name,
+        endpoints=Endpoints(db_url, broker, f"http://127.0.0.1:{sim_port}", doorbell, claim_batch),
+        workdir=workdir,
+        concurrency=args.concurrency,
+        pool=args.pool,
+        claim_batch=claim_batch,
+    )
+
+
+def print_log_tails(svc: Services) -> None:
+    for name in svc.logs():
+        tail = svc.log_tail(name)
+        if tail:
+            print(f"--- {name} log (tail)\n{tail}", file=sys.stderr)
+
+
 def run_broker_faults(args: argparse.Namespace) -> int:
     """``--broker-faults``: that phase alone, on a Redis server of its own."""
-    claim_batch = Settings().claim_batch if args.claim_batch is None else args.claim_batch
-    doorbell = Settings().hint_doorbell if args.doorbell is None else args.doorbell
+    doorbell = claim_batch_and_doorbell(args)[1]
     workdir = Path(tempfile.mkdtemp(prefix="settled-bench-"))
     # The app's breaker's lines (one WARNING and one INFO per outage), as an operator sees them.
     lines = logging.StreamHandler(sys.stdout)
@@ -713,17 +744,7 @@ def run_broker_faults(args: argparse.Namespace) -> int:
     try:
         with throwaway_database(args.pg, "faults") as (db_name, db_url):
             upgrade(db_url)
-            svc = Services(
-                admin_url=args.pg,
-                db_name=db_name,
-                endpoints=Endpoints(
-                    db_url, own.url, f"http://127.0.0.1:{sim_port}", doorbell, claim_batch
-                ),
-                workdir=workdir,
-                concurrency=args.concurrency,
-                pool=args.pool,
-                claim_batch=claim_batch,
-            )
+            svc = services(args, db_name, db_url, own.url, sim_port, workdir)
             print(f"{os.cpu_count()} cores; {args.pool} pool, concurrency {args.concurrency}; "
                   f"doorbell {doorbell}; the app's hints: {Settings().hint_timeout * 1000:g} ms "
                   f"per round trip, {Settings().hint_cooldown_seconds:g} s cool-down; Redis "
@@ -734,10 +755,7 @@ def run_broker_faults(args: argparse.Namespace) -> int:
                     svc, own, rate=args.fault_rate, seconds=args.fault_seconds, warm=args.warmup
                 )
             except BaseException:
-                for name in svc.logs():
-                    tail = svc.log_tail(name)
-                    if tail:
-                        print(f"--- {name} log (tail)\n{tail}", file=sys.stderr)
+                print_log_tails(svc)
                 raise
             finally:
                 svc.stop_all()
@@ -762,8 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_broker_faults(args)
     # The peers' own environment, before any service starts (an install takes a while).
     args.external = prepare_peers(args.peers, ROOT / ".bench-peers")
-    claim_batch = Settings().claim_batch if args.claim_batch is None else args.claim_batch
-    doorbell = Settings().hint_doorbell if args.doorbell is None else args.doorbell
+    claim_batch, doorbell = claim_batch_and_doorbell(args)
     workdir = Path(tempfile.mkdtemp(prefix="settled-bench-"))
     flush(args.redis)
     sim_port = free_port()
@@ -773,17 +790,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.log_statements:
                 conn.execute(f"ALTER DATABASE \"{db_name}\" SET log_statement = 'all'")
             sync = conn.execute("SHOW synchronous_commit").fetchone()
-        svc = Services(
-            admin_url=args.pg,
-            db_name=db_name,
-            endpoints=Endpoints(
-                db_url, args.redis, f"http://127.0.0.1:{sim_port}", doorbell, claim_batch
-            ),
-            workdir=workdir,
-            concurrency=args.concurrency,
-            pool=args.pool,
-            claim_batch=claim_batch,
-        )
+        svc = services(args, db_name, db_url, args.redis, sim_port, workdir)
         print(f"PostgreSQL synchronous_commit={sync[0] if sync else '?'}; "
               f"{os.cpu_count()} cores; {args.pool} pool, concurrency {args.concurrency}; "
               f"claim_batch {claim_batch}; doorbell {doorbell}; "
@@ -792,10 +799,7 @@ def main(argv: list[str] | None = None) -> int:
             start_simulator(svc, sim_port)
             results = run_pipeline(args, svc)
         except BaseException:
-            for name in svc.logs():
-                tail = svc.log_tail(name)
-                if tail:
-                    print(f"--- {name} log (tail)\n{tail}", file=sys.stderr)
+            print_log_tails(svc)
             raise
         finally:
             svc.stop_all()

@@ -3,7 +3,9 @@ commits one refund per intake transaction, open loop at ``rate`` per second, whi
 (with beat: the sweeper) runs; ``seconds`` with Redis answering, ``seconds`` with it frozen
 (SIGSTOP: the kernel still accepts connections, Redis answers nothing), ``seconds`` with it
 answering again (the app's breaker closes) and ``seconds`` with it refusing connections
-(killed, then started again on its port, empty). The latency is the
+(killed, then started again on its port, empty). Each outage ends on a timer, ``seconds``
+after it began, whatever the producer is doing (a commit that waits on Redis waits until
+then; the commits due meanwhile follow at once, and count late). The latency is the
 app's own: from opening the transaction to its commit returning, the hint's publish after the
 commit included. Then every refund of the three windows is judged: one effect at the simulator
 and one receipt each. The Redis is the phase's own, on a free port: never the one a run shares.
@@ -11,6 +13,7 @@ and one receipt each. The Redis is the phase's own, on a free port: never the on
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -25,8 +28,12 @@ from tests.support.stack import RedisProcess
 
 #: the windows, in the order they run
 WINDOWS = ("normal", "frozen", "back", "refusing")
-#: the windows with Redis down
-OUTAGES = ("frozen", "refusing")
+#: the windows with Redis down: how each begins, and ends
+FAULTS = {
+    "frozen": (RedisProcess.freeze, RedisProcess.thaw),
+    "refusing": (RedisProcess.stop, RedisProcess.start),
+}
+OUTAGES = tuple(FAULTS)
 
 
 @dataclass
@@ -86,17 +93,17 @@ def measure_broker_faults(
         late: dict[str, list[float]] = {}
         ids: list[int] = []
         for window in WINDOWS:
-            if window == "frozen":
-                redis.freeze()
-            elif window == "refusing":
-                redis.stop()
             print(f"    {window}: {rate:g} commits/s for {seconds:g} s ...", flush=True)
+            over = None
+            if window in FAULTS:
+                begin, end = FAULTS[window]
+                begin(redis)
+                over = threading.Timer(seconds, end, args=(redis,))
+                over.start()
             got, latency[window], late[window] = _commit_for(producer, rate, seconds)
             ids += got
-            if window == "frozen":
-                redis.thaw()
-            elif window == "refusing":
-                redis.start()
+            if over is not None:
+                over.join()
         back = time.monotonic()
         poll(lambda: _all_succeeded(svc.db_url, ids), 600, "every refund to succeed", 0.1)
         settled_after = time.monotonic() - back
