@@ -6,6 +6,7 @@ needed)::
     python bench/pipeline.py                        # the full run (the large scan included)
     python bench/pipeline.py --quick                # development: 2-3 minutes
     python bench/pipeline.py --peers procrastinate,dbos   # with the external peers too
+    python bench/pipeline.py --broker-faults        # only the app's commits while Redis is down
 
 ``--peers`` installs Procrastinate and DBOS (pinned) into a virtual environment of their own
 under ``.bench-peers/`` (git-ignored) with ``python -m venv`` and pip, once; the product never
@@ -65,6 +66,14 @@ services (each phase in ``bench/phases/``):
   10^4 and of 10^6 operations (filled on the server, mostly terminal, the same live operations
   in both), in a throwaway database of its own.
 
+``--broker-faults`` runs one phase alone instead (``phases/broker_faults.py``, about two minutes):
+the app's commit latency, one producer committing one refund per transaction at ``--fault-rate``
+per second while a worker with beat runs, for ``--fault-seconds`` each with Redis answering,
+frozen (SIGSTOP), answering again, and refusing connections (killed, then started again empty),
+on a Redis server of its own on a free port; then every refund judged (one effect at the
+simulator, one receipt), and the app's breaker's log lines shown. The target of issue 45 is
+printed beside: each outage's p50 and p99 within 50 ms of normal's.
+
 It prints a table with the targets of issues 17 and 31 beside the figures (and whether each is
 met; the ratios are to the peers measured in the same run), and asserts nothing. ``--quick``
 sets small counts and short windows (``QUICK``; an option given too wins); ``--scan-large 0``
@@ -74,6 +83,7 @@ leaves the scan phase out.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import statistics
@@ -93,6 +103,11 @@ if str(ROOT) not in sys.path:  # ``python bench/pipeline.py`` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from bench.peers.external import EXTERNAL_PEERS, prepare_peers  # noqa: E402
+from bench.phases.broker_faults import (  # noqa: E402
+    OUTAGES,
+    BrokerFaultsResult,
+    measure_broker_faults,
+)
 from bench.phases.common import (  # noqa: E402
     API_KEY,
     ORDER,
@@ -123,8 +138,10 @@ from bench.phases.noop import NoopResult, measure_noop  # noqa: E402
 from bench.phases.reference import measure_raw_sql, measure_simulator  # noqa: E402
 from bench.phases.scan import ScanResult, measure_scans  # noqa: E402
 from outbox.db import make_engine, upgrade  # noqa: E402
+from outbox.logs import TextFormatter  # noqa: E402
 from outbox.models import Operation  # noqa: E402
 from outbox.settings import Settings  # noqa: E402
+from tests.support.stack import RedisProcess  # noqa: E402
 
 
 @dataclass
@@ -592,6 +609,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "procrastinate,dbos)",
     )  # fmt: skip
     parser.add_argument(
+        "--broker-faults", action="store_true",
+        help="only the app's commit latency with Redis answering, frozen and refusing "
+        "connections (on a Redis of its own), then every refund judged",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fault-seconds", type=float, default=30.0, help="--broker-faults: each window"
+    )
+    parser.add_argument(
+        "--fault-rate", type=float, default=50.0, help="--broker-faults: commits per second"
+    )
+    parser.add_argument(
         "--quick", action="store_true",
         help="a development run of 2-3 minutes: small counts, short windows, no large scan",
     )  # fmt: skip
@@ -609,6 +637,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 setattr(args, option, value)
     if args.live_seconds <= 0 or args.open_seconds <= 0:
         parser.error("--live-seconds and --open-seconds must be positive")
+    if args.fault_seconds <= 0 or args.fault_rate <= 0:
+        parser.error("--fault-seconds and --fault-rate must be positive")
     for name in ("ops", "single_ops", "producers", "latency_ops", "idle_ops", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -626,12 +656,131 @@ def flush(url: str) -> None:
         client.close()
 
 
+def broker_fault_rows(r: BrokerFaultsResult, seconds: float) -> list[tuple[str, str, str, str]]:
+    """The app's commit latency in each window, the target of issue 45 beside the outages'."""
+    normal = r.latency_ms["normal"]
+    n50, n99 = statistics.median(normal), pct(normal, 0.99)
+    what = {"frozen": f"Redis frozen {seconds:g} s (SIGSTOP)",
+            "refusing": f"Redis refusing connections {seconds:g} s (killed)"}  # fmt: skip
+    rows = [
+        ("app commit latency (one refund per intake transaction, its hint after commit "
+         "included)", "", "", ""),
+        (f"Redis answering, p50 ({len(normal)} commits)", f"{n50:.1f} ms", "reference", ""),
+        ("  p99", f"{n99:.1f} ms", "reference", ""),
+    ]  # fmt: skip
+    back = r.latency_ms["back"]
+    rows += [
+        (f"Redis answering again, p50 ({len(back)} commits)", f"{statistics.median(back):.1f} ms",
+         "reference", ""),
+        ("  p99", f"{pct(back, 0.99):.1f} ms", "reference", ""),
+    ]  # fmt: skip
+    for window in OUTAGES:
+        ms = r.latency_ms[window]
+        p50, p99 = statistics.median(ms), pct(ms, 0.99)
+        rows += [
+            (f"{what[window]}, p50 ({len(ms)} commits)", f"{p50:.1f} ms",
+             f"<= {n50 + 50:.1f} ms (normal + 50 ms)", _met(p50 <= n50 + 50)),
+            ("  p99", f"{p99:.1f} ms", f"<= {n99 + 50:.1f} ms (normal + 50 ms)",
+             _met(p99 <= n99 + 50)),
+            ("  max", f"{max(ms):.1f} ms", "reference", ""),
+            ("  producer behind its open loop, p99", f"{pct(r.late_ms[window], 0.99):.1f} ms",
+             "reference", ""),
+        ]  # fmt: skip
+    j = r.judgement
+    rows += [
+        ("every refund of the four windows settled once Redis was back", "", "", ""),
+        ("refunds with one effect and one receipt", f"{j.refunds - j.missing - j.duplicated}"
+         f"/{j.refunds}", "all (0 lost, 0 duplicated)", _met(j.correct)),
+        ("  last one succeeded after Redis was back", f"{r.settled_after:.1f} s", "reference",
+         ""),
+    ]  # fmt: skip
+    return rows
+
+
+def claim_batch_and_doorbell(args: argparse.Namespace) -> tuple[int, int]:
+    """``--claim-batch`` and ``--doorbell``, else the settings' defaults."""
+    defaults = Settings()
+    return (
+        defaults.claim_batch if args.claim_batch is None else args.claim_batch,
+        defaults.hint_doorbell if args.doorbell is None else args.doorbell,
+    )
+
+
+def services(
+    args: argparse.Namespace, db_name: str, db_url: str, broker: str, sim_port: int, workdir: Path
+) -> Services:
+    """The services of a run: its throwaway database, ``broker``, the simulator's port."""
+    claim_batch, doorbell = claim_batch_and_doorbell(args)
+    return Services(
+        admin_url=args.pg,
+        db_name=db_name,
+        endpoints=Endpoints(db_url, broker, f"http://127.0.0.1:{sim_port}", doorbell, claim_batch),
+        workdir=workdir,
+        concurrency=args.concurrency,
+        pool=args.pool,
+        claim_batch=claim_batch,
+    )
+
+
+def print_log_tails(svc: Services) -> None:
+    for name in svc.logs():
+        tail = svc.log_tail(name)
+        if tail:
+            print(f"--- {name} log (tail)\n{tail}", file=sys.stderr)
+
+
+def run_broker_faults(args: argparse.Namespace) -> int:
+    """``--broker-faults``: that phase alone, on a Redis server of its own."""
+    doorbell = claim_batch_and_doorbell(args)[1]
+    workdir = Path(tempfile.mkdtemp(prefix="settled-bench-"))
+    # The app's breaker's lines (one WARNING and one INFO per outage), as an operator sees them.
+    lines = logging.StreamHandler(sys.stdout)
+    lines.setFormatter(TextFormatter())
+    logging.getLogger("outbox.breaker").addHandler(lines)
+    logging.getLogger("outbox.breaker").setLevel(logging.INFO)
+    own = RedisProcess()
+    own.start()
+    sim_port = free_port()
+    try:
+        with throwaway_database(args.pg, "faults") as (db_name, db_url):
+            upgrade(db_url)
+            svc = services(args, db_name, db_url, own.url, sim_port, workdir)
+            print(f"{os.cpu_count()} cores; {args.pool} pool, concurrency {args.concurrency}; "
+                  f"doorbell {doorbell}; the app's hints: {Settings().hint_timeout * 1000:g} ms "
+                  f"per round trip, {Settings().hint_cooldown_seconds:g} s cool-down; Redis "
+                  f"of its own at {own.url}")  # fmt: skip
+            try:
+                start_simulator(svc, sim_port)
+                result = measure_broker_faults(
+                    svc, own, rate=args.fault_rate, seconds=args.fault_seconds, warm=args.warmup
+                )
+            except BaseException:
+                print_log_tails(svc)
+                raise
+            finally:
+                svc.stop_all()
+    finally:
+        own.thaw()
+        own.stop()
+    print_table(broker_fault_rows(result, args.fault_seconds))
+    print()
+    hints = ", ".join(f"{n:.0f} {o}" for o, n in result.hints.items())
+    print(f"the app's hints over the four windows (settled_hints_total): {hints}")
+    print(f"judged: {result.judgement}")
+    if args.keep_logs:
+        print(f"logs: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.broker_faults:
+        return run_broker_faults(args)
     # The peers' own environment, before any service starts (an install takes a while).
     args.external = prepare_peers(args.peers, ROOT / ".bench-peers")
-    claim_batch = Settings().claim_batch if args.claim_batch is None else args.claim_batch
-    doorbell = Settings().hint_doorbell if args.doorbell is None else args.doorbell
+    claim_batch, doorbell = claim_batch_and_doorbell(args)
     workdir = Path(tempfile.mkdtemp(prefix="settled-bench-"))
     flush(args.redis)
     sim_port = free_port()
@@ -641,17 +790,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.log_statements:
                 conn.execute(f"ALTER DATABASE \"{db_name}\" SET log_statement = 'all'")
             sync = conn.execute("SHOW synchronous_commit").fetchone()
-        svc = Services(
-            admin_url=args.pg,
-            db_name=db_name,
-            endpoints=Endpoints(
-                db_url, args.redis, f"http://127.0.0.1:{sim_port}", doorbell, claim_batch
-            ),
-            workdir=workdir,
-            concurrency=args.concurrency,
-            pool=args.pool,
-            claim_batch=claim_batch,
-        )
+        svc = services(args, db_name, db_url, args.redis, sim_port, workdir)
         print(f"PostgreSQL synchronous_commit={sync[0] if sync else '?'}; "
               f"{os.cpu_count()} cores; {args.pool} pool, concurrency {args.concurrency}; "
               f"claim_batch {claim_batch}; doorbell {doorbell}; "
@@ -660,10 +799,7 @@ def main(argv: list[str] | None = None) -> int:
             start_simulator(svc, sim_port)
             results = run_pipeline(args, svc)
         except BaseException:
-            for name in svc.logs():
-                tail = svc.log_tail(name)
-                if tail:
-                    print(f"--- {name} log (tail)\n{tail}", file=sys.stderr)
+            print_log_tails(svc)
             raise
         finally:
             svc.stop_all()

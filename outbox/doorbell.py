@@ -28,8 +28,10 @@ workers' ``SETTLED_HINT_DOORBELL`` or ``SETTLED_CLAIM_BATCH`` is 0 (their defaul
 those hints).
 
 The count is a Redis sorted set on the broker (ring id -> Redis time in ms), changed by one
-script per ring, so concurrent producers cannot both take the last place. Any Redis error
-fails open: the producer publishes its hint as if there were no doorbell.
+script per ring, so concurrent producers cannot both take the last place. A Redis error fails
+open: the producer publishes its hint as if there were no doorbell; but not an error that
+says the broker's Redis is unreachable (``unreachable``: a refused connection, a timeout),
+which fails the hint at once, as publishing it would.
 """
 
 from __future__ import annotations
@@ -108,10 +110,15 @@ class Doorbell:
             log.warning("doorbell not answered; its ring expires on its own", exc_info=True)
 
 
-def rung(publish: Publish, bell: Doorbell) -> Publish:
+def rung(
+    publish: Publish, bell: Doorbell, *, unreachable: tuple[type[Exception], ...] = ()
+) -> Publish:
     """A relay ``publish`` that rings ``bell`` instead of publishing one hint per transaction:
     a doorbell hint (no ids) goes out only when the bell takes the ring. A hint of at least
-    ``bell.claims`` ids (a transaction of many operations) is published as it is."""
+    ``bell.claims`` ids (a transaction of many operations) is published as it is.
+
+    ``unreachable``: errors of the bell that say the broker is unreachable; they are raised
+    as they are (publishing would meet the same broker), any other publishes as is."""
 
     def publish_rung(operation_ids: Sequence[int]) -> None:
         if len(operation_ids) >= bell.claims:
@@ -119,6 +126,8 @@ def rung(publish: Publish, bell: Doorbell) -> Publish:
             return
         try:
             ring = bell.ring()
+        except unreachable:
+            raise
         except Exception:
             log.warning("doorbell unreachable; hint published as is", exc_info=True)
             publish(operation_ids)

@@ -51,6 +51,10 @@ ALLOWED = frozenset(
         "hinted",
         "at",
         "count",
+        # an outage of the app's hints (outbox.breaker)
+        "skipped",
+        "failed",
+        "cooldown_seconds",
         # review queue and runs
         "item",
         "staff",

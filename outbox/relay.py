@@ -4,7 +4,8 @@ A hint carries operation database ids and nothing else: one message per committe
 with the ids of the operations it created (split into messages of at most ``per_message``
 ids), so an app that enqueues many operations in one transaction pays for few messages and a
 worker claims them in one statement. Losing a hint costs latency only: the sweeper re-hints
-every due operation.
+every due operation; so the app's publish is bounded and, after a failure, skipped for a while
+(``outbox.breaker``), and never raises into the app.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ Publish = Callable[[Sequence[int]], None]
 PER_MESSAGE = 20
 
 
+class HintNotPublished(Exception):
+    """A publish that did not publish its hint and has counted and logged why already
+    (``outbox.breaker``): ``publish_hints`` passes over it without a line of its own."""
+
+
 def publish_hints(
     publish: Publish,
     ids: Iterable[int],
@@ -50,6 +56,8 @@ def publish_hints(
             try:
                 publish(chunk)
                 sent += len(chunk)
+            except HintNotPublished:
+                pass  # counted, and logged once per outage, by the breaker
             except Exception:  # never fail the app here
                 log.warning("hint not published; the sweeper will pick it up", exc_info=True)
     return sent

@@ -163,6 +163,13 @@ class Settings(BaseSettings):
     #: operations, ``SETTLED_CLAIM_BATCH`` at a time. 0 (or ``SETTLED_CLAIM_BATCH`` 0): off, one
     #: hint per transaction.
     hint_doorbell: int = Field(default=4, ge=0, le=1000)
+    #: The app's hint publish (``settled.celery_app.hint_publisher``): the longest it waits on
+    #: the broker per round trip (the connect, each reply), tried once, never retried. A hint
+    #: is a wake-up only: the sweeper sends the operations of one not published.
+    hint_timeout: float = Field(default=0.05, gt=0, le=10)
+    #: After a hint the broker did not take, how long the app skips hints (counted, never
+    #: tried) before it tries one again (``outbox.breaker``).
+    hint_cooldown_seconds: float = Field(default=5.0, gt=0, le=3600)
     #: Where beat keeps its schedule state.
     beat_schedule_file: str = "var/celerybeat-schedule"
     #: How often the reconciler runs, and how long "unknown" may last before review.

@@ -27,12 +27,16 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem as kombu_filesystem
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from outbox.breaker import HintBreaker
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.errors import SettledError
 from outbox.relay import Publish, publish_hints
 from outbox.settings import Settings, masked
 from settled import observe
+from settled.metrics import count_hint
 from settled.runtime import Runtime, build_runtime
 from workers.sweeper import expire_proposals, sweep
 
@@ -201,15 +205,23 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = _SentinelChannel
 
 
-def broker_redis(settings: Settings, timeout: float = 2.0) -> redis.Redis[Any] | None:
+def broker_redis(
+    settings: Settings, timeout: float = 2.0, *, once: bool = False
+) -> redis.Redis[Any] | None:
     """A Redis client on the broker's Redis: with ``sentinel://`` URLs, on the master the
     Sentinels name now (found again after a failover). None when the broker is not Redis.
+    ``timeout`` bounds each round trip (the connect, each reply); ``once``: a command is never
+    tried again, whatever redis-py's default.
 
     As kombu reads a Sentinel URL: ``sentinel://[user:password@]host:port[/db]`` per Sentinel,
     separated by ``;``; the first one's credentials and database are the master's."""
     url = settings.broker_url
+    tries: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)} if once else {}
     if url.startswith(("redis://", "rediss://")):
-        return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        client: redis.Redis[Any] = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, **tries
+        )
+        return client
     if settings.redis_sentinel_master is None:
         return None
     nodes = [urlsplit(part) for part in url.split(";") if part.strip()]
@@ -220,12 +232,14 @@ def broker_redis(settings: Settings, timeout: float = 2.0) -> redis.Redis[Any] |
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
     )
-    return sentinel.master_for(
+    master: redis.Redis[Any] = sentinel.master_for(
         settings.redis_sentinel_master,
         username=unquote(first.username) if first.username else None,
         password=unquote(first.password) if first.password else None,
         db=int(db) if db.isdigit() else 0,
+        **tries,
     )
+    return master
 
 
 def celery_broker_url(settings: Settings) -> str:
@@ -294,18 +308,76 @@ DELIVERY: dict[str, Any] = {
 
 class SettledCelery(Celery):  # type: ignore[misc]  # Celery has no type hints
     """A Celery app that knows its doorbell (``outbox.doorbell``): ``doorbell`` rings for the
-    app's relay (None when off), ``bell`` answers id-less hints in a worker (None when the
-    broker is not Redis)."""
+    app's relay (None when off; its Redis round trips bounded as the app's hints are),
+    ``bell`` answers id-less hints in a worker (None when the broker is not Redis); and how
+    the app's hints are bounded (``hint_publisher``)."""
 
     doorbell: Doorbell | None = None
     bell: Doorbell | None = None
+    hint_timeout: float = Settings.model_fields["hint_timeout"].default
+    hint_cooldown: float = Settings.model_fields["hint_cooldown_seconds"].default
+    _hint_senders: list[HintSender]
+
+    def close(self) -> None:
+        for sender in getattr(self, "_hint_senders", ()):
+            sender.close()
+        super().close()
 
 
-def _bell(settings: Settings) -> Doorbell | None:
+class HintSender:
+    """The app's hint messages, each tried once on a broker connection of its own: every
+    round trip (the connect, each reply) within ``timeout``, no retry of the publish, nor of
+    the connect. A connection that failed is dropped (the next hint connects afresh); the
+    others are kept for the next hints, one per thread publishing at once."""
+
+    def __init__(self, app: Celery, timeout: float) -> None:
+        self.app = app
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._idle: list[Any] = []  # kombu producers, each on its own connection
+        self._pid = os.getpid()
+
+    def _take(self) -> Any:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's sockets are not ours
+                self._idle, self._pid = [], os.getpid()
+            if self._idle:
+                return self._idle.pop()
+        t = self.timeout
+        conn = self.app.connection_for_write(
+            connect_timeout=t,
+            # kombu's channel reads the socket timeouts; ``max_retries`` 0: one connect try
+            transport_options={"socket_timeout": t, "socket_connect_timeout": t, "max_retries": 0},
+        )
+        return self.app.amqp.Producer(conn, auto_declare=False)
+
+    def __call__(self, operation_ids: Sequence[int]) -> None:
+        producer = self._take()
+        try:
+            self.app.send_task(
+                SUBMIT, args=[list(operation_ids)], queue=QUEUE, producer=producer, retry=False
+            )
+        except BaseException:
+            with suppress(Exception):
+                producer.connection.collect()  # no round trip to a broker that is not there
+            raise
+        with self._lock:
+            if self._pid == os.getpid():
+                self._idle.append(producer)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for producer in idle:
+            with suppress(Exception):
+                producer.connection.release()
+
+
+def _bell(settings: Settings, timeout: float = 2.0, *, once: bool = False) -> Doorbell | None:
     """The broker's doorbell count; None when the broker is not Redis. A worker answers the
     id-less hints an app rang for whatever its own settings say (the app's may differ): with
     the doorbell or extra claims off here, it uses their defaults for those hints."""
-    client = broker_redis(settings)
+    client = broker_redis(settings, timeout, once=once)
     if client is None:
         return None
     return Doorbell(
@@ -320,10 +392,11 @@ def _bell(settings: Settings) -> Doorbell | None:
 def doorbell(settings: Settings) -> Doorbell | None:
     """The doorbell an app rings (``SETTLED_HINT_DOORBELL``), on the broker's Redis; None when
     it is off (it is with ``SETTLED_CLAIM_BATCH`` 0) or the broker is not Redis. A ring counts
-    for one sweeper period at most."""
+    for one sweeper period at most. Its round trips are bounded as the app's hints are
+    (``SETTLED_HINT_TIMEOUT``, tried once): it rings in the app's request."""
     if not (settings.hint_doorbell and settings.claim_batch):
         return None
-    return _bell(settings)
+    return _bell(settings, settings.hint_timeout, once=True)
 
 
 def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
@@ -334,7 +407,9 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     """
     app = SettledCelery("settled", broker=celery_broker_url(settings), set_as_current=False)
     app.bell = _bell(settings)
-    app.doorbell = app.bell if settings.hint_doorbell and settings.claim_batch else None
+    app.doorbell = doorbell(settings)
+    app.hint_timeout = settings.hint_timeout
+    app.hint_cooldown = settings.hint_cooldown_seconds
     # Traces when the environment asks for them (Celery's spans from the start; the
     # services' observer is the runtime's: ``settled.observe``). Nothing is patched.
     observe.start_tracing()
@@ -428,13 +503,30 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
     return app
 
 
+#: Errors of the broker's Redis that say it did not answer (refused, timed out, reset).
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
 def hint_publisher(app: Celery) -> Publish:
     """The relay's ``publish(operation_ids)`` for an app: one hint message per call, or, with
     the doorbell on (``SETTLED_HINT_DOORBELL``), a doorbell hint only while fewer than that
-    many wait in the queue (``outbox.doorbell``)."""
-    publish = ids_publisher(app)
+    many wait in the queue (``outbox.doorbell``).
+
+    It never holds the app's request: each broker round trip is bounded by
+    ``SETTLED_HINT_TIMEOUT`` and tried once (``HintSender``, and the doorbell's client), and
+    after a failure hints are skipped for ``SETTLED_HINT_COOLDOWN_SECONDS`` before one is tried
+    again (``outbox.breaker``), counted in ``settled_hints_total{outcome}``. Build it once per
+    process: the breaker's state is its own."""
+    sender = HintSender(app, getattr(app, "hint_timeout", SettledCelery.hint_timeout))
+    if isinstance(app, SettledCelery):
+        app._hint_senders = [*getattr(app, "_hint_senders", ()), sender]
     bell = getattr(app, "doorbell", None)
-    return publish if bell is None else rung(publish, bell)
+    return HintBreaker(
+        sender if bell is None else rung(sender, bell, unreachable=UNREACHABLE),
+        cooldown=getattr(app, "hint_cooldown", SettledCelery.hint_cooldown),
+        count=count_hint,
+        broker=masked(str(app.conf.broker_url)),
+    )
 
 
 def ids_publisher(app: Celery) -> Publish:

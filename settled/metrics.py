@@ -23,6 +23,11 @@ The statements a scrape runs, and the index each reads, are in ``outbox.storage.
 
 Every process serving these reports the same values: aggregate them with ``max``, not ``sum``
 (the dashboard and alert rules in ``deploy/`` do).
+
+One counter is the app's own, not the database's: ``settled_hints_total{outcome}``, the hints
+an app process published, failed to publish or skipped (``outbox.breaker``), on
+prometheus_client's default registry of the process that publishes them (served as the app
+serves its own metrics; sum it over the app's processes).
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 
+from prometheus_client import Counter as ProcessCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.breaker import OUTCOMES as HINT_OUTCOMES
 from outbox.states import ConfigFault, State
 from outbox.storage import metrics as scrape
 
@@ -48,6 +55,21 @@ CONFIG_FAULTS = frozenset(f.value for f in ConfigFault)
 PATIENCE_SECONDS = 300.0
 #: Most missing ids looked for at once (the oldest are given up first).
 MAX_PENDING = 10_000
+
+HINTS = ProcessCounter(
+    "settled_hints",
+    "Hints this app process published after its commits, failed to publish (the broker did "
+    "not take one within SETTLED_HINT_TIMEOUT) or skipped (for SETTLED_HINT_COOLDOWN_SECONDS "
+    "after a failure); the sweeper sends the operations of those not published.",
+    ["outcome"],
+)
+for _outcome in HINT_OUTCOMES:
+    HINTS.labels(_outcome)  # each outcome shows from the start, at 0
+
+
+def count_hint(outcome: str) -> None:
+    """One more hint of this outcome (``outbox.breaker``'s ``count``)."""
+    HINTS.labels(outcome).inc()
 
 
 class EventCounters:

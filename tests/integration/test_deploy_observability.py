@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 from sqlalchemy import Engine
@@ -35,11 +35,15 @@ KEYWORDS = {
 
 
 def exported(engine: Engine) -> set[str]:
-    """The series names a scrape of an (empty) database exposes, counters with ``_total``."""
+    """The series names a scrape of an (empty) database exposes, and Settled's counters of the
+    app's own process (``settled_hints_total``, prometheus_client's default registry);
+    counters with ``_total``."""
     text = generate_latest(registry(sessionmaker(engine))).decode()
+    text += generate_latest(REGISTRY).decode()
     names: set[str] = set()
     for family in text_string_to_metric_families(text):
-        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
+        if family.name.startswith("settled_"):
+            names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
 
 

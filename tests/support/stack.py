@@ -203,12 +203,30 @@ def embedded_stack(workdir: Path) -> Iterator[Stack]:
 
 
 class RedisProcess:
-    """A Redis server of a test's own (no persistence), to kill and restart under a worker."""
+    """A Redis server of a test's own (no persistence), to kill and restart, or freeze and
+    thaw, under a worker."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.frozen = False
+
+    @property
+    def answering(self) -> bool:
+        """Running and not frozen."""
+        return self.proc is not None and self.proc.poll() is None and not self.frozen
+
+    def freeze(self) -> None:
+        """SIGSTOP: it still accepts connections (the kernel does), and answers nothing."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        if self.frozen and self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+        self.frozen = False
 
     def start(self) -> None:
         self.proc = spawn_redis(redis_binary(), self.port)
@@ -216,5 +234,6 @@ class RedisProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # as a crash: whatever it held is gone
+            self.proc.kill()  # as a crash: whatever it held is gone (frozen or not)
             self.proc.wait(10)
+        self.frozen = False

@@ -3,7 +3,7 @@ that age out, and the relay's publish failing open."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import fakeredis
@@ -12,7 +12,7 @@ import redis
 
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.settings import Settings
-from settled.celery_app import create_app, doorbell
+from settled.celery_app import UNREACHABLE, create_app, doorbell
 
 
 @pytest.fixture
@@ -104,6 +104,34 @@ def test_an_unreachable_bell_publishes_the_hint_as_without_a_doorbell(
     server.connected = False
     publish([7, 8])
     assert sent.messages == [[7, 8]]
+
+
+def raising(exc: Exception) -> Callable[[], int]:
+    def ring() -> int:
+        raise exc
+
+    return ring
+
+
+def test_a_bell_whose_broker_is_unreachable_fails_the_hint_without_publishing(
+    client: fakeredis.FakeRedis, server: fakeredis.FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app's doorbell is on the broker's Redis: a refused connection or a timeout there is
+    the broker's, and publishing would only wait on it again (the breaker counts the hint)."""
+    sent = Published()
+    b = bell(client)
+    publish = rung(sent, b, unreachable=UNREACHABLE)
+    server.connected = False
+    with pytest.raises(redis.ConnectionError):
+        publish([7, 8])
+    monkeypatch.setattr(b, "ring", raising(redis.TimeoutError("no answer in time")))
+    with pytest.raises(redis.TimeoutError):
+        publish([9])
+    assert sent.messages == []
+    # Any other Redis error still fails open: the hint goes out as without a doorbell.
+    monkeypatch.setattr(b, "ring", raising(redis.ResponseError("NOSCRIPT")))
+    publish([10])
+    assert sent.messages == [[10]]
 
 
 def test_a_hint_not_published_gives_its_place_back(client: fakeredis.FakeRedis) -> None:
