@@ -93,8 +93,8 @@ def test_the_leaders_host_killed_under_load_loses_no_refund_and_sends_none_twice
         producer.start()
         wait_until(lambda: len(producer.committed) >= BEFORE, 60, "the load before the kill")
         old = patroni.leader()
-        at_kill = producer.mark()
         patroni.kill(old)
+        at_kill = producer.mark()  # the host gone: every commit from here is the new leader's
         # The app goes on; its commits fail until the standby has promoted itself.
         wait_until(
             lambda: len(producer.committed) >= at_kill + AFTER or producer.error is not None,

@@ -151,8 +151,8 @@ def test_pgbouncer_restarted_under_load_loses_no_refund_and_sends_none_twice(
         )
         producer.start()
         wait_until(lambda: len(producer.committed) >= 15, 60, "the load before the restart")
-        at_kill = producer.mark()
         bouncer.kill()
+        at_kill = producer.mark()
         wait_until(lambda: producer.failures > 0, 30, "a commit to fail on the cut pooler")
         bouncer.start()
         wait_until(

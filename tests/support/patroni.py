@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from tests.support.services import free_port, postgres_bin_dir
 from tests.support.simtools import wait_until
@@ -176,21 +177,23 @@ class PatroniPair:
             )
 
     def kill(self, node: Node) -> None:
-        """The node's host gone: Patroni and its PostgreSQL killed at once (no shutdown, no
-        demotion, the leader key left to expire)."""
+        """The node's host gone: its PostgreSQL and Patroni killed at once (no shutdown, no
+        demotion, the leader key left to expire); returns once its port refuses."""
         postmaster = self._postmaster(node)
+        if postmaster is not None:  # first: no commit lands once this returns
+            try:  # Patroni starts it in a session of its own
+                os.killpg(postmaster, signal.SIGKILL)
+            except ProcessLookupError:
+                with suppress(ProcessLookupError):
+                    os.kill(postmaster, signal.SIGKILL)
         if node.proc is not None:
             with suppress(ProcessLookupError):
                 os.killpg(node.proc.pid, signal.SIGKILL)
             node.proc.wait(10)
             node.proc = None
-        if postmaster is not None:  # Patroni starts it in a session of its own
-            try:
-                os.killpg(postmaster, signal.SIGKILL)
-            except ProcessLookupError:
-                with suppress(ProcessLookupError):
-                    os.kill(postmaster, signal.SIGKILL)
+        if postmaster is not None:
             wait_until(lambda: not _alive(postmaster), 10, "the killed node's postmaster to end")
+        wait_until(lambda: not _answers(node), 10, "the killed node's port to refuse")
 
     @staticmethod
     def _postmaster(node: Node) -> int | None:
@@ -245,6 +248,14 @@ class PatroniPair:
             for n in self.nodes
             if n.log.exists()
         )
+
+
+def _answers(node: Node) -> bool:
+    try:
+        psycopg.connect(node.dsn, connect_timeout=1).close()
+    except psycopg.OperationalError:
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:
