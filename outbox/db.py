@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Float, Select, bindparam, create_engine, event, make_url
 from sqlalchemy.ext.compiler import compiles
@@ -16,6 +17,9 @@ from sqlalchemy.types import NullType
 
 from outbox.errors import SettledError
 from outbox.models import UTCDateTime
+
+if TYPE_CHECKING:
+    from outbox.storage.replication import Replication
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -263,3 +267,104 @@ def upgrade(url: str, revision: str = "head") -> tuple[set[str], set[str]]:
     before = schema_revisions(url)
     command.upgrade(alembic_config(url), revision)
     return before, schema_revisions(url)
+
+
+def hosts_in_query(url: str) -> str:
+    """libpq's multi-host URL (``postgresql://u@h1:5432,h2:5433/db``) as SQLAlchemy reads it
+    (``postgresql://u@/db?host=h1:5432&host=h2:5433``, psycopg then tries each in turn);
+    any other URL as it is."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if not parts.scheme.startswith("postgresql") or "," not in hostlist:
+        return url
+    hosts = "&".join(f"host={h}" for h in hostlist.split(",") if h)
+    query = f"{hosts}&{parts.query}" if parts.query else hosts
+    return urlunsplit(parts._replace(netloc=userinfo + at, query=query))
+
+
+def database_hosts(url: str) -> list[tuple[str, int | None]]:
+    """The ``(host, port)`` pairs a PostgreSQL URL names: one, or each of a multi-host URL
+    (libpq's ``h1:p1,h2:p2``, or ``?host=h1:p1&host=h2:p2``, or ``?host=h1,h2&port=p1,p2``);
+    none for another database."""
+    parsed = make_url(hosts_in_query(url))
+    if parsed.get_backend_name() != "postgresql":
+        return []
+    names = _listed(parsed.query.get("host"))
+    if not names:
+        return [(parsed.host or "localhost", parsed.port)]
+    ports = _listed(parsed.query.get("port"))
+    pairs: list[tuple[str, int | None]] = []
+    for n, name in enumerate(names):
+        host, sep, port = name.rpartition(":")
+        if not sep or not port.isdigit():  # no port of its own: the port list's, if any
+            host, port = name, ports[n] if n < len(ports) else ""
+        pairs.append((host, int(port) if port.isdigit() else None))
+    return pairs
+
+
+def _listed(value: str | tuple[str, ...] | None) -> list[str]:
+    """A URL query's value, repeated or comma-separated, as one list."""
+    values = [value] if isinstance(value, str) else list(value or ())
+    return [part for v in values for part in v.split(",") if part]
+
+
+@dataclass(frozen=True)
+class HostRole:
+    """One host of a (multi-host) database URL as a connection of its own found it."""
+
+    host: str
+    port: int | None
+    #: ``primary``, ``standby`` or ``unreachable``
+    role: str
+    #: the driver's first line, when unreachable (never a password: libpq does not echo it)
+    error: str | None = None
+
+    def describe(self) -> str:
+        where = self.host if self.port is None else f"{self.host}:{self.port}"
+        return f"{where} {self.role}" + (f" ({self.error})" if self.error else "")
+
+
+def host_roles(url: str, timeout: float = 3.0) -> list[HostRole]:
+    """Each host of ``url`` (``database_hosts``) asked alone, with a connection of its own
+    (``target_session_attrs`` left out): primary, standby, or unreachable with its error."""
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.pool import NullPool
+
+    from outbox.storage.replication import in_recovery  # here: storage imports this module
+
+    base = make_url(hosts_in_query(url)).difference_update_query(
+        ["host", "port", "target_session_attrs"]
+    )
+    roles = []
+    for host, port in database_hosts(url):
+        one = base.set(host=host, port=port).render_as_string(hide_password=False)
+        engine = make_engine(one, poolclass=NullPool, connect_args={"connect_timeout": timeout})
+        try:
+            with engine.connect() as conn:
+                role = "standby" if in_recovery(conn) else "primary"
+            roles.append(HostRole(host, port, role))
+        except DBAPIError as exc:
+            first = (str(exc.orig).strip().splitlines() or [""])[0][:200]
+            roles.append(HostRole(host, port, "unreachable", first))
+        finally:
+            engine.dispose()
+    return roles
+
+
+def replication_of(url: str) -> Replication | None:
+    """The replication of the PostgreSQL server ``url`` connects to, as its sessions see it
+    (``outbox.storage.replication``); None for another database."""
+    from sqlalchemy.pool import NullPool
+
+    from outbox.storage.replication import replication
+
+    if make_url(url).get_backend_name() != "postgresql":
+        return None
+    engine = make_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return replication(conn)
+    finally:
+        engine.dispose()
