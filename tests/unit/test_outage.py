@@ -1,6 +1,6 @@
 """A process's database outage said in two lines (``outbox.outage``): which errors are an
 unreachable database, the first failure's line with what waits, the counts in between, the
-line when it answers again. The outage of a real database: tests/integration/test_database_outage.py.
+line when it answers again. A real database's outage: tests/integration/test_database_outage.py.
 """
 
 from __future__ import annotations
