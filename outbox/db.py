@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Engine, Float, Select, bindparam, create_engine, event, make_url
 from sqlalchemy.ext.compiler import compiles
@@ -17,9 +16,6 @@ from sqlalchemy.types import NullType
 
 from outbox.errors import SettledError
 from outbox.models import UTCDateTime
-
-if TYPE_CHECKING:
-    from outbox.storage.replication import Replication
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -308,63 +304,3 @@ def _listed(value: str | tuple[str, ...] | None) -> list[str]:
     """A URL query's value, repeated or comma-separated, as one list."""
     values = [value] if isinstance(value, str) else list(value or ())
     return [part for v in values for part in v.split(",") if part]
-
-
-@dataclass(frozen=True)
-class HostRole:
-    """One host of a (multi-host) database URL as a connection of its own found it."""
-
-    host: str
-    port: int | None
-    #: ``primary``, ``standby`` or ``unreachable``
-    role: str
-    #: the driver's first line, when unreachable (never a password: libpq does not echo it)
-    error: str | None = None
-
-    def describe(self) -> str:
-        where = self.host if self.port is None else f"{self.host}:{self.port}"
-        return f"{where} {self.role}" + (f" ({self.error})" if self.error else "")
-
-
-def host_roles(url: str, timeout: float = 3.0) -> list[HostRole]:
-    """Each host of ``url`` (``database_hosts``) asked alone, with a connection of its own
-    (``target_session_attrs`` left out): primary, standby, or unreachable with its error."""
-    from sqlalchemy.exc import DBAPIError
-    from sqlalchemy.pool import NullPool
-
-    from outbox.storage.replication import in_recovery  # here: storage imports this module
-
-    base = make_url(hosts_in_query(url)).difference_update_query(
-        ["host", "port", "target_session_attrs"]
-    )
-    roles = []
-    for host, port in database_hosts(url):
-        one = base.set(host=host, port=port).render_as_string(hide_password=False)
-        engine = make_engine(one, poolclass=NullPool, connect_args={"connect_timeout": timeout})
-        try:
-            with engine.connect() as conn:
-                role = "standby" if in_recovery(conn) else "primary"
-            roles.append(HostRole(host, port, role))
-        except DBAPIError as exc:
-            first = (str(exc.orig).strip().splitlines() or [""])[0][:200]
-            roles.append(HostRole(host, port, "unreachable", first))
-        finally:
-            engine.dispose()
-    return roles
-
-
-def replication_of(url: str) -> Replication | None:
-    """The replication of the PostgreSQL server ``url`` connects to, as its sessions see it
-    (``outbox.storage.replication``); None for another database."""
-    from sqlalchemy.pool import NullPool
-
-    from outbox.storage.replication import replication
-
-    if make_url(url).get_backend_name() != "postgresql":
-        return None
-    engine = make_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            return replication(conn)
-    finally:
-        engine.dispose()

@@ -39,7 +39,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.states import ConfigFault, State
 from outbox.storage import metrics as scrape
-from outbox.storage.replication import Replication, replication
+from outbox.storage import storage_for
+from outbox.storage.replication import Replication
 
 LIVE = (State.PLANNED, State.SUBMITTED, State.UNKNOWN)
 #: The reasons of the events that stop an operation for a fault of our own configuration.
@@ -182,7 +183,7 @@ class SettledCollector(Collector):
             self.counters.advance(s, live.now)
             steps = self.clock_steps.read(s, live.now)
             lagging = self.lag_episodes.read(s, live.now)
-            replicated = replication(s) if s.get_bind().dialect.name == "postgresql" else None
+            replicated = storage_for(s).replication(s)
         yield from self._gauges(live)
         if replicated is not None:
             yield from _replication(replicated)

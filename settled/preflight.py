@@ -54,7 +54,6 @@ from outbox.settings import Settings, masked
 from settled.runtime import FenceCheck, check_providers, probe_fences, wechatpay_parts
 
 if TYPE_CHECKING:
-    from outbox.db import HostRole
     from outbox.storage.replication import Replication
 
 
@@ -193,7 +192,7 @@ def check_database(url: str) -> tuple[str, Replication | None]:
     host with its role or error (``database_unreachable``), not only the last host's."""
     from sqlalchemy.exc import DBAPIError
 
-    from outbox.db import check_schema, database_hosts, host_roles, replication_of
+    from outbox.db import check_schema, database_hosts
 
     try:
         schema = check_schema(url)
@@ -295,3 +294,62 @@ def _check_broker_url(url: str) -> None:
             f"SETTLED_BROKER_URL has no known transport {scheme + '://'!r}{hint}",
             setting="SETTLED_BROKER_URL",
         )
+
+
+@dataclass(frozen=True)
+class HostRole:
+    """One host of a (multi-host) database URL as a connection of its own found it."""
+
+    host: str
+    port: int | None
+    #: ``primary``, ``standby`` or ``unreachable``
+    role: str
+    #: the driver's first line, when unreachable (never a password: libpq does not echo it)
+    error: str | None = None
+
+    def describe(self) -> str:
+        where = self.host if self.port is None else f"{self.host}:{self.port}"
+        return f"{where} {self.role}" + (f" ({self.error})" if self.error else "")
+
+
+def host_roles(url: str, timeout: float = 3.0) -> list[HostRole]:
+    """Each host of ``url`` (``database_hosts``) asked alone, with a connection of its own
+    (``target_session_attrs`` left out): primary, standby, or unreachable with its error."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    from outbox.db import database_hosts, hosts_in_query, make_engine
+    from outbox.storage.replication import in_recovery
+
+    base = make_url(hosts_in_query(url)).difference_update_query(
+        ["host", "port", "target_session_attrs"]
+    )
+    roles = []
+    for host, port in database_hosts(url):
+        one = base.set(host=host, port=port).render_as_string(hide_password=False)
+        engine = make_engine(one, connect_args={"connect_timeout": timeout})
+        try:
+            with engine.connect() as conn:
+                role = "standby" if in_recovery(conn) else "primary"
+            roles.append(HostRole(host, port, role))
+        except DBAPIError as exc:
+            first = (str(exc.orig).strip().splitlines() or [""])[0][:200]
+            roles.append(HostRole(host, port, "unreachable", first))
+        finally:
+            engine.dispose()
+    return roles
+
+
+def replication_of(url: str) -> Replication | None:
+    """The replication of the server ``url`` connects to, as its sessions see it
+    (``Storage.replication``; None: the database has none)."""
+
+    from outbox.db import make_engine
+    from outbox.storage import storage_for
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return storage_for(engine).replication(conn)
+    finally:
+        engine.dispose()

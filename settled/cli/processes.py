@@ -210,9 +210,9 @@ def check(broker: bool, probe: bool) -> None:
     database URL with its role (primary, standby, unreachable and why), and the WARNING of a
     primary replicated asynchronously; or one ``Error:`` line and exit 1. Writes nothing;
     sends nothing but the fences' probes, which no downstream executes."""
-    from outbox.db import database_hosts, host_roles
+    from outbox.db import database_hosts
     from outbox.settings import Settings
-    from settled.preflight import host_lines, preflight
+    from settled.preflight import host_lines, host_roles, preflight
 
     settings = Settings()
     started = preflight(settings, broker=broker, probe=probe)
