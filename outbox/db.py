@@ -263,3 +263,44 @@ def upgrade(url: str, revision: str = "head") -> tuple[set[str], set[str]]:
     before = schema_revisions(url)
     command.upgrade(alembic_config(url), revision)
     return before, schema_revisions(url)
+
+
+def hosts_in_query(url: str) -> str:
+    """libpq's multi-host URL (``postgresql://u@h1:5432,h2:5433/db``) as SQLAlchemy reads it
+    (``postgresql://u@/db?host=h1:5432&host=h2:5433``, psycopg then tries each in turn);
+    any other URL as it is."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if not parts.scheme.startswith("postgresql") or "," not in hostlist:
+        return url
+    hosts = "&".join(f"host={h}" for h in hostlist.split(",") if h)
+    query = f"{hosts}&{parts.query}" if parts.query else hosts
+    return urlunsplit(parts._replace(netloc=userinfo + at, query=query))
+
+
+def database_hosts(url: str) -> list[tuple[str, int | None]]:
+    """The ``(host, port)`` pairs a PostgreSQL URL names: one, or each of a multi-host URL
+    (libpq's ``h1:p1,h2:p2``, or ``?host=h1:p1&host=h2:p2``, or ``?host=h1,h2&port=p1,p2``);
+    none for another database."""
+    parsed = make_url(hosts_in_query(url))
+    if parsed.get_backend_name() != "postgresql":
+        return []
+    names = _listed(parsed.query.get("host"))
+    if not names:
+        return [(parsed.host or "localhost", parsed.port)]
+    ports = _listed(parsed.query.get("port"))
+    pairs: list[tuple[str, int | None]] = []
+    for n, name in enumerate(names):
+        host, sep, port = name.rpartition(":")
+        if not sep or not port.isdigit():  # no port of its own: the port list's, if any
+            host, port = name, ports[n] if n < len(ports) else ""
+        pairs.append((host, int(port) if port.isdigit() else None))
+    return pairs
+
+
+def _listed(value: str | tuple[str, ...] | None) -> list[str]:
+    """A URL query's value, repeated or comma-separated, as one list."""
+    values = [value] if isinstance(value, str) else list(value or ())
+    return [part for v in values for part in v.split(",") if part]

@@ -35,6 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import Monotonic
+from outbox.outage import DatabaseOutage
 from outbox.storage.claims import Claimed, renew_leases
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,12 @@ class LeaseKeeper:
         longest: float | None = None,
         monotonic: Monotonic = time.monotonic,
         wait: Wait = threading.Event.wait,
+        outage: DatabaseOutage | None = None,
     ) -> None:
         self.sessions = sessions
+        #: the process's view of a database outage: a renewal it fails is counted there, not
+        #: logged each round
+        self.outage = outage
         self.owner = owner
         self.lease_seconds = lease_seconds
         #: how often the thread renews: three chances before a lease runs out
@@ -131,7 +136,8 @@ class LeaseKeeper:
         except SQLAlchemyError as exc:
             # The next round tries again; if the database stays away, the leases lapse and
             # others take over, as they would from a dead worker.
-            log.warning("could not renew leases", extra={"error": type(exc).__name__})
+            if self.outage is None or not self.outage.away(exc):
+                log.warning("could not renew leases", extra={"error": type(exc).__name__})
             return set()
         lost = {(i, v) for i, v in due if i not in renewed}
         with self._lock:

@@ -83,6 +83,16 @@ ALLOWED = frozenset(
         "direction",
         "distrust_until",
         "detected_by",
+        # a database outage (outbox.outage): what waited, what was skipped, how long
+        "waiting",
+        "retried",
+        "outage_seconds",
+        "operations",
+        # the primary's replication, said at a start (settled.preflight)
+        "synchronous_commit",
+        "synchronous_standby_names",
+        "standbys",
+        "async_replication_accepted",
         # tracing: the span a line was written in
         "trace_id",
         "span_id",

@@ -74,8 +74,13 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SETTLED_", extra="ignore")
 
-    #: SQLAlchemy URL of the operations database (PostgreSQL in production).
+    #: SQLAlchemy URL of the operations database (PostgreSQL in production); libpq's
+    #: multi-host form ``postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write``
+    #: is read as SQLAlchemy's ``?host=h1:5432&host=h2:5433``.
     database_url: str = "sqlite:///settled.sqlite3"
+    #: Start without a WARNING on a primary whose standbys are all asynchronous (the start line
+    #: says it was accepted): a failover can then lose whole committed operations.
+    async_replication_accepted: bool = False
     #: Celery broker: ``redis://...`` in production, ``filesystem://`` for the embedded default.
     broker_url: str = "redis://127.0.0.1:6379/0"
     #: The master's name that the Sentinels of a ``sentinel://h1:26379;sentinel://h2:26379``
@@ -221,6 +226,13 @@ class Settings(BaseSettings):
         # SETTLED_DATABASE_URL would otherwise mean the default database.
         refuse_unknown_variables(os.environ)
         return data
+
+    @field_validator("database_url")
+    @classmethod
+    def _hosts_in_query(cls, url: str) -> str:
+        from outbox.db import hosts_in_query
+
+        return hosts_in_query(url)
 
     @field_validator("fingerprint_keys")
     @classmethod

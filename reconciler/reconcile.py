@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.change import Change
@@ -44,6 +43,7 @@ from outbox.errors import StaleLease
 from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LONGEST_IN_LEASES, LeaseKeeper
 from outbox.observer import NO_OBSERVER, Observer, guarded
+from outbox.outage import DatabaseOutage
 from outbox.port_shim import as_gateway
 from outbox.states import Event, State
 from outbox.storage import Storage, storage_for
@@ -75,12 +75,6 @@ class PassReport:
         }
 
 
-def _database_away(exc: DBAPIError) -> bool:
-    """The database could not be reached or dropped the connection (as opposed to refusing a
-    value, which is this operation's own trouble)."""
-    return bool(exc.connection_invalidated) or isinstance(exc, OperationalError)
-
-
 class Resender(Protocol):
     """Who sends an unknown operation again with its key, under the reconciler's claim: the
     executor, the one retry owner (``workers.executor.Executor.resend``)."""
@@ -110,6 +104,9 @@ class Reconciler:
     #: sends again, with the same key, what a "not found" cannot settle yet (None: this
     #: reconciler only looks, and waits for quiescence)
     resender: Resender | None = None
+    #: this process's view of a database outage (shared with its other services): one line
+    #: when it starts and one when it ends, never one per operation
+    outage: DatabaseOutage = field(default_factory=DatabaseOutage)
 
     _keeper: LeaseKeeper | None = field(default=None, init=False, repr=False)
     _storage: Storage | None = field(default=None, init=False, repr=False)
@@ -132,6 +129,7 @@ class Reconciler:
                 owner=self.actor,
                 lease_seconds=self.lease_seconds,
                 monotonic=self.monotonic,
+                outage=self.outage,
             )
         return self._keeper
 
@@ -253,13 +251,9 @@ class Reconciler:
         except StaleLease:
             return "stale"
         except Exception as exc:
-            if isinstance(exc, DBAPIError) and _database_away(exc):
+            if self.outage.away(exc, skipped=1):
                 # A restart or a network blip is nobody's case to review: the lease lapses
                 # and a later pass looks again (the operation is as it was).
-                log.warning(
-                    "database unavailable; looked at again after the lease",
-                    extra={"operation_id": claimed.id, "error": type(exc).__name__},
-                )
                 return "deferred"
             log.exception("reconcile failed for an operation", extra={"operation_id": claimed.id})
             self._to_review(claimed, type(exc).__name__)

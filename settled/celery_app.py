@@ -11,8 +11,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from redis.retry import Retry
 from outbox.breaker import HintBreaker
 from outbox.doorbell import Doorbell, ring_again, rung
 from outbox.errors import SettledError
+from outbox.outage import DatabaseOutage, database_away
 from outbox.relay import Publish, publish_hints
 from outbox.settings import Settings, masked
 from settled import observe
@@ -464,47 +465,72 @@ def create_app(settings: Settings, *, coalesce: bool = False) -> SettledCelery:
         ):
             log.warning("malformed hint dropped")  # the sweeper finds due operations anyway
             return
-        if not ids and app.bell is not None:
-            # A doorbell hint: its ring leaves the count, and it claims the oldest due
-            # operations; a full claim rings again for the next batch (``outbox.doorbell``).
-            app.bell.answer()
-            again = ring_again(ids_publisher(app), app.bell)
-            runtime(settings).executor.execute(ids, when_full=again, claims=app.bell.claims)
-        elif coalesce:
-            runtime(settings).coalescer().execute(ids)
-        else:
-            runtime(settings).executor.execute(ids)
+        with while_database_away(runtime(settings).outage):
+            if not ids and app.bell is not None:
+                # A doorbell hint: its ring leaves the count, and it claims the oldest due
+                # operations; a full claim rings again for the next batch (``outbox.doorbell``).
+                app.bell.answer()
+                again = ring_again(ids_publisher(app), app.bell)
+                runtime(settings).executor.execute(ids, when_full=again, claims=app.bell.claims)
+            elif coalesce:
+                runtime(settings).coalescer().execute(ids)
+            else:
+                runtime(settings).executor.execute(ids)
 
     @app.task(name=SWEEP, ignore_result=True, shared=False)
     def sweep_task() -> None:
-        sessions = runtime(settings).sessions
-        try:
-            expire_proposals(sessions, timedelta(seconds=settings.agent_proposal_ttl_seconds))
-        except Exception:
-            # The re-hinting below is the safety net for lost hints: an expiry error must
-            # never stop it (the next beat tries the expiry again).
-            log.exception("proposal expiry failed; sweeping anyway")
-        sweep(sessions, ids_publisher(app), per_message=settings.hint_batch)
+        rt = runtime(settings)
+        with while_database_away(rt.outage):
+            try:
+                expire_proposals(
+                    rt.sessions, timedelta(seconds=settings.agent_proposal_ttl_seconds)
+                )
+            except Exception as exc:
+                if database_away(exc):
+                    raise  # the sweep cannot read either: one skipped task, said once
+                # The re-hinting below is the safety net for lost hints: an expiry error must
+                # never stop it (the next beat tries the expiry again).
+                log.exception("proposal expiry failed; sweeping anyway")
+            sweep(rt.sessions, ids_publisher(app), per_message=settings.hint_batch)
 
     @app.task(name=RECOVERY_PROBE, ignore_result=True, shared=False)
     def recovery_probe_task() -> None:
-        woken = runtime(settings).recovery_probe.run_once()
-        # Woken operations are due now: the sweeper would find them, a hint is faster.
-        publish_hints(ids_publisher(app), woken, per_message=settings.hint_batch)
+        rt = runtime(settings)
+        with while_database_away(rt.outage):
+            woken = rt.recovery_probe.run_once()
+            # Woken operations are due now: the sweeper would find them, a hint is faster.
+            publish_hints(ids_publisher(app), woken, per_message=settings.hint_batch)
 
     @app.task(name=RECONCILE, ignore_result=True, shared=False)
     def reconcile_task() -> None:
         rt = runtime(settings)
-        report = rt.reconciler.run_once()
-        if report.outcomes.get("requeued"):
-            # Requeued operations are due now: the sweeper would find them, a hint is faster.
-            sweep(rt.sessions, ids_publisher(app), per_message=settings.hint_batch)
+        with while_database_away(rt.outage):
+            report = rt.reconciler.run_once()
+            if report.outcomes.get("requeued"):
+                # Requeued operations are due now: the sweeper would find them, a hint is
+                # faster.
+                sweep(rt.sessions, ids_publisher(app), per_message=settings.hint_batch)
 
     return app
 
 
 #: Errors of the broker's Redis that say it did not answer (refused, timed out, reset).
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+@contextmanager
+def while_database_away(outage: DatabaseOutage) -> Iterator[None]:
+    """A task's work: if the database is away (``outbox.outage.database_away``), the task
+    ends as skipped (counted, said once per outage), never as a failed task logged each
+    time: the rows are where they were, and the next beat pass or sweep takes them up. A
+    task that ends otherwise tells the outage the database answered."""
+    try:
+        yield
+    except Exception as exc:
+        if outage.away(exc, skipped=1):
+            return
+        raise
+    outage.back()
 
 
 def hint_publisher(app: Celery) -> Publish:

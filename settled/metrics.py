@@ -46,6 +46,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.breaker import OUTCOMES as HINT_OUTCOMES
 from outbox.states import ConfigFault, State
 from outbox.storage import metrics as scrape
+from outbox.storage import storage_for
+from outbox.storage.replication import Replication
 
 LIVE = (State.PLANNED, State.SUBMITTED, State.UNKNOWN)
 #: The reasons of the events that stop an operation for a fault of our own configuration.
@@ -203,7 +205,10 @@ class SettledCollector(Collector):
             self.counters.advance(s, live.now)
             steps = self.clock_steps.read(s, live.now)
             lagging = self.lag_episodes.read(s, live.now)
+            replicated = storage_for(s).replication(s)
         yield from self._gauges(live)
+        if replicated is not None:
+            yield from _replication(replicated)
         yield from self._counters()
         clock = CounterMetricFamily(
             "settled_db_clock_steps",
@@ -317,6 +322,26 @@ class SettledCollector(Collector):
         for fault in sorted(CONFIG_FAULTS):
             stops.add_metric([fault], c.config_stops.get(fault, 0))
         yield stops
+
+
+def _replication(r: Replication) -> Iterator[Metric]:
+    """The primary's standbys by mode, and whether it is replicated asynchronously."""
+    standbys = GaugeMetricFamily(
+        "settled_replication_standbys",
+        "Standbys streaming from the database's primary, by sync_state (unknown: not visible "
+        "to Settled's role; grant pg_monitor).",
+        labels=["sync_state"],
+    )
+    modes = Counter(s.sync_state or "unknown" for s in r.standbys)
+    for mode in sorted(modes):
+        standbys.add_metric([mode], modes[mode])
+    yield standbys
+    yield GaugeMetricFamily(
+        "settled_replication_async",
+        "1 when the primary has standbys and no commit waits for one (none synchronous, or "
+        "synchronous_commit local or off): a failover can lose whole committed operations.",
+        value=1 if r.asynchronous else 0,
+    )
 
 
 def registry(sessions: sessionmaker[Session]) -> CollectorRegistry:

@@ -25,6 +25,8 @@ from outbox.downstream import Gateway
 from outbox.errors import InvalidSetting
 from outbox.intake import Outbox
 from outbox.kinds import KindRegistry, default_registry
+from outbox.leases import LONGEST_IN_LEASES
+from outbox.outage import DatabaseOutage
 from outbox.port_shim import as_gateway
 from outbox.proposals import Proposals
 from outbox.settings import Settings
@@ -138,6 +140,12 @@ class Runtime:
         )
 
     @property
+    def outage(self) -> DatabaseOutage:
+        """One view of a database outage for the process: its services' failures while the
+        database is away are said in one line when it starts and one when it ends."""
+        return self._once("outage", DatabaseOutage)
+
+    @property
     def executor(self) -> Executor:
         def build() -> Executor:
             settings = self.settings
@@ -154,6 +162,9 @@ class Runtime:
                 clock_watch=self.clock_watch,
                 observer=self.observer,
                 downstreams=self.downstreams,
+                outage=self.outage,
+                # outcomes wait for an unreachable database as long as their leases are kept
+                outcome_patience=LONGEST_IN_LEASES * settings.lease_seconds,
             )
 
         return self._once("executor", build)
@@ -197,6 +208,7 @@ class Runtime:
                 observer=self.observer,
                 # what a "not found" cannot settle yet is sent again, same key, by the executor
                 resender=self.executor,
+                outage=self.outage,
             )
 
         return self._once("reconciler", build)

@@ -15,7 +15,7 @@
    (``workers.sending``): one slow send never holds up the other outcomes of its
    batch, and a batch whose sends come back together is one write. An outcome the database
    refuses to store is written alone; failing that, the operation goes to ``unknown`` and
-   review.
+   review; an unreachable database is waited for (``outcome_patience``), never a refusal.
 An operation found ``submitted`` with an expired lease may have been sent: it is only queried.
 Hints larger than ``max_batch`` are worked in consecutive batches, each claimed just before
 it is sent. A doorbell claim that came back full rings again (``when_full``) from a thread of
@@ -52,6 +52,7 @@ from outbox.fingerprint import Fingerprinter
 from outbox.kinds import Kind, KindRegistry
 from outbox.leases import LeaseKeeper
 from outbox.observer import NO_OBSERVER, ClaimedBatch, Observer, guarded
+from outbox.outage import DatabaseOutage
 from outbox.port_shim import as_gateway
 from outbox.retry import DEFAULT_MAX_TRIES
 from outbox.states import Event, State
@@ -109,6 +110,13 @@ class Executor(SendsBatches, RecoversSent):
     #: the downstream serving each kind: one's answer wakes what waits for it
     #: (``workers.waking``)
     downstreams: Downstreams = field(default_factory=Downstreams)
+    #: this process's view of a database outage (shared with its other services): said once
+    #: when it starts and once when it ends (``outbox.outage``)
+    outage: DatabaseOutage = field(default_factory=DatabaseOutage)
+    #: how long outcomes back from the downstream wait for an unreachable database before
+    #: they are left to the reconciler (``workers.outcomes``): as long as their leases are
+    #: renewed (``outbox.leases.LONGEST_IN_LEASES`` leases; the runtime's)
+    outcome_patience: float = 60.0
     _suspect: set[str] = field(default_factory=set, init=False, repr=False)
     _suspect_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
@@ -193,7 +201,10 @@ class Executor(SendsBatches, RecoversSent):
         with self._making:  # one per executor, when batches run in several threads
             if self._keeper is None:
                 self._keeper = LeaseKeeper(
-                    self.sessions, owner=self.worker, lease_seconds=self.lease_seconds
+                    self.sessions,
+                    owner=self.worker,
+                    lease_seconds=self.lease_seconds,
+                    outage=self.outage,
                 )
             return self._keeper
 

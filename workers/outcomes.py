@@ -2,13 +2,18 @@
 version, with the event rows (``Executor`` in ``workers.executor``).
 
 A stale lease skips that operation only. An outcome the database refuses to store is written
-alone; failing that, the operation goes to ``unknown`` and review. The lines written here are
-the executor's (logger ``workers.executor``).
+alone; failing that, the operation goes to ``unknown`` and review. While the database is away
+(``outbox.outage.database_away``: unreachable, not refusing) the outcomes wait in memory and
+are written again until it answers, for up to ``outcome_patience`` seconds: nothing is put in
+review, and the outage is said once for the process (``DatabaseOutage``); past that the
+operations are left ``submitted`` under their lapsing leases, and the reconciler looks them up.
+The lines written here are the executor's (logger ``workers.executor``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +26,7 @@ from outbox.change import Change
 from outbox.downstream import Accepted, Refused, SubmitOutcome
 from outbox.kinds import Kind
 from outbox.observer import Observer, guarded
+from outbox.outage import DatabaseOutage, database_away
 from outbox.states import ConfigFault, Event, State
 from outbox.storage import Storage
 from outbox.storage.claims import Claimed
@@ -51,6 +57,8 @@ class RecordsOutcomes(WakesWaiting):
     max_tries: int
     rand: Callable[[], float]
     observer: Observer
+    outage: DatabaseOutage
+    outcome_patience: float
 
     @property
     def storage(self) -> Storage:
@@ -58,6 +66,35 @@ class RecordsOutcomes(WakesWaiting):
 
     def _step(self, work: Callable[[Connection], T]) -> T:
         raise NotImplementedError
+
+    def _write_step(self, work: Callable[[Connection], T], *, waiting: int) -> T:
+        """``_step(work)``, run again while the database is away (``waiting`` outcomes kept
+        meanwhile), for up to ``outcome_patience`` seconds from the first failure; past that
+        the last error is raised. Every write of an outcome step is conditional and fenced:
+        one that did commit before its connection was lost is refused as stale when run
+        again, never applied twice."""
+        pause, end = 0.1, None
+        while True:
+            try:
+                result = self._step(work)
+            except DBAPIError as exc:
+                if not self.outage.away(exc, waiting=waiting if end is None else 0):
+                    raise
+                now = time.monotonic()  # real time: the outage's, not an injected clock
+                end = now + self.outcome_patience if end is None else end
+                if now + pause > end:
+                    self.outage.gave_up(waiting)
+                    log.error(
+                        "outcomes not written: the database stayed unreachable; left "
+                        "submitted, the reconciler looks them up",
+                        extra={"operations": waiting, "error": type(exc.orig).__name__},
+                    )
+                    raise
+                time.sleep(pause)
+                pause = min(2 * pause, 2.0)
+                continue
+            self.outage.back()
+            return result
 
     def _record(self, batch: list[Sent]) -> dict[int, State]:
         """``_write_outcomes``, inside the observer's ``recording``; then the wake of what
@@ -80,14 +117,15 @@ class RecordsOutcomes(WakesWaiting):
         finishes = [_finish(sent) for sent, _ in judged]
         written: dict[int, State] = {}
         try:
-            done = self._step(
+            done = self._write_step(
                 lambda conn: self.storage.write_transitions(
                     conn, transitions, actor=self.worker, finishes=finishes
-                )
+                ),
+                waiting=len(transitions),
             )
         except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise
+            if database_away(exc):
+                raise  # unreachable past the patience: nothing here was refused
             # One operation's outcome the database will not take (a value out of range, a
             # constraint) must not cost the others theirs: write them one by one.
             log.error(
@@ -137,10 +175,11 @@ class RecordsOutcomes(WakesWaiting):
         instead: dict[int, State] = {}
 
         def alone(transition: Transition, finish: Finish) -> set[int]:
-            return self._step(
+            return self._write_step(
                 lambda conn: self.storage.write_transitions(
                     conn, [transition], actor=self.worker, finishes=[finish]
-                )
+                ),
+                waiting=1,
             )
 
         for one, finish in zip(transitions, finishes, strict=True):
@@ -149,7 +188,7 @@ class RecordsOutcomes(WakesWaiting):
                 done |= alone(one, finish)
                 continue
             except DBAPIError as exc:
-                if exc.connection_invalidated:
+                if database_away(exc):
                     raise
                 error = type(exc.orig).__name__
             log.error(
@@ -166,7 +205,9 @@ class RecordsOutcomes(WakesWaiting):
                 if alone(fallback, proof):
                     done.add(claimed.id)
                     instead[claimed.id] = State.UNKNOWN
-            except DBAPIError:
+            except DBAPIError as exc:
+                if database_away(exc):
+                    raise
                 # Left submitted under an expiring lease: the reconciler will look it up.
                 log.exception("could not record the operation", extra={"operation_id": claimed.id})
         return done, instead

@@ -27,7 +27,9 @@ What differs between the two databases is here and in the two implementations
   ``engine.begin()``) is ``BEGIN IMMEDIATE``: it waits for the lock (the busy timeout) where
   it begins, and what it read is still true when it writes. A session used without
   ``begin()`` reads, deferred, and never waits (``outbox.db.SQLITE_BEGIN``). Whatever writes
-  begins explicitly.
+  begins explicitly;
+* replication: PostgreSQL's standbys and how its commits wait for them
+  (``outbox.storage.replication``); SQLite has none.
 
 Callers get theirs from ``outbox.storage.storage_for(engine)`` (and may keep it) and never
 look at the dialect.
@@ -45,6 +47,7 @@ from sqlalchemy.orm import Session
 
 from outbox.errors import StaleLease
 from outbox.storage.connection import Bind, connection_of
+from outbox.storage.replication import Replication
 from outbox.storage.transitions import Finish, Note, Transition, write_notes
 
 log = logging.getLogger(__name__)
@@ -162,6 +165,11 @@ class Storage(ABC):
         (PostgreSQL stripes them), which costs a wait, never a wrong answer."""
 
     # -- a worker's step ----------------------------------------------------------------
+
+    @abstractmethod
+    def replication(self, bind: Bind) -> Replication | None:
+        """The server's replication as ``bind``'s session sees it (None: the database has
+        none)."""
 
     @abstractmethod
     def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:

@@ -40,9 +40,10 @@ from sqlalchemy.orm import Session
 
 from outbox.models import OperationEvent
 from outbox.storage import tombstones
-from outbox.storage.connection import run_twice
+from outbox.storage.connection import Bind, run_twice
 from outbox.storage.database import Storage
 from outbox.storage.operations import INTAKE_RETURNS, intake_insert
+from outbox.storage.replication import Replication, replication
 from outbox.storage.tombstones import tombstoned
 from outbox.storage.transitions import Finish, Transition
 
@@ -233,6 +234,9 @@ class PostgresStorage(Storage):
     def lock_order(self, session: Session, key: str, *, shared: bool = False) -> None:
         params = {"key": key, "space": ORDER_LOCK_SPACE, "stripes": ORDER_STRIPES}
         session.execute(_LOCK_ORDER[shared], params)
+
+    def replication(self, bind: Bind) -> Replication | None:
+        return replication(bind)
 
     def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
         """On an autocommit connection: every write of a step is a single statement; with

@@ -32,9 +32,10 @@ from sqlalchemy.orm import Session
 from outbox.db import db_now
 from outbox.models import Attempt, Operation, OperationEvent, ReviewItem, UTCDateTime
 from outbox.states import State
-from outbox.storage.connection import run_twice
+from outbox.storage.connection import Bind, run_twice
 from outbox.storage.database import Storage
 from outbox.storage.operations import intake_insert
+from outbox.storage.replication import Replication
 from outbox.storage.reviews import CLOSE_REVIEWS
 from outbox.storage.transitions import Finish, Transition
 
@@ -232,6 +233,9 @@ class SqliteStorage(Storage):
     ) -> Mapping[str, Any] | None:
         row = session.execute(_INSERT_OPERATION, params).one_or_none()
         return None if row is None else dict(row._mapping)
+
+    def replication(self, bind: Bind) -> Replication | None:
+        return None
 
     def step(self, work: Callable[[Connection], T], *, one_commit: bool = False) -> T:
         """In one transaction, always."""

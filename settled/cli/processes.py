@@ -205,13 +205,23 @@ def run_stack(web_host: str, web_port: int, concurrency: int) -> None:
 )
 def check(broker: bool, probe: bool) -> None:
     """Run the preflight alone, as every start runs it (for a deploy pipeline): exit 0 and one
-    line naming the database, its schema and the broker, then one line per kind whose declared
-    deadline fence was probed and verified; or one ``Error:`` line and exit 1. Writes nothing;
+    line naming the database, its schema, its replication and the broker, then one line per
+    kind whose declared deadline fence was probed and verified, one per host of a multi-host
+    database URL with its role (primary, standby, unreachable and why), and the WARNING of a
+    primary replicated asynchronously; or one ``Error:`` line and exit 1. Writes nothing;
     sends nothing but the fences' probes, which no downstream executes."""
+    from outbox.db import database_hosts
     from outbox.settings import Settings
-    from settled.preflight import preflight
+    from settled.preflight import host_lines, host_roles, preflight
 
-    started = preflight(Settings(), broker=broker, probe=probe)
+    settings = Settings()
+    started = preflight(settings, broker=broker, probe=probe)
     click.echo(started.line("check"))
     for line in started.fence_lines("check"):
         click.echo(line)
+    if len(database_hosts(settings.database_url)) > 1:
+        for line in host_lines("check", host_roles(settings.database_url)):
+            click.echo(line)
+    warning = started.replication_warning()
+    if warning is not None:
+        click.echo(f"settled check: WARNING: {warning}")

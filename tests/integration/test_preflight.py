@@ -39,6 +39,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 (HEAD,) = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
 GOOD = {"order_id": "A1042", "amount_minor": 100, "currency": "CNY", "payee": "P-7"}
+#: The test server's replication as a start line says it: a primary with no standbys.
+ALONE = "replication (synchronous_commit on, synchronous_standby_names '', no standbys)"
 #: A password the trust-authenticated test server ignores, and no line may show.
 PASSWORD = "pw-never-shown"
 
@@ -286,7 +288,7 @@ def test_check_passes_and_names_database_schema_and_broker_without_the_password(
     shown = make_url(world.database_url).render_as_string(hide_password=True)
     assert f":{PASSWORD}@" in world.database_url and ":***@" in shown
     assert result.stdout == (
-        f"settled check: database {shown} at schema {HEAD}, broker {world.broker_url}\n"
+        f"settled check: database {shown} at schema {HEAD}, {ALONE}, broker {world.broker_url}\n"
     )
     world.untouched()
 
@@ -322,7 +324,7 @@ def test_a_worker_that_starts_says_on_what_in_one_line(world: World) -> None:
     shown = make_url(world.database_url).render_as_string(hide_password=True)
     line = json.loads(first)  # a JSON line like every other
     assert line["msg"] == (
-        f"settled worker: database {shown} at schema {HEAD}, broker {world.broker_url}"
+        f"settled worker: database {shown} at schema {HEAD}, {ALONE}, broker {world.broker_url}"
     )
     assert (line["database"], line["schema"], line["broker"]) == (shown, HEAD, world.broker_url)
     assert PASSWORD not in first

@@ -347,9 +347,22 @@ class PostgresCluster:
     a crash (``stop("immediate")``) and a restart, as a fault test wants them.
 
     ``url`` is the libpq URL of its maintenance database. ``close`` stops it and deletes it.
+
+    ``standby_of``: a streaming standby of that (running) cluster instead of a new one, copied
+    by ``pg_basebackup`` (``-R``: it follows the primary once started); ``name`` is its
+    ``cluster_name``, which its primary's ``pg_stat_replication`` shows as its
+    ``application_name`` (what ``synchronous_standby_names`` names).
     """
 
-    def __init__(self, bin_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        bin_dir: Path | None = None,
+        port: int | None = None,
+        *,
+        standby_of: PostgresCluster | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.name = name
         self.bin_dir = bin_dir or postgres_bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="settled-pgcluster-"))
         self.data = self.root / "data"
@@ -360,17 +373,24 @@ class PostgresCluster:
         self._run_as = ["runuser", "-u", "postgres", "--"] if self._root else []
         if self._root:
             shutil.chown(self.root, "postgres", "postgres")
-        self._pg(["initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust"])
+        if standby_of is None:
+            self._pg(["initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust"])
+        else:
+            primary = ["-h", "127.0.0.1", "-p", str(standby_of.port), "-U", "postgres"]
+            self._pg(["pg_basebackup", "-D", str(self.data), *primary, "-R", "-c", "fast"])
 
     def _pg(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[bytes]:
         tool, *args = argv
-        return subprocess.run(
-            [*self._run_as, str(self.bin_dir / tool), *args], check=check, capture_output=True
-        )
+        path = self.bin_dir / tool
+        if not path.exists():  # a folder of links to a few (initdb, pg_ctl): the others beside
+            path = Path(os.path.realpath(self.bin_dir / "initdb")).parent / tool
+        return subprocess.run([*self._run_as, str(path), *args], check=check, capture_output=True)
 
     def start(self) -> None:
         """Start the server and wait until it accepts connections (crash recovery included)."""
         opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        if self.name is not None:
+            opts += f" -c cluster_name={self.name}"
         self._pg(["pg_ctl", "-D", str(self.data), "-o", opts, "-w", "-t", "120", "-l",
                   str(self.log), "start"])  # fmt: skip
 

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
+from outbox.outage import DatabaseOutage
 from outbox.states import State
 from tests.support.services import wait_until
 from workers.coalesce import Coalescer
@@ -124,6 +125,7 @@ class _Runtime:
     def __init__(self) -> None:
         self.executor = _Recorder()
         self.batched = _Recorder()
+        self.outage = DatabaseOutage()
 
     def coalescer(self) -> _Recorder:
         return self.batched

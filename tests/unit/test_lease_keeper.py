@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 import outbox.leases
 from outbox.leases import LeaseKeeper
+from outbox.outage import DatabaseOutage
 from outbox.states import State
 from outbox.storage.claims import Claimed
 
@@ -358,3 +359,24 @@ def test_a_database_error_renews_nothing_and_keeps_what_is_held(
         db.error = None
         assert k.renew_now() == {1}
         assert k.lease_until(c) == db.end
+
+
+def test_renewals_failing_while_the_database_is_away_are_said_once_for_the_process(
+    db: Database, keeper: Keepers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the process's outage view (``outbox.outage``), a round after round the database
+    does not answer is one line for the outage, not a warning each round; a keeper without
+    one warns each round, as before."""
+    outage = DatabaseOutage()
+    k = keeper(outage=outage)
+    db.error = OperationalError("renew", {}, Exception("gone"))
+    with caplog.at_level(logging.INFO), k.holding([claimed(1)]):
+        for _ in range(3):
+            assert k.renew_now() == set()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["database unreachable; retrying"]
+    caplog.clear()
+    alone = keeper()
+    with caplog.at_level(logging.INFO), alone.holding([claimed(2)]):
+        alone.renew_now()
+    assert [r.getMessage() for r in caplog.records] == ["could not renew leases"]
