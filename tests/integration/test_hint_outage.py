@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from outbox.breaker import OUTCOMES
 from outbox.intake import Outbox
+from outbox.settings import Settings
 from settled.simulator import SimulatorControl, SimulatorHandle
 from tests.integration.test_celery_worker import App, assert_at_most_one_effect, wait_settled
 from tests.support.judge import check_truthful
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 COMMITS = 6
 #: loggers of the app's side of Settled
 OURS = ("outbox.", "settled.")
+#: the bound an app's hint has in production (the setting's default)
+PRODUCTION_HINT_TIMEOUT = Settings.model_fields["hint_timeout"].default
 #: the app's cool-down after a failed hint: short, so that the test sees hints work again
 COOLDOWN = 0.2
 
@@ -73,7 +76,14 @@ def app(
 ) -> Iterator[App]:
     """The app, with the doorbell (its ring meets the broker first) and without it (the hint's
     publish does)."""
-    a = App(stack, pg, outbox, hint_cooldown_seconds=COOLDOWN, hint_doorbell=request.param)
+    a = App(
+        stack,
+        pg,
+        outbox,
+        hint_timeout=PRODUCTION_HINT_TIMEOUT,  # the stack's test settings give a second
+        hint_cooldown_seconds=COOLDOWN,
+        hint_doorbell=request.param,
+    )
     yield a
     try:
         check_truthful(a.sessions, sim_control)

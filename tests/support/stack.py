@@ -29,6 +29,10 @@ from tests.support.simtools import SimTenant
 Proc = subprocess.Popen[bytes]
 
 
+#: the app's hint bound in tests (``Stack.settings``)
+TEST_HINT_TIMEOUT = 1.0
+
+
 @dataclass
 class Stack:
     database_url: str
@@ -68,12 +72,17 @@ class Stack:
         return env
 
     def settings(self) -> Settings:
+        """The app's settings. Its hints get a second per round trip, not production's 50 ms:
+        on a loaded test machine a loopback round trip can stall past 50 ms, and a worker
+        started without beat has only the hints to go by (a hint the breaker skipped would
+        wait forever there). The production bound is ``test_hint_outage``'s, which passes it."""
         return Settings(
             database_url=self.database_url,
             broker_url=self.broker_url,
             downstream_url=self.downstream_url,
             fingerprint_keys={"v1": "test-fingerprint-key-0001"},
             idempotency_secret="test-idempotency-secret",
+            hint_timeout=TEST_HINT_TIMEOUT,
         )
 
     def start_worker(
