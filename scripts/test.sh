@@ -66,4 +66,8 @@ finish "$mutation_pid" "$mutation_log" "the mutation suite"
 echo "== pytest: the model checker, integration and end-to-end (PostgreSQL, Redis, Celery workers, the simulator)"
 # Three test processes per two cores: most of these tests wait on other processes (workers,
 # servers, the simulator), so one per core left them part idle (load average about 1.5).
-.venv/bin/pytest tests/model tests/integration tests/e2e -n "$(( ($(nproc) * 3 + 1) / 2 ))" --durations=25
+# Work stealing: a process that runs out takes tests from another's queue, so a few long
+# tests (a Patroni failover, a 30 s outage) at the end of one queue do not leave the others
+# idle while they finish.
+.venv/bin/pytest tests/model tests/integration tests/e2e -n "$(( ($(nproc) * 3 + 1) / 2 ))" \
+  --dist worksteal --durations=40
