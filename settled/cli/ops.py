@@ -4,6 +4,7 @@
     show       one operation as the console's operation page shows it (report, timeline)
     resubmit   a rejected or cancelled intent again, under a new op id, audited
     prune      delete terminal operations older than N days (optionally archived first)
+    audit      effects the downstreams hold with no operation here (``settled.cli.audit``)
 
 ``list`` and ``show`` read through ``support.listing``, ``resubmit`` writes through
 ``outbox.resubmit`` (the normal intake), ``prune`` is ``outbox.prune.prune``.
@@ -68,7 +69,7 @@ def _read(action: Any) -> Any:
 
 @click.group()
 def ops() -> None:
-    """Operations: list, show, resubmit, prune (operators)."""
+    """Operations: list, show, resubmit, prune, audit (operators)."""
 
 
 @ops.command("list")

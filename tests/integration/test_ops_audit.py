@@ -1,0 +1,135 @@
+"""``settled ops audit`` against the real simulator, on PostgreSQL and SQLite: refunds executed
+downstream whose operations a lost failover took away (a raw DELETE here) are listed, exactly
+those, with one review item each, opened once however often the audit runs; an effect whose
+operation is here is not listed; a downstream without the list of effects is not audited and
+says so; no secret is printed.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import delete, func, select
+
+from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
+from outbox.storage.audit import ORPHAN_EFFECT
+from tests.integration.test_ops_cli import settled
+from tests.support.rig import GOOD, Rig
+
+
+def keys_env(rig: Rig) -> dict[str, str]:
+    """The rig's tenant's key for the simulator, as the audit reads it."""
+    return {
+        "SETTLED_DOWNSTREAM_API_KEYS": json.dumps(
+            {rig.tenant.name: rig.tenant.api_key.get_secret_value()}
+        )
+    }
+
+
+def refunded(rig: Rig, op_id: str) -> int:
+    op = rig.enqueue(op_id, params={**GOOD, "amount_minor": 100})
+    rig.executor().execute([op])
+    assert rig.op(op).state == "succeeded"
+    return op
+
+
+def lose(rig: Rig, *ops: int) -> None:
+    """The operations gone whole from the database, as a failover to a lagging replica loses
+    them: their rows, their attempts and events (the downstream's effects stay)."""
+    with rig.sessions.begin() as s:
+        for table in (OperationEvent, Attempt):
+            s.execute(delete(table).where(table.operation_id.in_(ops)))
+        s.execute(delete(Operation).where(Operation.id.in_(ops)))
+
+
+def orphan_items(rig: Rig) -> list[ReviewItem]:
+    with rig.sessions() as s:
+        stmt = select(ReviewItem).where(ReviewItem.reason == ORPHAN_EFFECT)
+        return list(s.scalars(stmt.order_by(ReviewItem.id)))
+
+
+def test_lost_operations_effects_are_listed_with_one_review_item_each_however_often_run(
+    rig: Rig,
+) -> None:
+    rig.judged_by_ledger = False  # the ledger holds effects the database lost: the point here
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    lost = [refunded(rig, f"op-lost-{n}") for n in range(3)]
+    kept = refunded(rig, "op-kept")
+    expected = {
+        rig.op(op).idempotency_key: (rig.op(op).op_id, rig.downstream_reference(op)) for op in lost
+    }
+    kept_key = rig.op(kept).idempotency_key
+    lose(rig, *lost)
+
+    first = settled(rig, "ops", "audit", "--since", since.isoformat(), "--json",
+                    env_more=keys_env(rig))  # fmt: skip
+    assert first.returncode == 1, first.stderr
+    found = json.loads(first.stdout)
+    assert {o["idempotency_key"]: o["reference"] for o in found["orphans"]} == {
+        key: ref for key, (_, ref) in expected.items()
+    }
+    assert kept_key not in {o["idempotency_key"] for o in found["orphans"]}
+    assert all(o["opened"] for o in found["orphans"])
+    assert {(o["tenant"], o["amount_minor"], o["currency"]) for o in found["orphans"]} == {
+        ("acme", 100, "CNY")
+    }
+    assert found["complete"] is True
+    assert found["checked"] == [
+        {"downstream": "http", "tenant": "acme", "effects": 4, "complete": True, "detail": None,
+         "listed": True}
+    ]  # fmt: skip
+    items = orphan_items(rig)
+    assert sorted(i.evidence["idempotency_key"] for i in items) == sorted(expected)
+    assert {i.id for i in items} == {o["review_item"] for o in found["orphans"]}
+    assert all(i.operation_id is None and i.resolved_at is None for i in items)
+
+    again = settled(rig, "ops", "audit", "--since", since.isoformat(), env_more=keys_env(rig))
+    assert again.returncode == 1, again.stderr
+    assert [i.id for i in orphan_items(rig)] == [i.id for i in items]  # no second item
+    table = again.stdout
+    for key, (_, ref) in expected.items():
+        (row,) = [line for line in table.splitlines() if ref in line]
+        assert key in row and "1.00 CNY" in row and "(new)" not in row
+    assert kept_key not in table
+    assert "3 orphan effect(s), 0 review item(s) opened now" in table
+    assert rig.tenant.api_key.get_secret_value() not in table + again.stderr + first.stdout
+
+
+def test_nothing_lost_exits_zero_and_opens_nothing(rig: Rig) -> None:
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    refunded(rig, "op-kept")
+    done = settled(rig, "ops", "audit", "--since", "1h", env_more=keys_env(rig))
+    assert done.returncode == 0, done.stderr
+    assert "http acme: 1 effect(s) of Settled's, read to the end" in done.stdout
+    assert "0 orphan effect(s)" in done.stdout
+    assert orphan_items(rig) == []
+    assert since < datetime.now(UTC)
+
+
+def test_effects_before_since_are_not_asked_for(rig: Rig) -> None:
+    rig.judged_by_ledger = False
+    lose(rig, refunded(rig, "op-lost"))
+    later = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
+    done = settled(rig, "ops", "audit", "--since", later, "--json", env_more=keys_env(rig))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["orphans"] == []
+
+
+def test_a_downstream_without_the_list_of_effects_is_not_audited_and_says_so(rig: Rig) -> None:
+    rig.judged_by_ledger = False
+    lose(rig, refunded(rig, "op-lost"))
+    rig.control.set_switches(effects_list=False)
+    done = settled(rig, "ops", "audit", "--since", "1h", env_more=keys_env(rig))
+    assert done.returncode == 3, done.stderr
+    assert "http acme: NOT AUDITED: the downstream serves no list of effects" in done.stdout
+    assert "the audit is incomplete" in done.stdout
+    with rig.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(ReviewItem)) == 0
+
+
+def test_a_since_that_is_no_time_is_one_line_and_writes_nothing(rig: Rig) -> None:
+    done = settled(rig, "ops", "audit", "--since", "yesterday", env_more=keys_env(rig))
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("Error: ") and "is not a time" in line
