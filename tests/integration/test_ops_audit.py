@@ -8,14 +8,23 @@ says so; no secret is printed.
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import delete, func, select
+import httpx
+from sqlalchemy import Engine, delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
 
+from outbox import Outbox
+from outbox.clock import Deadline
+from outbox.downstream import EffectsListed, NotListed
 from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.storage.audit import ORPHAN_EFFECT
+from support.audit import Source, audit
 from tests.integration.test_ops_cli import settled
 from tests.support.rig import GOOD, Rig
+from tests.unit.test_stripe_classification import _gateway, _refund
 
 
 def keys_env(rig: Rig) -> dict[str, str]:
@@ -133,3 +142,103 @@ def test_a_since_that_is_no_time_is_one_line_and_writes_nothing(rig: Rig) -> Non
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert line.startswith("Error: ") and "is not a time" in line
+
+
+# -- Stripe: its refunds list, over the in-memory transport the Stripe tests use ---------------
+
+
+class RefundPages:
+    """An in-memory Stripe account's refunds list, ``per_page`` at a time (``starting_after``
+    pages on), recording each list request."""
+
+    def __init__(self, refunds: list[dict[str, Any]], per_page: int = 2) -> None:
+        self.refunds, self.per_page = refunds, per_page
+        self.asked: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        assert (request.method, request.url.path) == ("GET", "/v1/refunds")
+        self.asked.append(request)
+        after = request.url.params.get("starting_after")
+        ids = [r["id"] for r in self.refunds]
+        start = ids.index(after) + 1 if after else 0
+        page = self.refunds[start : start + self.per_page]
+        more = start + self.per_page < len(self.refunds)
+        return httpx.Response(200, json={"object": "list", "has_more": more, "data": page})
+
+
+def _meta(op_id: str, tenant: str = "acme") -> dict[str, str]:
+    return {"settled_tenant": tenant, "settled_op_id": op_id,
+            "settled_idempotency_key": f"stl_{op_id}", "payee": "P-7"}  # fmt: skip
+
+
+def test_stripe_refunds_naming_no_operation_here_are_orphans_once(
+    engine: Engine, outbox: Outbox
+) -> None:
+    with Session(engine) as s, s.begin():
+        outbox.enqueue(s, tenant="acme", op_id="op-here", kind="refund", params=GOOD)
+    created = int(datetime.now(UTC).timestamp())
+    pages = RefundPages([
+        _refund(id="re_here", metadata=_meta("op-here"), created=created),
+        _refund(id="re_gone", metadata=_meta("op-gone"), created=created, amount=700),
+        _refund(id="re_failed", metadata=_meta("op-failed"), status="failed"),
+        _refund(id="re_theirs", metadata={"order": "X1"}),  # not made by Settled
+        _refund(id="re_other", metadata=_meta("op-elsewhere", tenant="t2")),
+        _refund(id="re_pending", metadata=_meta("op-pending"), status="pending"),
+    ])  # fmt: skip
+    gateway = _gateway(pages)
+    since = datetime.now(UTC) - timedelta(hours=1)
+    sources = [Source("stripe", ("acme",), gateway)]
+    sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def deadline() -> Deadline:
+        return Deadline(datetime.now(UTC) + timedelta(seconds=5), time.monotonic() + 5)
+
+    first = audit(sessions, sources, since, deadline=deadline)
+    assert [(o.effect.reference, o.effect.op_id, o.opened) for o in first.orphans] == [
+        ("re_gone", "op-gone", True), ("re_pending", "op-pending", True)
+    ]  # fmt: skip
+    gone = first.orphans[0].effect
+    assert (gone.tenant, gone.amount_minor, gone.currency, gone.idempotency_key) == (
+        "acme", 700, "EUR", "stl_op-gone"
+    )  # fmt: skip
+    assert gone.created == datetime.fromtimestamp(created, UTC)
+    assert first.complete and first.checked[0].effects == 3  # here, gone, pending: acme's
+    assert [r.url.params.get("created[gte]") for r in pages.asked] == [
+        str(int(since.timestamp()))
+    ] * 3
+    assert [r.url.params.get("starting_after") for r in pages.asked] == [
+        None, "re_gone", "re_theirs"
+    ]  # fmt: skip
+
+    again = audit(sessions, sources, since, deadline=deadline)
+    assert [(o.item, o.opened) for o in again.orphans] == [(o.item, False) for o in first.orphans]
+    with Session(engine) as s:
+        items = list(s.scalars(select(ReviewItem).order_by(ReviewItem.id)))
+    assert [(i.effect, i.reason, i.evidence["reference"]) for i in items] == [
+        ("stripe:acme:re_gone", "orphan_effect", "re_gone"),
+        ("stripe:acme:re_pending", "orphan_effect", "re_pending"),
+    ]
+
+
+def test_stripe_list_failing_midway_keeps_what_it_read_and_says_incomplete(
+    engine: Engine,
+) -> None:
+    served = RefundPages([_refund(id="re_a", metadata=_meta("op-a")),
+                          _refund(id="re_b", metadata=_meta("op-b"))], per_page=1)  # fmt: skip
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("starting_after"):
+            return httpx.Response(500, json={"error": {"type": "api_error", "message": "x"}})
+        return served(request)
+
+    gateway = _gateway(handler)
+    listed = gateway.effects_since(
+        "acme", datetime.now(UTC) - timedelta(hours=1),
+        deadline=datetime.now(UTC) + timedelta(seconds=5),
+    )  # fmt: skip
+    assert isinstance(listed, EffectsListed)
+    assert [e.reference for e in listed.effects] == ["re_a"]
+    assert listed.complete is False and "APIError" in (listed.detail or "")
+    assert isinstance(
+        gateway.effects_since("nobody", datetime.now(UTC), deadline=datetime.now(UTC)), NotListed
+    )
