@@ -242,3 +242,69 @@ def test_stripe_list_failing_midway_keeps_what_it_read_and_says_incomplete(
     assert isinstance(
         gateway.effects_since("nobody", datetime.now(UTC), deadline=datetime.now(UTC)), NotListed
     )
+
+
+def test_orphan_items_are_in_the_review_queue_and_their_page_says_why_nothing_settles(
+    rig: Rig,
+) -> None:
+    rig.judged_by_ledger = False
+    op = refunded(rig, "op-lost")
+    key = rig.op(op).idempotency_key
+    lose(rig, op)
+    assert settled(rig, "ops", "audit", "--since", "1h", env_more=keys_env(rig)).returncode == 1
+    staff = ("--staff", "s1", "--role", "support")
+
+    listed = settled(rig, "review", "list", *staff, "--json")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    assert (row["reason"], row["kind"], row["state"], row["amount_minor"], row["currency"]) == (
+        "orphan_effect", None, None, 100, "CNY"
+    )  # fmt: skip
+    assert row["evidence"]["idempotency_key"] == key
+    table = settled(rig, "review", "list", *staff).stdout
+    assert "orphan_effect" in table.splitlines()[1] and "None" not in table
+
+    shown = settled(rig, "review", "show", str(row["id"]), *staff)
+    assert shown.returncode == 1
+    (line,) = shown.stderr.splitlines()
+    assert line.startswith("Error: [orphan_effect_item] this item is an orphan effect")
+
+
+def test_an_orphan_item_is_resolved_only_as_succeeded_with_its_reference_and_a_statement(
+    rig: Rig,
+) -> None:
+    rig.judged_by_ledger = False
+    lose(rig, refunded(rig, "op-lost"))
+    found = json.loads(
+        settled(rig, "ops", "audit", "--since", "1h", "--json", env_more=keys_env(rig)).stdout
+    )
+    (orphan,) = found["orphans"]
+    item, ref = str(orphan["review_item"]), orphan["reference"]
+    staff = ("--staff", "s1", "--role", "support")
+    why = "booked in the ledger by hand; the app re-created the order record (ticket 88)"
+
+    refused = [
+        settled(rig, "review", "resolve", item, "--as", "rejected", "--version", "1",
+                "--justification", why, *staff),  # the downstream did it: never "rejected"
+        settled(rig, "review", "resolve", item, "--as", "succeeded", "--version", "1",
+                "--reference", ref, *staff),  # no statement of what was done
+        settled(rig, "review", "resolve", item, "--as", "succeeded", "--version", "1",
+                "--reference", "re_other", "--justification", why, *staff),
+        settled(rig, "review", "resolve", item, "--as", "succeeded", "--version", "1",
+                "--reference", ref, "--justification", why, "--staff", "v", "--role", "viewer"),
+    ]  # fmt: skip
+    assert [r.returncode for r in refused] == [1, 1, 1, 1]
+    assert "[orphan_resolution]" in refused[0].stderr + refused[1].stderr
+    assert "[reference_mismatch]" in refused[2].stderr
+    (open_item,) = orphan_items(rig)
+    assert open_item.resolved_at is None
+
+    done = settled(rig, "review", "resolve", item, "--as", "succeeded", "--version", "1",
+                   "--reference", ref, "--justification", why, *staff)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (closed,) = orphan_items(rig)
+    assert (closed.resolved_by, closed.resolution["reference"]) == ("staff:s1", ref)
+    again = settled(rig, "ops", "audit", "--since", "1h", "--json", env_more=keys_env(rig))
+    (still,) = json.loads(again.stdout)["orphans"]
+    assert (still["review_item"], still["opened"]) == (closed.id, False)  # never reopened
+    assert len(orphan_items(rig)) == 1
