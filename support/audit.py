@@ -120,7 +120,9 @@ def orphans_among(
     return [
         e
         for e in effects
-        if (e.op_id not in known_ids if e.op_id is not None else e.idempotency_key not in known_keys)
+        if (
+            e.op_id not in known_ids if e.op_id is not None else e.idempotency_key not in known_keys
+        )
     ]
 
 
@@ -170,4 +172,3 @@ def _record(sessions: Sessions, tenant: str, effects: list[Effect]) -> list[Orph
 
 def _open(session: Session, effect: Effect) -> tuple[int, bool]:
     return open_effect_item(session, effect_name(effect), effect.tenant, evidence_of(effect))
-

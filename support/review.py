@@ -386,7 +386,7 @@ class ReviewQueue:
 ORPHAN_ITEM = (
     "this item is an orphan effect: the downstream holds it with no operation here, so there "
     "is nothing here to requery or settle; its evidence is in `settled review list --json` and "
-    "`settled ops audit --json` (docs/support.md, \"Orphan effects\")"
+    '`settled ops audit --json` (docs/support.md, "Orphan effects")'
 )
 
 

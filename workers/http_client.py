@@ -36,15 +36,15 @@ from outbox.downstream import (
     Effect,
     EffectsListed,
     EffectsOutcome,
-    NotListed,
-    valid_reference,
     LookupOutcome,
+    NotListed,
     NotSent,
     Refused,
     SendPhase,
     SubmitOutcome,
     Unavailable,
     Unknown,
+    valid_reference,
 )
 from outbox.downstream_clock import corrected_deadline
 from outbox.kinds import Kind
@@ -307,7 +307,9 @@ class HttpGateway:
                 return NotListed("the downstream serves no list of effects (GET /v1/effects)")
             page = _effects_page(response, tenant)
             if page is None:
-                return _partial(effects, f"a page of effects was not readable ({response.status_code})")
+                return _partial(
+                    effects, f"a page of effects was not readable ({response.status_code})"
+                )
             listed, has_more = page
             effects.extend(listed)
             if not has_more:
@@ -452,7 +454,8 @@ def _effects_page(response: httpx.Response, tenant: str) -> tuple[list[Effect], 
     for entry in data:
         if not isinstance(entry, dict) or not valid_reference(entry.get("id")):
             return None
-        params = entry.get("params") if isinstance(entry.get("params"), dict) else {}
+        echoed = entry.get("params")
+        params: dict[str, Any] = echoed if isinstance(echoed, dict) else {}
         key, created = entry.get("idempotency_key"), entry.get("created")
         amount = params.get("amount_minor")
         effects.append(

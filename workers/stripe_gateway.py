@@ -336,7 +336,9 @@ class StripeGateway:
             refunds = listed.get("data")
             if not isinstance(refunds, list):
                 return _listed(effects, "the refunds list is not readable")
-            effects.extend(e for e in map(_effect_of, refunds) if e is not None and e.tenant == tenant)
+            effects.extend(
+                e for e in map(_effect_of, refunds) if e is not None and e.tenant == tenant
+            )
             if not listed.get("has_more"):
                 return EffectsListed(tuple(effects))
             last = _last_id(listed)

@@ -36,7 +36,9 @@ def known_operations(
     """Those of ``op_ids`` and of ``keys`` that name an operation of ``tenant`` here."""
     if not op_ids and not keys:
         return set(), set()
-    rows = session.execute(KNOWN, {"tenant": tenant, "op_ids": sorted(op_ids), "keys": sorted(keys)})
+    rows = session.execute(
+        KNOWN, {"tenant": tenant, "op_ids": sorted(op_ids), "keys": sorted(keys)}
+    )
     found_ids, found_keys = set(), set()
     for op_id, key in rows:
         found_ids.add(op_id)

@@ -56,7 +56,9 @@ class Since(click.ParamType):  # type: ignore[type-arg]
 
 
 @click.command("audit")
-@click.option("--since", required=True, type=Since(), help="effects made from then on: a time or an age")
+@click.option(
+    "--since", required=True, type=Since(), help="effects made from then on: a time or an age"
+)
 @click.option(
     "--timeout", type=Seconds(), default=60.0, show_default=True,
     help="the longest one downstream's list of one tenant is read for",
@@ -71,8 +73,11 @@ def ops_audit(since: datetime, timeout: float, as_json: bool) -> None:
 
     rt = runtime()
     try:
+
         def deadline() -> Deadline:
-            return Deadline(datetime.now(UTC) + timedelta(seconds=timeout), time.monotonic() + timeout)
+            return Deadline(
+                datetime.now(UTC) + timedelta(seconds=timeout), time.monotonic() + timeout
+            )
 
         found = audit(rt.sessions, _sources(rt), since, deadline=deadline)
     finally:
@@ -98,14 +103,22 @@ def _sources(rt: Any) -> list[Any]:
     sources = []
     if any(providers.get(kind, WIRE) == WIRE for kind in rt.registry.names()):
         tenants = tuple(sorted(settings.downstream_api_keys))
-        sources.append(Source(WIRE, tenants, default))
+        sources.append(_source(Source, WIRE, tenants, default))
     for name in sorted(set(providers.values()) - {WIRE}):
         kinds = [k for k, p in providers.items() if p == name]
         if name == "stripe":
-            sources.append(Source(name, tuple(sorted(settings.stripe_api_keys)), by_kind[kinds[0]]))
+            tenants = tuple(sorted(settings.stripe_api_keys))
+            sources.append(_source(Source, name, tenants, by_kind[kinds[0]]))
         else:
             sources.append(Source(name, (), None, PER_ORDER_ONLY))
     return sources
+
+
+def _source(source: Any, name: str, tenants: tuple[str, ...], gateway: object) -> Any:
+    """The source of a gateway that lists its effects; one not audited where it cannot."""
+    if not hasattr(gateway, "effects_since"):
+        return source(name, (), None, "this gateway cannot list its effects")
+    return source(name, tenants, gateway)
 
 
 def _print(found: Any) -> None:
