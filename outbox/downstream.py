@@ -215,6 +215,12 @@ class NotListed:
 EffectsOutcome = EffectsListed | NotListed
 
 
+def listed_so_far(effects: list[Effect], detail: str) -> EffectsOutcome:
+    """What a list read before it stopped (``detail`` says why): those effects, marked
+    incomplete; none read: not listed."""
+    return EffectsListed(tuple(effects), False, detail) if effects else NotListed(detail)
+
+
 class EffectLister(Protocol):
     """A gateway that can list the effects it made for a tenant since a time (optional)."""
 

@@ -44,6 +44,7 @@ from outbox.downstream import (
     SubmitOutcome,
     Unavailable,
     Unknown,
+    listed_so_far,
     valid_reference,
 )
 from outbox.downstream_clock import corrected_deadline
@@ -302,12 +303,12 @@ class HttpGateway:
             try:
                 response = self._send("GET", url, headers, None, until)
             except httpx.TransportError as exc:
-                return _partial(effects, f"listing effects failed ({error_name(exc)})")
+                return listed_so_far(effects, f"listing effects failed ({error_name(exc)})")
             if response.status_code in (404, 405) and not effects:
                 return NotListed("the downstream serves no list of effects (GET /v1/effects)")
             page = _effects_page(response, tenant)
             if page is None:
-                return _partial(
+                return listed_so_far(
                     effects, f"a page of effects was not readable ({response.status_code})"
                 )
             listed, has_more = page
@@ -315,7 +316,7 @@ class HttpGateway:
             if not has_more:
                 return EffectsListed(tuple(effects))
             if not listed or listed[-1].reference == query.get("starting_after"):
-                return _partial(effects, "the list of effects has more but does not page on")
+                return listed_so_far(effects, "the list of effects has more but does not page on")
             query["starting_after"] = listed[-1].reference
 
     def probe_fence(self, kind: Kind, *, timeout: float = PROBE_TIMEOUT_SECONDS) -> FenceProbe:
@@ -430,12 +431,6 @@ class HttpGateway:
             content=b"".join(chunks),
             request=request,
         )
-
-
-def _partial(effects: list[Effect], detail: str) -> EffectsOutcome:
-    """What was read before the list stopped: those effects, marked incomplete (or, none read,
-    not listed)."""
-    return EffectsListed(tuple(effects), False, detail) if effects else NotListed(detail)
 
 
 def _effects_page(response: httpx.Response, tenant: str) -> tuple[list[Effect], bool] | None:

@@ -57,6 +57,7 @@ from outbox.downstream import (
     SendPhase,
     SubmitOutcome,
     Unavailable,
+    listed_so_far,
 )
 from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
@@ -327,15 +328,15 @@ class StripeGateway:
         effects: list[Effect] = []
         while True:
             if until.left() <= 0:
-                return _listed(effects, "deadline passed before the last page of refunds")
+                return listed_so_far(effects, "deadline passed before the last page of refunds")
             try:
                 page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
             except stripe.StripeError as exc:
-                return _listed(effects, f"listing refunds failed ({type(exc).__name__})")
+                return listed_so_far(effects, f"listing refunds failed ({type(exc).__name__})")
             listed = page.to_dict()
             refunds = listed.get("data")
             if not isinstance(refunds, list):
-                return _listed(effects, "the refunds list is not readable")
+                return listed_so_far(effects, "the refunds list is not readable")
             effects.extend(
                 e for e in map(_effect_of, refunds) if e is not None and e.tenant == tenant
             )
@@ -343,7 +344,7 @@ class StripeGateway:
                 return EffectsListed(tuple(effects))
             last = _last_id(listed)
             if last is None or last == query.get("starting_after"):
-                return _listed(effects, "the refunds list has more but does not page on")
+                return listed_so_far(effects, "the refunds list has more but does not page on")
             query["starting_after"] = last
 
     def _within(self, deadline: Deadline | datetime, downstream: str) -> Deadline:
@@ -399,11 +400,6 @@ def _last_id(listed: Mapping[str, Any]) -> str | None:
 
 #: A refund in these states made no effect (nothing was or will be paid out).
 NO_EFFECT = frozenset({"failed", "canceled"})
-
-
-def _listed(effects: list[Effect], detail: str) -> EffectsOutcome:
-    """The refunds read before the list stopped, marked incomplete (none read: not listed)."""
-    return EffectsListed(tuple(effects), False, detail) if effects else NotListed(detail)
 
 
 def _effect_of(refund: object) -> Effect | None:
