@@ -13,10 +13,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import Outbox
+from outbox import Outbox, wire
 from outbox.clock import Deadline
 from outbox.downstream import EffectsListed, NotListed
 from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
@@ -308,3 +309,43 @@ def test_an_orphan_item_is_resolved_only_as_succeeded_with_its_reference_and_a_s
     (still,) = json.loads(again.stdout)["orphans"]
     assert (still["review_item"], still["opened"]) == (closed.id, False)  # never reopened
     assert len(orphan_items(rig)) == 1
+
+
+def test_the_simulators_list_of_effects_pages_and_leaves_refusals_out(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.judged_by_ledger = False
+    made = [refunded(rig, f"op-{n}") for n in range(3)]
+    rig.control.add_rule("business_reject", times=1)
+    refused = rig.enqueue("op-refused", params={**GOOD, "amount_minor": 100})
+    rig.executor().execute([refused])
+    assert (rig.op(refused).state, rig.op(refused).reason) == ("rejected", "business_rejected")
+    auth = {"Authorization": f"Bearer {rig.tenant.api_key.get_secret_value()}"}
+    url = rig.url + "/v1/effects"
+
+    seen, after = [], None
+    with httpx.Client(headers=auth, timeout=5) as client:
+        while True:
+            page = client.get(
+                url, params={"limit": 1, **({"starting_after": after} if after else {})}
+            )
+            assert page.status_code == 200
+            body = page.json()
+            seen.extend(e["idempotency_key"] for e in body["data"])
+            if not body["has_more"]:
+                break
+            after = body["data"][-1]["id"]
+        assert seen == [rig.op(op).idempotency_key for op in made]  # oldest first, no refusal
+        assert client.get(url, params={"since": "x"}).status_code == 400
+        assert client.get(url, params={"limit": 101}).status_code == 400
+        assert client.get(url, params={"starting_after": "re_nope"}).status_code == 400
+        assert client.get(url, params={"since": time.time() + 60}).json()["data"] == []
+
+    monkeypatch.setattr(wire, "EFFECTS_PAGE_MAX", 1)  # the gateway reads a page at a time
+    gateway = rig.gateway()
+    listed = gateway.effects_since(
+        "acme", datetime.now(UTC) - timedelta(hours=1),
+        deadline=datetime.now(UTC) + timedelta(seconds=5),
+    )  # fmt: skip
+    assert isinstance(listed, EffectsListed) and listed.complete
+    assert [e.idempotency_key for e in listed.effects] == seen  # three pages of one, in order
