@@ -178,6 +178,60 @@ class LookupMisuse:
 LookupOutcome = Found | LookupNotFound | Unavailable | LookupMisuse
 
 
+@dataclass(frozen=True)
+class Effect:
+    """One business effect the downstream holds under one of Settled's keys, as its list shows
+    it (the orphan-effect audit, ``support.audit``): its reference, what it did and when, and
+    the operation it names (``op_id`` None where the downstream keeps only the key)."""
+
+    downstream: str
+    tenant: str
+    reference: str
+    idempotency_key: str | None
+    op_id: str | None
+    amount_minor: int | None
+    currency: str | None
+    status: str
+    created: datetime | None
+
+
+@dataclass(frozen=True)
+class EffectsListed:
+    """What a downstream's list showed for a tenant since a time; ``complete`` False where it
+    stopped early (its deadline, a page it could not read): ``detail`` says why."""
+
+    effects: tuple[Effect, ...]
+    complete: bool = True
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class NotListed:
+    """The downstream cannot be audited this way (it lists no effects, or refused): why."""
+
+    detail: str
+
+
+EffectsOutcome = EffectsListed | NotListed
+
+
+def listed_so_far(effects: list[Effect], detail: str) -> EffectsOutcome:
+    """What a list read before it stopped (``detail`` says why): those effects, marked
+    incomplete; none read: not listed."""
+    return EffectsListed(tuple(effects), False, detail) if effects else NotListed(detail)
+
+
+class EffectLister(Protocol):
+    """A gateway that can list the effects it made for a tenant since a time (optional)."""
+
+    def effects_since(
+        self, tenant: str, since: datetime, /, *, deadline: Deadline | datetime
+    ) -> EffectsOutcome:
+        """Every effect of ``tenant`` made at or after ``since``, read page after page while
+        ``deadline`` lasts; never sends anything that has an effect."""
+        ...
+
+
 def mismatch_evidence(lookup: LookupMisuse) -> dict[str, Any]:
     """What a mismatched lookup proves, as evidence: its code and detail, and the record the
     downstream holds (its reference and status: what it actually did), where it is ours, so

@@ -19,6 +19,8 @@ OP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,79}")
 # Correlation data (a model's tool-call id, a trace id) comes from elsewhere, so it may be
 # longer and may hold base64's "/+=" too; it stays printable ASCII with no quoting characters.
 CORRELATION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=-]{0,199}")
+#: Every idempotency key Settled derives starts with it (what marks a downstream's effect ours).
+KEY_PREFIX = "stl_"
 TENANT_MAX = 63
 OP_ID_MAX = 80
 CORRELATION_ID_MAX = 200
@@ -113,4 +115,4 @@ def derive_idempotency_key(secret: bytes, tenant: str, op_id: str) -> str:
     """
     mac = hmac.new(secret, b"settled-idempotency-key\x00", hashlib.sha256)
     mac.update(tenant.encode() + b"\x00" + op_id.encode())
-    return "stl_" + base64.b32encode(mac.digest()).decode().rstrip("=").lower()[:36]
+    return KEY_PREFIX + base64.b32encode(mac.digest()).decode().rstrip("=").lower()[:36]

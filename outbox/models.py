@@ -191,10 +191,15 @@ class ReviewItem(Base):
             postgresql_where=text("resolved_at IS NULL"),
             sqlite_where=text("resolved_at IS NULL"),
         ),
+        # At most one item per orphan effect, open or resolved: an audit run again opens none.
+        Index("uq_review_items_effect", "effect", unique=True),
     )
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
-    operation_id: Mapped[int] = mapped_column(ForeignKey("operations.id"))
+    #: None for an orphan effect's item (``effect`` names it): it has no operation here
+    operation_id: Mapped[int | None] = mapped_column(ForeignKey("operations.id"))
+    #: ``downstream:tenant:reference`` of an orphan effect (``settled ops audit``); else None
+    effect: Mapped[str | None] = mapped_column(String(300))
     tenant: Mapped[str] = mapped_column(String(63))
     reason: Mapped[str] = mapped_column(String(64))
     evidence: Mapped[dict[str, Any]]

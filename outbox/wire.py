@@ -40,6 +40,10 @@ DATE_RESOLUTION = 1.0
 
 #: Path of the lookup by idempotency key.
 LOOKUP_PATH = "/v1/lookup/{key}"
+#: Path of the optional list of effects since a time (the orphan-effect audit).
+EFFECTS_PATH = "/v1/effects"
+#: Effects per page of that list, at most.
+EFFECTS_PAGE_MAX = 100
 
 # Error ``type`` values of ``{"error": {"type", "code", "message"}}``.
 INVALID_REQUEST = "invalid_request"

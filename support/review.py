@@ -37,11 +37,17 @@ from outbox.states import Event, State
 from outbox.storage import Storage, storage_for
 from outbox.storage.attempts import operation_facts
 from outbox.storage.operations import db_time, operation
-from outbox.storage.reviews import note_staff_action, review_item, settle_unknown
+from outbox.storage.reviews import (
+    note_staff_action,
+    resolve_review,
+    review_item,
+    settle_unknown,
+)
 from outbox.storage.search import review_page
 from support.evidence import allowed_choices
 from support.operation_view import operation_view
 from support.resolve import (
+    MIN_JUSTIFICATION,
     Resolution,
     already_resolved,
     check_current,
@@ -129,6 +135,8 @@ class ReviewQueue:
             )  # fmt: skip
             items = [
                 {**_item(item), "op_id": op_id, "kind": kind, "state": state, **_listed(params)}
+                if item.operation_id is not None
+                else _orphan_row(item)
                 for item, op_id, kind, state, params in rows
             ]
             return Page(items, total, offset, limit)
@@ -246,6 +254,9 @@ class ReviewQueue:
 
     def _resolve(self, resolution: Resolution) -> dict[str, Any]:
         item_id = resolution.item_id
+        closed = self._close_orphan(resolution)
+        if closed is not None:
+            return closed
         with self.sessions() as session:
             item, op = self._load(session, resolution.staff, item_id)
             check_current(item, resolution.version)
@@ -273,6 +284,36 @@ class ReviewQueue:
             write_resolution(self.storage, session, snapshot["id"], resolution, record)
         return self._resolved(resolution, snapshot["op_id"])
 
+    def _close_orphan(self, resolution: Resolution) -> dict[str, Any] | None:
+        """Close an orphan effect's item (None: the item has an operation): only as succeeded
+        (the downstream did it), with the downstream's reference and a statement of what staff
+        did about it; nothing else is written (there is no operation to settle)."""
+        with self.sessions.begin() as session:
+            item = review_item(session, resolution.item_id)
+            if item is None or not resolution.staff.sees(item.tenant):
+                raise NotFound("no such review item", code="review_item_not_found")
+            if item.operation_id is not None:
+                return None
+            check_current(item, resolution.version)
+            text = (resolution.justification or "").strip()
+            if resolution.to is not State.SUCCEEDED or len(text) < MIN_JUSTIFICATION:
+                raise InvalidInput(ORPHAN_RESOLUTION, code="orphan_resolution")
+            if resolution.reference != item.evidence.get("reference"):
+                raise InvalidInput(
+                    "the reference is not the orphan effect's own", code="reference_mismatch"
+                )
+            done = resolve_review(
+                session, item.id, version=resolution.version, by=resolution.staff.actor,
+                resolution={"outcome": "succeeded", "reference": resolution.reference,
+                            "orphan_effect": True, "justification": text},
+                note=text,
+            )  # fmt: skip
+            if not done:
+                raise already_resolved(item)
+        audit.info("review resolve orphan", extra={"staff": resolution.staff.id,
+                                                   "item": resolution.item_id})  # fmt: skip
+        return {"item": resolution.item_id, "state": "succeeded", "operation": None}
+
     def _resolved(self, resolution: Resolution, op_id: str) -> dict[str, Any]:
         item_id, state = resolution.item_id, resolution.to.value
         audit.info(
@@ -290,8 +331,8 @@ class ReviewQueue:
         try:
             with self.sessions.begin() as session:
                 item = review_item(session, item_id)
-                if item is None or not staff.sees(item.tenant):
-                    return  # no such item (for this member): nothing to attach it to
+                if item is None or not staff.sees(item.tenant) or item.operation_id is None:
+                    return  # no such item (for this member), or no operation to attach it to
                 note_staff_action(
                     self.storage,
                     session,
@@ -321,6 +362,8 @@ class ReviewQueue:
         item = review_item(session, item_id)
         if item is None or not staff.sees(item.tenant):
             raise NotFound("no such review item", code="review_item_not_found")
+        if item.operation_id is None:
+            raise InvalidInput(ORPHAN_ITEM, code="orphan_effect_item")
         if open_only and item.resolved_at is not None:
             raise already_resolved(item)
         op = operation(session, item.operation_id)
@@ -337,6 +380,31 @@ class ReviewQueue:
         )  # fmt: skip
         result = self.gateway.lookup(request, deadline=clock.after(self.lookup_timeout))
         return result
+
+
+#: What an orphan effect's item answers where an operation's item shows its operation.
+ORPHAN_ITEM = (
+    "this item is an orphan effect: the downstream holds it with no operation here, so there "
+    "is nothing here to requery or settle; its evidence is in `settled review list --json` and "
+    '`settled ops audit --json` (docs/support.md, "Orphan effects")'
+)
+
+
+#: Why an orphan effect's item cannot be resolved as asked.
+ORPHAN_RESOLUTION = (
+    "an orphan effect was done at the downstream: resolve it as succeeded, with its reference "
+    f"and a justification ({MIN_JUSTIFICATION} characters or more) saying what was done about it"
+)
+
+
+def _orphan_row(item: ReviewItem) -> dict[str, Any]:
+    """A queue row of an orphan effect's item: what the downstream's record says of it."""
+    evidence = item.evidence
+    return {
+        **_item(item), "op_id": evidence.get("op_id"), "kind": None, "state": None,
+        "order_id": None, "amount_minor": evidence.get("amount_minor"),
+        "currency": evidence.get("currency"), "payee": None,
+    }  # fmt: skip
 
 
 def _listed(params: dict[str, Any]) -> dict[str, Any]:

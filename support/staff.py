@@ -46,6 +46,11 @@ REASONS: dict[str, str] = {
         "SETTLED_FINGERPRINT_KEYS agree (or find who altered the row), then confirm it as "
         "rejected with a justification; the app creates the intent again under a new op id"
     ),
+    "orphan_effect": (
+        "the downstream made this effect under Settled's key but the operation is gone from the "
+        "database (a failover or a restore lost it): ask the app whether it still holds the "
+        "intent; never send it again; correct the books from the evidence"
+    ),
 }
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 from pydantic import SecretStr
@@ -33,13 +33,19 @@ from outbox import wire
 from outbox.clock import Deadline
 from outbox.downstream import (
     DownstreamRequest,
+    Effect,
+    EffectsListed,
+    EffectsOutcome,
     LookupOutcome,
+    NotListed,
     NotSent,
     Refused,
     SendPhase,
     SubmitOutcome,
     Unavailable,
     Unknown,
+    listed_so_far,
+    valid_reference,
 )
 from outbox.downstream_clock import corrected_deadline
 from outbox.kinds import Kind
@@ -271,6 +277,48 @@ class HttpGateway:
         )
         return outcome
 
+    def effects_since(
+        self, tenant: str, since: datetime, /, *, deadline: Deadline | datetime
+    ) -> EffectsOutcome:
+        """The tenant's effects since ``since`` from the optional list of effects
+        (docs/wire-protocol.md, "List of effects"), page after page while ``deadline`` lasts; a
+        downstream that does not serve it (a bare 404 or 405) is ``NotListed``."""
+        key = self._authorization.get(tenant)
+        if key is None:
+            return NotListed("no API key configured for the tenant")
+        until = self._deadline(deadline)
+        effects: list[Effect] = []
+        query: dict[str, str] = {
+            "since": f"{since.timestamp():.3f}",
+            "limit": str(wire.EFFECTS_PAGE_MAX),
+        }
+        while True:
+            if until.left() <= 0:
+                return EffectsListed(tuple(effects), False, "deadline passed before the last page")
+            url = httpx.URL(self._base_url + wire.EFFECTS_PATH + "?" + urlencode(query))
+            headers = {
+                wire.AUTHORIZATION: key.get_secret_value(),
+                wire.DEADLINE: wire.format_deadline(until.at),
+            }
+            try:
+                response = self._send("GET", url, headers, None, until)
+            except httpx.TransportError as exc:
+                return listed_so_far(effects, f"listing effects failed ({error_name(exc)})")
+            if response.status_code in (404, 405) and not effects:
+                return NotListed("the downstream serves no list of effects (GET /v1/effects)")
+            page = _effects_page(response, tenant)
+            if page is None:
+                return listed_so_far(
+                    effects, f"a page of effects was not readable ({response.status_code})"
+                )
+            listed, has_more = page
+            effects.extend(listed)
+            if not has_more:
+                return EffectsListed(tuple(effects))
+            if not listed or listed[-1].reference == query.get("starting_after"):
+                return listed_so_far(effects, "the list of effects has more but does not page on")
+            query["starting_after"] = listed[-1].reference
+
     def probe_fence(self, kind: Kind, *, timeout: float = PROBE_TIMEOUT_SECONDS) -> FenceProbe:
         """Send the deadline fence's probe to ``kind``'s endpoint and say what its answer proves
         (docs/wire-protocol.md, "The fence's probe"): one request past its ``Settled-Deadline``,
@@ -383,3 +431,43 @@ class HttpGateway:
             content=b"".join(chunks),
             request=request,
         )
+
+
+def _effects_page(response: httpx.Response, tenant: str) -> tuple[list[Effect], bool] | None:
+    """One page of the list of effects: its effects and whether more follow; None where the
+    answer is not a readable page (an entry without a storable id makes it unreadable)."""
+    if response.status_code != 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    effects = []
+    for entry in data:
+        if not isinstance(entry, dict) or not valid_reference(entry.get("id")):
+            return None
+        echoed = entry.get("params")
+        params: dict[str, Any] = echoed if isinstance(echoed, dict) else {}
+        key, created = entry.get("idempotency_key"), entry.get("created")
+        amount = params.get("amount_minor")
+        effects.append(
+            Effect(
+                downstream="http",
+                tenant=tenant,
+                reference=entry["id"],
+                idempotency_key=key if isinstance(key, str) else None,
+                op_id=None,  # the protocol keeps only the key, a one-way function of the op id
+                amount_minor=amount if isinstance(amount, int) else None,
+                currency=str(params["currency"]) if params.get("currency") else None,
+                status=str(entry.get("status", "")),
+                created=(
+                    datetime.fromtimestamp(created, UTC)
+                    if isinstance(created, int | float) and not isinstance(created, bool)
+                    else None
+                ),
+            )
+        )
+    return effects, bool(body.get("has_more"))

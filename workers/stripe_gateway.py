@@ -44,15 +44,20 @@ from outbox.clock import Deadline
 from outbox.downstream import (
     Accepted,
     DownstreamRequest,
+    Effect,
+    EffectsListed,
+    EffectsOutcome,
     Found,
     LookupMisuse,
     LookupNotFound,
     LookupOutcome,
+    NotListed,
     NotSent,
     Refused,
     SendPhase,
     SubmitOutcome,
     Unavailable,
+    listed_so_far,
 )
 from outbox.port_shim import old_keywords
 from outbox.states import RejectReason
@@ -309,6 +314,39 @@ class StripeGateway:
                 return Unavailable("deadline passed before the last page of refunds")
             query["starting_after"] = last
 
+    def effects_since(
+        self, tenant: str, since: datetime, /, *, deadline: Deadline | datetime
+    ) -> EffectsOutcome:
+        """The refunds created at or after ``since`` (``created[gte]``) in the tenant's Stripe
+        account whose metadata names a Settled operation of the tenant, page after page while
+        ``deadline`` lasts; failed and canceled refunds are no effect and are left out."""
+        client = self._clients.get(tenant)
+        if client is None:
+            return NotListed("no Stripe key configured for the tenant")
+        until = self._within(deadline, "refund")
+        query: dict[str, Any] = {"created": {"gte": int(since.timestamp())}, "limit": LIST_LIMIT}
+        effects: list[Effect] = []
+        while True:
+            if until.left() <= 0:
+                return listed_so_far(effects, "deadline passed before the last page of refunds")
+            try:
+                page = client.v1.refunds.list(query, {"max_network_retries": 0})  # type: ignore[arg-type]
+            except stripe.StripeError as exc:
+                return listed_so_far(effects, f"listing refunds failed ({type(exc).__name__})")
+            listed = page.to_dict()
+            refunds = listed.get("data")
+            if not isinstance(refunds, list):
+                return listed_so_far(effects, "the refunds list is not readable")
+            effects.extend(
+                e for e in map(_effect_of, refunds) if e is not None and e.tenant == tenant
+            )
+            if not listed.get("has_more"):
+                return EffectsListed(tuple(effects))
+            last = _last_id(listed)
+            if last is None or last == query.get("starting_after"):
+                return listed_so_far(effects, "the refunds list has more but does not page on")
+            query["starting_after"] = last
+
     def _within(self, deadline: Deadline | datetime, downstream: str) -> Deadline:
         if isinstance(deadline, datetime):  # on this process's wall clock
             deadline = Deadline.from_wall(deadline, datetime.now(UTC))
@@ -358,3 +396,39 @@ def _last_id(listed: Mapping[str, Any]) -> str | None:
         return None
     last = refunds[-1].get("id")
     return last if isinstance(last, str) else None
+
+
+#: A refund in these states made no effect (nothing was or will be paid out).
+NO_EFFECT = frozenset({"failed", "canceled"})
+
+
+def _effect_of(refund: object) -> Effect | None:
+    """A listed refund as an effect, where its metadata names a Settled operation (tenant and op
+    id) and it made or may still make one; None otherwise (not Settled's, or failed)."""
+    if not isinstance(refund, dict):
+        return None
+    metadata = refund.get("metadata")
+    if not isinstance(metadata, dict):
+        return None
+    tenant, op_id, key = (metadata.get(f) for f in (TENANT_FIELD, OP_ID_FIELD, KEY_FIELD))
+    reference, status = refund.get("id"), refund.get("status")
+    if not isinstance(tenant, str) or not isinstance(op_id, str) or status in NO_EFFECT:
+        return None
+    if not isinstance(reference, str):
+        return None
+    amount, currency, created = refund.get("amount"), refund.get("currency"), refund.get("created")
+    return Effect(
+        downstream="stripe",
+        tenant=tenant,
+        reference=reference,
+        idempotency_key=key if isinstance(key, str) else None,
+        op_id=op_id,
+        amount_minor=amount if isinstance(amount, int) and not isinstance(amount, bool) else None,
+        currency=currency.upper() if isinstance(currency, str) else None,
+        status=str(status),
+        created=(
+            datetime.fromtimestamp(created, UTC)
+            if isinstance(created, int) and not isinstance(created, bool)
+            else None
+        ),
+    )

@@ -29,10 +29,11 @@ from sqlalchemy.orm import Session
 from outbox.models import Attempt, Operation, OperationEvent, Proposal, ReviewItem, Run
 from outbox.proposal_states import ProposalStatus
 
-#: Review items with their operation's op_id, kind, state and params, oldest first.
+#: Review items with their operation's op_id, kind, state and params, oldest first (all four
+#: None for an orphan effect's item: it has no operation here).
 REVIEW_PAGE = (
     select(ReviewItem, Operation.op_id, Operation.kind, Operation.state, Operation.params)
-    .join(Operation, Operation.id == ReviewItem.operation_id)
+    .outerjoin(Operation, Operation.id == ReviewItem.operation_id)
     .order_by(ReviewItem.created_at, ReviewItem.id)
     .offset(bindparam("offset"))
     .limit(bindparam("limit"))
@@ -40,7 +41,7 @@ REVIEW_PAGE = (
 REVIEW_COUNT = (
     select(func.count())
     .select_from(ReviewItem)
-    .join(Operation, Operation.id == ReviewItem.operation_id)
+    .outerjoin(Operation, Operation.id == ReviewItem.operation_id)
 )
 MAX_FOUND = 50
 #: Operations by the order id in their params (the refund and ticket kinds have one).
@@ -215,9 +216,10 @@ def review_page(
     include_resolved: bool = False,
     offset: int = 0,
     limit: int = 50,
-) -> tuple[list[tuple[ReviewItem, str, str, str, dict[str, Any]]], int]:
+) -> tuple[list[tuple[ReviewItem, Any, Any, Any, Any]], int]:
     """One page of review items (open ones unless ``include_resolved``), oldest first, with
-    their operation's op_id, kind, state and params; and how many match in all."""
+    their operation's op_id, kind, state and params (None for an orphan effect's item); and
+    how many match in all."""
     filters: dict[str, Any] = {"tenants": tenants, "tenant": tenant, "reason": reason, "kind": kind,
                "created_before": created_before, "include_resolved": include_resolved}  # fmt: skip
     params: dict[str, Any] = {"offset": offset, "limit": limit}

@@ -3,6 +3,7 @@
     common       one-line errors, the checked input types, the runtime from the settings
     processes    worker, beat, web, run (and the checks before they start), check
     db           db upgrade, db current
+    ops, audit   ops list, show, resubmit, prune; ops audit (orphan effects)
     review       review list, show, requery, resolve (support staff)
     apikey       apikey create, revoke
     staff        staff create, disable, password, list (the console's accounts)
@@ -22,6 +23,7 @@ import click
 
 from settled.cli.agents import mcp, proposals
 from settled.cli.apikey import apikey
+from settled.cli.audit import ops_audit
 from settled.cli.common import OneLineErrors, version_option
 from settled.cli.db import db
 from settled.cli.demo import demo
@@ -69,6 +71,7 @@ main.add_command(staff)
 main.add_command(reconcile)
 main.add_command(simulator)
 main.add_command(demo)
+ops.add_command(ops_audit)
 main.add_command(ops)
 main.add_command(mcp)
 main.add_command(proposals)

@@ -6,6 +6,7 @@
     prune      delete terminal operations older than N days (optionally archived first),
                keeping a tombstone of each that answers a replay of its op_id
     prune-tombstones  delete tombstones older than N days: re-opens those op_ids (warned)
+    audit      effects the downstreams hold with no operation here (``settled.cli.audit``)
 
 ``list`` and ``show`` read through ``support.listing``, ``resubmit`` writes through
 ``outbox.resubmit`` (the normal intake), ``prune`` is ``outbox.prune.prune``,
@@ -71,7 +72,7 @@ def _read(action: Any) -> Any:
 
 @click.group()
 def ops() -> None:
-    """Operations: list, show, resubmit, prune, prune-tombstones (operators)."""
+    """Operations: list, show, resubmit, prune, prune-tombstones, audit (operators)."""
 
 
 @ops.command("list")

@@ -59,8 +59,8 @@ def _emit(data: Any, as_json: bool) -> None:
 COLUMNS: tuple[tuple[str, Any], ...] = (
     ("ITEM", lambda row: f"#{row['id']}"),
     ("TENANT", lambda row: row["tenant"]),
-    ("OP_ID", lambda row: row["op_id"]),
-    ("KIND", lambda row: row["kind"]),
+    ("OP_ID", lambda row: row["op_id"] or "-"),  # none known: an orphan effect's wire key
+    ("KIND", lambda row: row["kind"] or "-"),  # none: an orphan effect's item
     ("REASON", lambda row: row["reason"]),
     ("VERSION", lambda row: f"v{row['version']}"),
     ("SINCE", lambda row: row["created_at"]),

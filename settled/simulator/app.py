@@ -16,7 +16,7 @@ from urllib.parse import unquote
 from outbox import wire
 from outbox.kinds import Kind, default_registry
 from settled.simulator import alipay, control_api, stripe, wechatpay, wechatpay_control
-from settled.simulator.lookup import lookup
+from settled.simulator.lookup import list_effects, lookup
 from settled.simulator.messages import NO_SUCH_ROUTE, Answer, Connection, Request, Response
 from settled.simulator.state import Simulator
 from settled.simulator.submit import submit
@@ -83,6 +83,8 @@ class Application:
                 return _as_provider(alipay.respond(sim, request, connection))
             if method == "POST" and path in self.kinds:
                 return submit(sim, self.kinds[path], request, connection)
+            if method == "GET" and path == wire.EFFECTS_PATH:
+                return list_effects(sim, request)
             if method == "GET" and path.startswith(LOOKUP_PREFIX):
                 return lookup(sim, unquote(path[len(LOOKUP_PREFIX) :]), request, connection)
             return NO_SUCH_ROUTE

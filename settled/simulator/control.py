@@ -175,6 +175,7 @@ class SimulatorControl:
         key_retention_seconds: float | _Unset | None = UNSET,
         lookup_visibility_delay: float | None = None,
         deadline_fence: bool | None = None,
+        effects_list: bool | None = None,
     ) -> Switches:
         """Change the given switches (``key_retention_seconds=None``: never forget keys;
         ``deadline_fence=False``: execute submits that arrive after their deadline)."""
@@ -189,6 +190,8 @@ class SimulatorControl:
             body["lookup_visibility_delay"] = lookup_visibility_delay
         if deadline_fence is not None:
             body["deadline_fence"] = deadline_fence
+        if effects_list is not None:
+            body["effects_list"] = effects_list
         return Switches(**self._call("POST", "switches", body))
 
     def switches(self) -> Switches:

@@ -181,7 +181,7 @@ def _switch_values(data: Mapping[str, Any]) -> dict[str, Any]:
     unknown = set(data) - set(Switches.__dataclass_fields__)
     if unknown:
         raise ValueError(f"unknown switches: {sorted(unknown)}")
-    for name in ("idempotency", "lookup", "deadline_fence"):
+    for name in ("idempotency", "lookup", "deadline_fence", "effects_list"):
         if name in data and not isinstance(data[name], bool):
             raise ValueError(f"{name} must be true or false")
     for name in ("key_retention_seconds", "lookup_visibility_delay"):

@@ -1,6 +1,9 @@
-"""The lookup by idempotency key (docs/wire-protocol.md, "Lookup by idempotency key")."""
+"""The lookup by idempotency key and the list of effects (docs/wire-protocol.md, "Lookup by
+idempotency key", "List of effects")."""
 
 from __future__ import annotations
+
+from urllib.parse import parse_qsl
 
 from outbox import wire
 from settled.simulator.auth import authenticate
@@ -30,3 +33,48 @@ def lookup(sim: Simulator, key: str, request: Request, connection: Connection) -
     if sim.now() - record.created < sim.switches.lookup_visibility_delay:
         return _KEY_NOT_FOUND
     return Response(200, record.outcome, {})
+
+
+def list_effects(sim: Simulator, request: Request) -> Response:
+    """``GET /v1/effects?since=T``: the tenant's executed effects created at or after ``T``
+    (Unix seconds), oldest first, a page at a time (``limit`` 1-100, default 100;
+    ``starting_after`` the last id of the page before); ``has_more`` where more follow. Listed
+    for as long as the ledger holds them (the key retention does not apply; the visibility
+    delay does)."""
+    tenant = authenticate(sim, request)
+    if not sim.switches.effects_list:
+        return _NO_LOOKUP_API
+    query = dict(parse_qsl(request.query))
+    since, limit = _number(query.get("since", "0")), _number(query.get("limit", "100"))
+    if since is None or limit is None or not 1 <= limit <= wire.EFFECTS_PAGE_MAX:
+        return error(400, wire.INVALID_REQUEST, "invalid_params", "since or limit is not valid")
+    now = sim.now()
+    listed = sorted(
+        (
+            (created, outcome)
+            for created, outcome in sim.ledger.outcomes(tenant)
+            if outcome.get("status") == "succeeded"
+            and created >= since
+            and now - created >= sim.switches.lookup_visibility_delay
+        ),
+        key=lambda shown: (shown[0], str(shown[1].get("id"))),  # oldest first, ties by id
+    )
+    effects = [outcome for _, outcome in listed]
+    after = query.get("starting_after")
+    if after is not None:
+        ids = [str(effect.get("id")) for effect in effects]
+        if after not in ids:
+            return error(400, wire.INVALID_REQUEST, "invalid_params", "starting_after is unknown")
+        effects = effects[ids.index(after) + 1 :]
+    page = effects[: int(limit)]
+    body = {"object": "list", "has_more": len(effects) > limit, "data": page}
+    return Response(200, body, {})
+
+
+def _number(text: str) -> float | None:
+    """A non-negative number of the query string (None: not one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value >= 0 and value == value and value != float("inf") else None

@@ -25,6 +25,7 @@ class Switches:
     #: refuse (408 deadline_exceeded, nothing executed) a submit that arrives after its
     #: Settled-Deadline; off: execute it anyway, as a downstream without the fence would
     deadline_fence: bool = True
+    effects_list: bool = True  # off: there is no list of effects (its route answers a bare 404)
 
 
 class Simulator:

@@ -812,3 +812,23 @@ def test_the_fragments_need_a_signed_in_member_of_staff(console: Console) -> Non
         r = console.client.get(path, headers=htmx, follow_redirects=False)
         assert r.status_code == 401 and r.headers["hx-redirect"].startswith("/console/login")
         assert "op-s" not in r.text
+
+
+def test_an_orphan_effects_item_is_in_the_queue_in_its_words_and_its_page_says_why(
+    console: Console,
+) -> None:
+    console.rig.judged_by_ledger = False
+    with console.rig.sessions.begin() as s:
+        evidence = {"reference": "re_lost", "op_id": None, "idempotency_key": "stl_x",
+                    "amount_minor": 700, "currency": "CNY"}  # fmt: skip
+        item = ReviewItem(operation_id=None, effect="http:acme:re_lost", tenant="acme",
+                          reason="orphan_effect", evidence=evidence)  # fmt: skip
+        s.add(item)
+        s.flush()
+        item_id = item.id
+    r = console.as_(VERA).get("/console/review")
+    assert r.status_code == 200 and items_listed(r.text) == [item_id]
+    assert "Done at the service, but no operation here" in r.text and "7.00 CNY" in r.text
+    assert 'class="operation"' not in r.text  # no operation to link to
+    page = console.get(f"/console/review/{item_id}")
+    assert "this item is an orphan effect" in page.text

@@ -32,8 +32,10 @@ FINGERPRINT_KEYS = '{"v1": "test-fingerprint-key-0001"}'
 IDEMPOTENCY_SECRET = "test-idempotency-secret"
 
 
-def settled(rig: Rig, *args: str | bytes) -> subprocess.CompletedProcess[str]:
-    """``settled ARGS`` in a process of its own, on the rig's database."""
+def settled(
+    rig: Rig, *args: str | bytes, env_more: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``settled ARGS`` in a process of its own, on the rig's database (and ``env_more``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
     env.update(
         SETTLED_DATABASE_URL=rig.engine.url.render_as_string(hide_password=False),
@@ -41,6 +43,7 @@ def settled(rig: Rig, *args: str | bytes) -> subprocess.CompletedProcess[str]:
         SETTLED_FINGERPRINT_KEYS=FINGERPRINT_KEYS,
         SETTLED_IDEMPOTENCY_SECRET=IDEMPOTENCY_SECRET,
     )
+    env.update(env_more or {})
     return subprocess.run(
         [sys.executable, "-m", "settled.cli", *args],
         env=env,

@@ -267,8 +267,13 @@ CASES: dict[str, Case] = {
 }
 
 
+#: Reasons of items with no operation, whose way out is shown where they are produced:
+#: ``orphan_effect`` in tests/integration/test_ops_audit.py (resolved as succeeded, by a person).
+WITHOUT_OPERATION = {"orphan_effect"}
+
+
 def test_every_documented_reason_has_a_case() -> None:
-    assert set(CASES) == set(REASONS)
+    assert set(CASES) | WITHOUT_OPERATION == set(REASONS)
 
 
 def way_out(rig: Rig, reason: str) -> None:
