@@ -7,21 +7,34 @@ keeps only the key) is an *orphan*, and gets one review item (reason ``orphan_ef
 evidence, once ever: an audit run again opens no second one.
 
 A downstream that lists nothing (the wire protocol without its optional list, WeChat Pay and
-Alipay, whose queries name one order at a time) is reported as not audited, with why.
+Alipay, whose queries name one order at a time) is reported as not audited, with why. What
+the app names from its own records (``Named``: the tenant, op id, kind and intent it kept with
+its business row) is looked up one by one instead (``audit_named``), through the gateway's own
+lookup by the key Settled derives from the op id: that works on every downstream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from outbox.clock import Deadline
-from outbox.downstream import Effect, EffectLister, EffectsListed
-from outbox.ids import KEY_PREFIX
+from outbox.downstream import (
+    DownstreamRequest,
+    Effect,
+    EffectLister,
+    EffectsListed,
+    Found,
+    Gateway,
+    LookupMisuse,
+    LookupNotFound,
+)
+from outbox.ids import KEY_PREFIX, derive_idempotency_key, validate_op_id, validate_tenant
+from outbox.kinds import KindRegistry
 from outbox.storage.audit import known_operations, open_effect_item
 
 Sessions = Callable[[], Any]  # a sessionmaker: ``sessions.begin()`` gives a transaction
@@ -51,7 +64,8 @@ class Orphan:
 class Checked:
     """What one downstream's list showed for one tenant (``tenant`` None: the downstream was
     not asked at all): how many of Settled's effects, whether it was read to the end, why not;
-    ``listed`` False where it could not list anything (not audited)."""
+    ``listed`` False where it could not list anything (not audited); ``asked``: the named
+    operations looked up one by one (``audit_named``; None for a list)."""
 
     downstream: str
     tenant: str | None
@@ -59,6 +73,7 @@ class Checked:
     complete: bool
     detail: str | None = None
     listed: bool = True
+    asked: int | None = None
 
 
 @dataclass
@@ -172,3 +187,89 @@ def _record(sessions: Sessions, tenant: str, effects: list[Effect]) -> list[Orph
 
 def _open(session: Session, effect: Effect) -> tuple[int, bool]:
     return open_effect_item(session, effect_name(effect), effect.tenant, evidence_of(effect))
+
+
+@dataclass(frozen=True)
+class Named:
+    """An operation the app names from its own records: its tenant and op id, its kind and
+    the intent it was enqueued with (``checked`` makes one from a line of the app's file)."""
+
+    tenant: str
+    op_id: str
+    kind: str
+    params: Mapping[str, Any]
+
+    @classmethod
+    def checked(cls, registry: KindRegistry, value: object) -> Named:
+        """``value`` (a JSON object: ``tenant``, ``op_id``, ``kind``, ``params``) checked as
+        intake checks them; InvalidInput (no value echoed) for the first bad one."""
+        from outbox.errors import InvalidInput
+        from outbox.fingerprint import canonical_params
+
+        if not isinstance(value, Mapping):
+            raise InvalidInput("each line must be a JSON object", code="named_not_object")
+        tenant = validate_tenant(value.get("tenant"))
+        op_id = validate_op_id(value.get("op_id"))
+        kind = registry.get(value.get("kind"))
+        params = canonical_params(kind.parse(value.get("params")))
+        return cls(tenant, op_id, kind.name, params)
+
+
+def audit_named(
+    found: Audit,
+    sessions: Sessions,
+    gateway: Gateway,
+    registry: KindRegistry,
+    secret: bytes,
+    named: Iterable[Named],
+    downstream_of: Callable[[str], str],
+    *,
+    deadline: Callable[[], Deadline],
+) -> Audit:
+    """``found`` with each of ``named`` that has no operation here (nor a tombstone) looked
+    up at its downstream (``downstream_of(kind)``) by the key Settled derived for it: one made
+    there is an orphan, with its review item; one the lookup cannot settle (unavailable, a
+    record not ours) leaves the audit incomplete; one its downstream's list showed already
+    (in ``found``) is not asked again. One ``Checked`` per downstream and tenant (``asked``:
+    the lookups made)."""
+    tallies: dict[tuple[str, str], Checked] = {}
+    listed = {
+        (o.effect.downstream, o.effect.tenant, o.effect.idempotency_key) for o in found.orphans
+    }
+    for one in named:
+        where = (downstream_of(one.kind), one.tenant)
+        tally = tallies.setdefault(where, Checked(*where, effects=0, complete=True, asked=0))
+        key = derive_idempotency_key(secret, one.tenant, one.op_id)
+        if (*where, key) in listed:
+            continue  # its downstream's list showed it already
+        with sessions() as session:
+            known_ids, _ = known_operations(session, one.tenant, {one.op_id}, set())
+        if known_ids:
+            continue
+        request = DownstreamRequest(one.tenant, one.op_id, registry.get(one.kind), key, one.params)
+        outcome = gateway.lookup(request, deadline=deadline())
+        tally = replace(tally, asked=(tally.asked or 0) + 1)
+        record = outcome.receipt if isinstance(outcome, Found) else None
+        if isinstance(outcome, LookupMisuse):
+            record = outcome.record
+        if record is None:
+            if not isinstance(outcome, LookupNotFound):  # nobody can say: not audited
+                detail = getattr(outcome, "detail", type(outcome).__name__)
+                tally = replace(tally, complete=False, detail=detail)
+            tallies[where] = tally
+            continue  # not found: never made there, nothing lost
+        tallies[where] = replace(tally, effects=tally.effects + 1)
+        effect = Effect(
+            downstream=where[0],
+            tenant=one.tenant,
+            reference=record.reference,
+            idempotency_key=key,
+            op_id=one.op_id,
+            amount_minor=record.params.get("amount_minor"),
+            currency=record.params.get("currency"),
+            status=record.status,
+            created=None,
+        )
+        found.orphans.extend(_record(sessions, one.tenant, [effect]))
+    found.checked.extend(tallies.values())
+    return found

@@ -4,8 +4,11 @@ or a restore from a backup (docs/production.md, "After a failover or a restore")
 Asks each configured downstream that can list its effects (Stripe's refunds list; the wire
 protocol's optional ``GET /v1/effects``) for those made since ``--since`` under Settled's keys,
 and lists every one with no operation here, each with its review item (``support.audit``).
-WeChat Pay and Alipay query one order at a time: they are reported as not audited (a full
-audit of them needs the provider's bill download, which Settled does not fetch).
+WeChat Pay and Alipay query one order at a time: they are reported as not audited by a list
+(a full audit of them needs the provider's bill download, which Settled does not fetch).
+``--named FILE`` looks up, on any downstream, the operations the app names from its own
+records (JSON lines: ``tenant``, ``op_id``, ``kind``, ``params``) that have no operation here,
+by the key Settled derives from each op id (``support.audit.audit_named``).
 
 Exit status: 0 nothing found and every downstream read to the end; 1 orphan effects found;
 3 none found, but some downstream or tenant could not be read (the output says which).
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -63,16 +66,22 @@ class Since(click.ParamType):  # type: ignore[type-arg]
     "--timeout", type=Seconds(), default=60.0, show_default=True,
     help="the longest one downstream's list of one tenant is read for",
 )  # fmt: skip
+@click.option(
+    "--named", type=click.File("r", encoding="utf-8"), default=None,
+    help="JSON lines of operations the app kept (tenant, op_id, kind, params), each looked up",
+)  # fmt: skip
 @AS_JSON
-def ops_audit(since: datetime, timeout: float, as_json: bool) -> None:
+def ops_audit(since: datetime, timeout: float, named: IO[str] | None, as_json: bool) -> None:
     """Effects the downstreams hold under Settled's keys with no operation here (orphans, as a
     failover or a restore leaves them), each with a review item (opened once)."""
     from outbox.clock import Deadline
     from settled.cli.common import runtime
-    from support.audit import audit
+    from support.audit import audit, audit_named
+    from workers.downstreams import WIRE
 
     rt = runtime()
     try:
+        kept = [] if named is None else _named(rt.registry, named)  # all checked first
 
         def deadline() -> Deadline:
             return Deadline(
@@ -80,6 +89,12 @@ def ops_audit(since: datetime, timeout: float, as_json: bool) -> None:
             )
 
         found = audit(rt.sessions, _sources(rt), since, deadline=deadline)
+        if kept:
+            providers = rt.settings.downstream_providers
+            audit_named(
+                found, rt.sessions, rt.gateway, rt.registry, rt.outbox.idempotency_secret, kept,
+                lambda kind: providers.get(kind, WIRE), deadline=deadline,
+            )  # fmt: skip
     finally:
         rt.close()
     if as_json:
@@ -88,6 +103,27 @@ def ops_audit(since: datetime, timeout: float, as_json: bool) -> None:
         _print(found)
     status = 1 if found.orphans else (0 if found.complete else INCOMPLETE)
     click.get_current_context().exit(status)
+
+
+def _named(registry: Any, lines: IO[str]) -> list[Any]:
+    """The operations of ``--named``, each line checked as intake checks an enqueue; a bad
+    line is a usage error naming its number and what is wrong (never its values)."""
+    from outbox.errors import InvalidInput
+    from support.audit import Named
+
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            kept.append(Named.checked(registry, json.loads(line)))
+        except ValueError:
+            raise click.BadParameter(f"line {number} is not JSON", param_hint="'--named'") from None
+        except InvalidInput as exc:
+            raise click.BadParameter(
+                f"line {number}: [{exc.code}] {exc}", param_hint="'--named'"
+            ) from None
+    return kept
 
 
 def _sources(rt: Any) -> list[Any]:
@@ -140,7 +176,12 @@ def _print(found: Any) -> None:
     click.echo("\nChecked")
     for c in found.checked:
         where = c.downstream + (f" {c.tenant}" if c.tenant else "")
-        if c.complete:
+        if c.asked is not None:
+            click.echo(
+                f"  {where}: {c.asked} named operation(s) with none here looked up, "
+                f"{c.effects} made there" + ("" if c.complete else f"; INCOMPLETE: {c.detail}")
+            )
+        elif c.complete:
             click.echo(f"  {where}: {c.effects} effect(s) of Settled's, read to the end")
         elif not c.listed:
             click.echo(f"  {where}: NOT AUDITED: {c.detail}")

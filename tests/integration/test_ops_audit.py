@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -156,6 +157,99 @@ def test_a_since_that_is_no_time_is_one_line_and_writes_nothing(rig: Rig) -> Non
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert line.startswith("Error: ") and "is not a time" in line
+
+
+# -- what the app names from its own records: looked up one by one, on every downstream ------
+
+
+def named_line(rig: Rig, op_id: str, amount: int = 100) -> str:
+    return json.dumps(
+        {"tenant": "acme", "op_id": op_id, "kind": "refund",
+         "params": {**GOOD, "amount_minor": amount}}
+    )  # fmt: skip
+
+
+def audit_cli(rig: Rig, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from settled.cli import main
+    from tests.integration.test_review import cli_env
+
+    env = {**cli_env(rig), "SETTLED_DOWNSTREAM_TIMEOUT": "5"}
+    return CliRunner().invoke(main, ["ops", "audit", *args], env=env, catch_exceptions=False)
+
+
+@pytest.mark.parametrize("provider_rig", ["http", "wechatpay", "alipay"], indirect=True)
+def test_operations_the_app_names_are_looked_up_by_their_key_where_nothing_lists_them(
+    provider_rig: Rig, tmp_path: Path
+) -> None:
+    """WeChat Pay and Alipay, and the wire protocol without its list: a lost refund the app
+    names is found by the key Settled derives from its op id (Stripe lists its refunds)."""
+    rig = provider_rig
+    rig.judged_by_ledger = False  # the ledger holds an effect the database lost: the point here
+    rig.control.set_switches(effects_list=False)
+    lost = refunded(rig, "op-named-lost")
+    lost_ref = rig.downstream_reference(lost)
+    kept = refunded(rig, "op-named-kept")
+    lose(rig, lost)
+    named = tmp_path / "named.jsonl"
+    named.write_text(
+        "\n".join(
+            [named_line(rig, "op-named-lost"), named_line(rig, "op-named-kept"),
+             named_line(rig, "op-named-never-sent"), ""]
+        )
+    )  # fmt: skip
+    done = audit_cli(rig, "--since", "1h", "--named", str(named), "--json")
+    assert done.exit_code == 1, done.output
+    found = json.loads(done.output)
+    (checked,) = [c for c in found["checked"] if c["asked"] is not None]
+    assert [(o["op_id"], o["reference"]) for o in found["orphans"]] == [("op-named-lost", lost_ref)]
+    # the kept one is known here: not asked; the one never sent is not found there
+    assert (checked["tenant"], checked["asked"], checked["effects"], checked["complete"]) == (
+        "acme",
+        2,
+        1,
+        True,
+    )
+    items = orphan_items(rig)
+    assert [(i.evidence["op_id"], i.evidence["reference"]) for i in items] == [
+        ("op-named-lost", lost_ref)
+    ]
+    assert rig.op(kept).state == "succeeded"
+    before = [i.id for i in orphan_items(rig)]
+    again = audit_cli(rig, "--since", "1h", "--named", str(named))
+    assert [i.id for i in orphan_items(rig)] == before  # opened once
+    assert "2 named operation(s) with none here looked up, 1 made there" in again.output
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("{not json", "line 2 is not JSON"),
+        (json.dumps(["a list"]), "line 2: [named_not_object]"),
+        (json.dumps({"tenant": "acme", "op_id": "x y", "kind": "refund", "params": GOOD}),
+         "line 2: [invalid_op_id]"),
+        (json.dumps({"tenant": "acme", "op_id": "ok", "kind": "nope", "params": GOOD}),
+         "line 2: [unknown_kind]"),
+        (json.dumps({"tenant": "acme", "op_id": "ok", "kind": "refund",
+                     "params": {**GOOD, "amount_minor": "secret-amount"}}),
+         "line 2: [invalid_params]"),
+    ],
+    ids=["not-json", "not-object", "bad-op-id", "unknown-kind", "bad-params"],
+)  # fmt: skip
+def test_a_bad_named_line_is_one_line_and_writes_nothing(
+    rig: Rig, tmp_path: Path, line: str, says: str
+) -> None:
+    rig.judged_by_ledger = False
+    lost = refunded(rig, "op-named-lost")
+    lose(rig, lost)
+    named = tmp_path / "named.jsonl"
+    named.write_text(named_line(rig, "op-named-lost") + "\n" + line + "\n")
+    done = audit_cli(rig, "--since", "1h", "--named", str(named))
+    assert done.exit_code == 2, done.output
+    (message,) = [m for m in done.output.splitlines() if m.startswith("Error")]
+    assert says in message and "secret-amount" not in done.output
+    assert orphan_items(rig) == []  # the good line before it was not looked up either
 
 
 # -- Stripe: its refunds list, over the in-memory transport the Stripe tests use ---------------

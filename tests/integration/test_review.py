@@ -231,6 +231,15 @@ OWN_KEYS = {
 
 
 def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> Any:
+    """``settled review ARGS`` on the rig, configured as an operator configures it."""
+    env = cli_env(rig, staff=staff, role=role)
+    return CliRunner().invoke(main, ["review", *args], env=env, catch_exceptions=False)
+
+
+def cli_env(rig: Rig, *, staff: str = "alice", role: str = "support") -> dict[str, str]:
+    """The environment of a ``settled`` command on the rig: its database, and its downstream
+    in the rig's mode (the wire protocol, Stripe, WeChat Pay or Alipay), as an operator sets
+    them."""
     env = {
         "SETTLED_DATABASE_URL": rig.engine.url.render_as_string(hide_password=False),
         "SETTLED_DOWNSTREAM_URL": rig.url,
@@ -262,7 +271,7 @@ def cli(rig: Rig, *args: str, staff: str = "alice", role: str = "support") -> An
         )
         env["SETTLED_ALIPAY_PUBLIC_KEYS"] = json.dumps({"acme": app.alipay_public_key})
         env["SETTLED_ALIPAY_GATEWAY_URL"] = rig.url + ALIPAY_GATEWAY
-    return CliRunner().invoke(main, ["review", *args], env=env, catch_exceptions=False)
+    return env
 
 
 def test_review_cli_end_to_end(rig: Rig) -> None:
