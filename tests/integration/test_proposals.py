@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.intake import Outbox
 from outbox.models import Proposal
+from outbox.outage import DatabaseOutage
 from outbox.proposals import Proposals, Proposed
 from outbox.settings import Settings
 from tests.support.rig import GOOD
@@ -120,7 +121,8 @@ def test_the_sweep_task_rehints_due_operations_even_when_expiry_fails(
     def expiry_fails(*_: object) -> int:
         raise RuntimeError("the proposals table is locked")
 
-    monkeypatch.setattr(celery_app, "runtime", lambda settings: SimpleNamespace(sessions=sessions))
+    runtime = SimpleNamespace(sessions=sessions, outage=DatabaseOutage())
+    monkeypatch.setattr(celery_app, "runtime", lambda settings: runtime)
     monkeypatch.setattr(celery_app, "expire_proposals", expiry_fails)
     app = celery_app.create_app(Settings())
     monkeypatch.setattr(app, "send_task", lambda name, args, queue: hints.append(args[0]))

@@ -18,7 +18,7 @@ from outbox.logs import JsonFormatter
 from outbox.relay import publish_hints
 
 #: what an exception text of a broker library may carry, and a log line never may
-SECRET_URL = "redis://:s3cret-password@redis.internal:6379/0"
+SECRET_URL = "redis://:s3cret-password@redis.internal:6390/0"
 
 
 class Broker:
@@ -62,7 +62,7 @@ def counted() -> Counter[str]:
 @pytest.fixture
 def breaker(broker: Broker, clock: Clock, counted: Counter[str]) -> HintBreaker:
     return HintBreaker(
-        broker, cooldown=5.0, count=lambda outcome: counted.update([outcome]), broker="redis://:***@redis.internal:6379/0",
+        broker, cooldown=5.0, count=lambda outcome: counted.update([outcome]), broker="redis://:***@redis.internal:6390/0",
         monotonic=clock,
     )  # fmt: skip
 
@@ -189,7 +189,7 @@ def test_an_outage_is_logged_once_when_it_begins_and_once_when_it_ends(
     for record, line in zip(lines, (began, ended), strict=True):
         assert record.exc_info is None
         assert "s3cret" not in json.dumps(line) and "s3cret" not in record.getMessage()
-        assert line["broker"] == "redis://:***@redis.internal:6379/0"
+        assert line["broker"] == "redis://:***@redis.internal:6390/0"
 
 
 def test_a_second_outage_is_logged_and_counted_afresh(
