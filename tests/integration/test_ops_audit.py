@@ -8,8 +8,6 @@ says so; no secret is printed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,32 +25,10 @@ from outbox.models import Attempt, Operation, OperationEvent, ReviewItem
 from outbox.prune import prune
 from outbox.storage.audit import ORPHAN_EFFECT
 from support.audit import Source, audit
-from tests.integration.test_ops_cli import FINGERPRINT_KEYS, IDEMPOTENCY_SECRET
+from tests.integration.test_ops_cli import settled
 from tests.integration.test_ops_prune import OLD, age
 from tests.support.rig import GOOD, Rig
 from tests.unit.test_stripe_classification import _gateway, _refund
-
-
-def settled(
-    rig: Rig, *args: str, env_more: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``settled ARGS`` on the rig's database (and ``env_more``), as ``test_ops_cli.settled``
-    runs it, but in this process (click's runner): each run is still a whole command line,
-    its settings read from the environment, at a fraction of a process's start."""
-    from click.testing import CliRunner
-
-    from settled.cli import main
-
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SETTLED_")}
-    env.update(
-        SETTLED_DATABASE_URL=rig.engine.url.render_as_string(hide_password=False),
-        SETTLED_DOWNSTREAM_URL=rig.url,
-        SETTLED_FINGERPRINT_KEYS=FINGERPRINT_KEYS,
-        SETTLED_IDEMPOTENCY_SECRET=IDEMPOTENCY_SECRET,
-        **(env_more or {}),
-    )
-    done = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
-    return subprocess.CompletedProcess(list(args), done.exit_code, done.stdout, done.stderr)
 
 
 def keys_env(rig: Rig) -> dict[str, str]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from outbox import runs
@@ -23,6 +23,7 @@ from outbox.ids import derive_idempotency_key
 from outbox.models import Operation, OperationEvent
 from outbox.resubmit import RESUBMISSION, RESUBMITTED, resubmit
 from outbox.storage.operations import find_operation
+from settled.cli import main
 from support.operation_view import operation_page
 from tests.support.rig import GOOD, HOLD, Rig
 
@@ -35,23 +36,21 @@ IDEMPOTENCY_SECRET = "test-idempotency-secret"
 def settled(
     rig: Rig, *args: str | bytes, env_more: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``settled ARGS`` in a process of its own, on the rig's database (and ``env_more``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
+    """``settled ARGS`` on the rig's database (and ``env_more``), as a shell runs it but in
+    this process (click's runner): each run is a whole command line, its settings read from
+    the environment (no ``SETTLED_`` variable of the test run's), at a fraction of a process's
+    start. A ``bytes`` argument arrives as Python's argv holds it (``os.fsdecode``)."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SETTLED_")}
     env.update(
         SETTLED_DATABASE_URL=rig.engine.url.render_as_string(hide_password=False),
         SETTLED_DOWNSTREAM_URL=rig.url,
         SETTLED_FINGERPRINT_KEYS=FINGERPRINT_KEYS,
         SETTLED_IDEMPOTENCY_SECRET=IDEMPOTENCY_SECRET,
+        **(env_more or {}),
     )
-    env.update(env_more or {})
-    return subprocess.run(
-        [sys.executable, "-m", "settled.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    argv = [os.fsdecode(a) for a in args]
+    done = CliRunner().invoke(main, argv, env=env, catch_exceptions=False)
+    return subprocess.CompletedProcess(argv, done.exit_code, done.stdout, done.stderr)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
