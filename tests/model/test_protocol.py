@@ -34,17 +34,12 @@ from tests.model.protocol import (
     World,
 )
 
-#: Small enough for the test run (the whole CI set runs in ``python -m tests.model``).
+#: Smaller configurations than the CI set's, for the test run: the CI set itself runs once, in
+#: ``python -m tests.model`` (``test_no_small_configuration_is_one_of_the_ci_set``).
 SMALL = {
     "fenced": Config(name="fenced", lease=1, deadline=2),
     "delay-bound": Config(name="delay-bound", enforces_deadline=False, lease=1, deadline=2),
-    "not-idempotent": Config(name="not-idempotent", idempotent=False),
-    "no-lookup": Config(name="no-lookup", queryable=False, lease=1, deadline=2),
-    "short-retention": Config(name="short-retention", retention=4, lease=1, deadline=2),
     "refusals": Config(name="refusals", refusals=True, lease=1, deadline=2, cancel=False),
-    "fenced-clock-step": Config(
-        name="fenced-clock-step", clock_steps=(1, -1), lease=1, deadline=1, throttle=False
-    ),
     "fenced-downstream-behind": Config(
         name="fenced-downstream-behind",
         downstream_lag=11,
@@ -54,9 +49,6 @@ SMALL = {
         staff=False,
         cancel=False,
     ),
-    "misuse-answers": Config(
-        name="misuse-answers", misuse=True, lease=1, deadline=1, throttle=False
-    ),
 }
 
 
@@ -65,6 +57,11 @@ def test_the_real_rules_hold_in_every_reachable_state(name: str) -> None:
     result = explore(ProtocolModel(SMALL[name]))
     assert result.violation is None, result.violation.render()
     assert result.figures.exhaustive and result.figures.states > 1000
+
+
+def test_no_small_configuration_is_one_of_the_ci_set() -> None:
+    ci = {replace(c, name="") for c in CI}
+    assert [n for n, c in SMALL.items() if replace(c, name="") in ci] == []
 
 
 def test_a_counterexample_names_each_step_its_decision_and_the_ledger() -> None:
@@ -141,7 +138,12 @@ def test_the_command_fails_on_a_variant_it_does_not_catch(
     # "broken" in name only: the real rules, which the checker cannot catch
     _only(
         monkeypatch,
-        {"not_broken": (protocol.Rules(), Config(workers=1, staff=False, cancel=False))},
+        {
+            "not_broken": (
+                protocol.Rules(),
+                Config(workers=1, staff=False, cancel=False, lease=1, deadline=1, throttle=False),
+            )
+        },
     )
     assert runner.main([]) == 1
     out = capsys.readouterr().out
@@ -268,8 +270,11 @@ def _misuse_unknown(response: httpx.Response, kind: Kind, params: Any, **kw: Any
 def test_a_broken_product_builder_changes_what_the_checker_explores(
     monkeypatch: pytest.MonkeyPatch, name: str, broken: Callable[..., Any], variant: str
 ) -> None:
-    # the real rules, with the product's function swapped where the model calls it
+    # the real rules, with the product's function swapped where the model calls it; the
+    # real rules with the real function hold in this configuration: the variant's control,
+    # explored by ``python -m tests.model`` (``test_the_run_explores_every_variant...``)
     config = VARIANTS[variant][1]
-    assert explore(ProtocolModel(config)).violation is None
+    explored = {replace(c, name="", variant=None) for c in (*CI, *controls().values())}
+    assert replace(config, name="", variant=None) in explored
     monkeypatch.setattr(protocol, name, broken)
     assert explore(ProtocolModel(config)).violation is not None
