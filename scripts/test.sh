@@ -68,6 +68,7 @@ echo "== pytest: the model checker, integration and end-to-end (PostgreSQL, Redi
 # servers, the simulator), so one per core left them part idle (load average about 1.5).
 # Work stealing: a process that runs out takes tests from another's queue, so a few long
 # tests (a Patroni failover, a 30 s outage) at the end of one queue do not leave the others
-# idle while they finish.
-.venv/bin/pytest tests/model tests/integration tests/e2e -n "$(( ($(nproc) * 3 + 1) / 2 ))" \
+# idle while they finish. The tests that spawn processes come first (tests/conftest.py), the
+# end-to-end ones (the benchmark, the soak) first of all.
+.venv/bin/pytest tests/e2e tests/integration tests/model -n "$(( ($(nproc) * 3 + 1) / 2 ))" \
   --dist worksteal --durations=40

@@ -49,6 +49,14 @@ def pytest_configure(config: pytest.Config) -> None:
     services.refuse_foreign_flushes()  # no test may flush a Redis the run did not start
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that spawn processes (``slow``: workers, a benchmark, a soak, a failover) run
+    first, in their order, the rest after in theirs: with ``-n`` the long ones start while
+    every process has short ones queued behind, instead of ending the run on one process
+    while the others wait."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     with services.postgres_server() as url:
