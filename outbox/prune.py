@@ -196,6 +196,15 @@ class _Pruning:
 
 
 def _check(older_than: object, batch_size: object, archive: object, dry_run: bool) -> None:
+    check_age_and_batch(older_than, batch_size)
+    if archive is not None and dry_run:
+        raise InvalidInput("a dry run writes nothing: drop the archive", code="invalid_archive",
+                           field="archive")  # fmt: skip
+
+
+def check_age_and_batch(older_than: object, batch_size: object) -> None:
+    """InvalidInput unless ``older_than`` is a positive timedelta and ``batch_size`` an int from
+    1 to ``MAX_BATCH_SIZE`` (the operations' prune and the tombstones')."""
     if not isinstance(older_than, timedelta) or older_than <= timedelta(0):
         raise InvalidInput("older_than is a positive timedelta", code="invalid_age",
                            field="older_than")  # fmt: skip
@@ -206,9 +215,6 @@ def _check(older_than: object, batch_size: object, archive: object, dry_run: boo
     ):
         raise InvalidInput(f"batch_size must be from 1 to {MAX_BATCH_SIZE}",
                            code="invalid_batch_size", field="batch_size")  # fmt: skip
-    if archive is not None and dry_run:
-        raise InvalidInput("a dry run writes nothing: drop the archive", code="invalid_archive",
-                           field="archive")  # fmt: skip
 
 
 class _Archive:

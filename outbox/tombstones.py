@@ -20,9 +20,8 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from outbox.errors import InvalidInput
 from outbox.models import OperationTombstone
-from outbox.prune import BATCH_SIZE, MAX_BATCH_SIZE, age_words
+from outbox.prune import BATCH_SIZE, age_words, check_age_and_batch
 from outbox.storage import tombstones as store
 from outbox.storage.operations import db_time
 
@@ -96,16 +95,7 @@ def prune_tombstones(
     batches of ``batch_size``, one short transaction each; ``dry_run``: count only. This
     re-opens those op_ids to a second execution (``WARNING``). InvalidInput, before anything
     is deleted, for a bad age or batch size."""
-    if not isinstance(older_than, timedelta) or older_than <= timedelta(0):
-        raise InvalidInput("older_than is a positive timedelta", code="invalid_age",
-                           field="older_than")  # fmt: skip
-    if (
-        not isinstance(batch_size, int)
-        or isinstance(batch_size, bool)
-        or not 1 <= batch_size <= MAX_BATCH_SIZE
-    ):
-        raise InvalidInput(f"batch_size must be from 1 to {MAX_BATCH_SIZE}",
-                           code="invalid_batch_size", field="batch_size")  # fmt: skip
+    check_age_and_batch(older_than, batch_size)
     with Session(engine) as session:
         cutoff = db_time(session) - older_than
         if dry_run:
