@@ -83,9 +83,10 @@ def test_a_forked_child_builds_its_own_and_never_closes_its_parents(
     builds: list[_Built], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = Settings(database_url="sqlite:///one.sqlite3")
-    parents = celery_app.runtime(settings)
+    parents: object = celery_app.runtime(settings)
     monkeypatch.setattr(os, "getpid", lambda: -1)  # the child's id
-    childs = celery_app.runtime(settings)
+    childs: object = celery_app.runtime(settings)
     assert childs is not parents
     celery_app.close_runtimes()
-    assert (parents.closed, builds[1].closed) == (0, 1)  # the parent's engine is not ours
+    assert parents is builds[0] and childs is builds[1]
+    assert (builds[0].closed, builds[1].closed) == (0, 1)  # the parent's engine is not ours
