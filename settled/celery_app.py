@@ -11,7 +11,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
@@ -50,28 +50,59 @@ RECOVERY_PROBE = "settled.recovery_probe"
 QUEUE = "settled"
 BEAT_QUEUE = "settled.beat"
 
-_runtime: tuple[int, Runtime] | None = None
+#: The runtimes of this process (its id), one per settings value (``settings_key``).
+_runtimes: tuple[int, dict[Hashable, Runtime]] = (os.getpid(), {})
 _building = threading.Lock()
 # A child forked while another thread held the lock gets it unlocked.
 os.register_at_fork(after_in_child=lambda: globals().update(_building=threading.Lock()))
 
 
+def settings_key(settings: Settings) -> Hashable:
+    """A hashable snapshot of every field of ``settings``: equal for equal settings, secrets
+    included (a ``SecretStr`` compares and hashes by its value, and shows only asterisks)."""
+    return _frozen(settings.model_dump())
+
+
+def _frozen(value: Any) -> Hashable:
+    if isinstance(value, dict):
+        return tuple(sorted((key, _frozen(item)) for key, item in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(item) for item in value)
+    if isinstance(value, set | frozenset):
+        return frozenset(_frozen(item) for item in value)
+    hashable: Hashable = value
+    return hashable
+
+
 def runtime(settings: Settings) -> Runtime:
-    """This process's runtime, built on first use (after the worker forks its children), once
-    even when the first tasks run in several threads (the thread pool)."""
-    global _runtime
+    """This process's runtime for ``settings``, built on first use (after the worker forks its
+    children), once even when the first tasks run in several threads (the thread pool); other
+    settings get a runtime of their own (another database, other keys)."""
+    global _runtimes
+    key = settings_key(settings)
     with _building:
-        if _runtime is None or _runtime[0] != os.getpid():
-            _runtime = (os.getpid(), build_runtime(settings))
-        return _runtime[1]
+        if _runtimes[0] != os.getpid():  # forked: the parent's engines are not ours
+            _runtimes = (os.getpid(), {})
+        built = _runtimes[1]
+        if key not in built:
+            built[key] = build_runtime(settings)
+        return built[key]
+
+
+def close_runtimes() -> None:
+    """Close every runtime this process built (``runtime``); the next task builds afresh."""
+    global _runtimes
+    with _building:
+        pid, built = _runtimes
+        _runtimes = (os.getpid(), {})
+    if pid == os.getpid():
+        for built_runtime in built.values():
+            built_runtime.close()
 
 
 @worker_process_shutdown.connect
-def _close_runtime(**_: Any) -> None:
-    global _runtime
-    if _runtime is not None and _runtime[0] == os.getpid():
-        _runtime[1].close()
-        _runtime = None
+def _close_runtimes(**_: Any) -> None:
+    close_runtimes()
 
 
 class _RedisChannel(kombu_redis.Channel):

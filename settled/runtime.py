@@ -52,6 +52,7 @@ from workers.wechatpay_signing import MerchantKeys, UnreadableKey, merchant_keys
 
 if TYPE_CHECKING:
     from settled.mcp_server import AgentDesk
+    from settled.wechatpay_notify import WechatPayNotifications
 
 T = TypeVar("T")
 
@@ -271,6 +272,17 @@ class Runtime:
             dict(self.settings.agent_auto_approve_minor),
             tenant=tenant,
             cadence=self.cadence,
+        )
+
+    @property
+    def wechatpay_notifications(self) -> WechatPayNotifications:
+        """What takes WeChat Pay's refund-result notifications (the status API's
+        ``/notify/wechatpay/{tenant}``): the settings' merchants, these sessions."""
+        from settled.wechatpay_notify import WechatPayNotifications  # FastAPI: web only
+
+        return self._once(
+            "wechatpay_notifications",
+            lambda: WechatPayNotifications(self.settings, self.sessions),
         )
 
     def coalescer(self) -> Coalescer:

@@ -41,7 +41,7 @@ from outbox.verdict_due import Cadence
 from settled import metrics
 from settled.console import auth, pages
 from settled.runtime import Runtime, build_runtime
-from settled.wechatpay_notify import WechatPayNotifications, notify_routes
+from settled.wechatpay_notify import notify_routes
 from support.review import ReviewQueue
 
 access_log = logging.getLogger("settled.access")
@@ -340,7 +340,7 @@ def create_web_app(
     app.include_router(status_api)
     app.include_router(operator_routes)
     # WeChat Pay's refund-result notifications: no API key, their signature is checked
-    app.state.wechatpay_notifications = WechatPayNotifications(runtime.settings, runtime.sessions)
+    app.state.wechatpay_notifications = runtime.wechatpay_notifications
     app.include_router(notify_routes)
     app.state.console = pages.ConsoleServices(runtime, review, proposals)
     auth.configure(app, runtime.settings)  # sessions' lifetimes, sign-in throttling, cookies

@@ -542,7 +542,8 @@ def test_psycopg2_is_refused_clearly(django_project: None, monkeypatch: pytest.M
 def test_the_outbox_is_built_from_the_settings_against_djangos_database(
     django_project: None, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Built from SETTLED_*, once: the development keys are refused because Django's database
+    """Built from SETTLED_*, once, by the composition root (the kinds with the settings'
+    contracts, as the worker's): the development keys are refused because Django's database
     is PostgreSQL; a SETTLED_DATABASE_URL naming another database is refused."""
     for name in [n for n in os.environ if n.startswith("SETTLED_")]:
         monkeypatch.delenv(name)
@@ -560,9 +561,15 @@ def test_the_outbox_is_built_from_the_settings_against_djangos_database(
             settled.outbox()
         assert raised.value.code == "database_mismatch"
         monkeypatch.setenv("SETTLED_DATABASE_URL", pg_url)
+        monkeypatch.setenv(
+            "SETTLED_DOWNSTREAM_CONTRACTS", json.dumps({"refund": {"key_retention_seconds": 7200}})
+        )
         built = settled.outbox()
         assert settled.outbox() is built  # once
         assert same_database(settled.settings_for().database_url, pg_url)
+        # the composition root's, as the worker's: the kinds with the settings' contracts
+        assert built is settled.runtime().outbox
+        assert built.registry.get("refund").contract.key_retention == timedelta(hours=2)
     finally:
         settled.configure()
 

@@ -127,10 +127,7 @@ def test_one_trace_from_intake_through_a_celery_hint_to_the_outcome(
             )
             wait_until(lambda: named(spans, "settled.record"), 10, "the outcome's span ends")
     finally:
-        runtime = celery_app._runtime  # the worker thread built it in this process
-        if runtime is not None:
-            runtime[1].close()
-            celery_app._runtime = None
+        celery_app.close_runtimes()  # the worker thread built one in this process
 
     (enqueue,) = named(spans, "settled.enqueue")
     (publish,) = named(spans, "apply_async/settled.submit")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -163,7 +164,7 @@ def test_tasks_starting_at_once_in_threads_build_one_runtime(
         second.wait(0.5)  # a second build would start meanwhile, were it not refused
         return _Runtime()
 
-    monkeypatch.setattr(celery_app, "_runtime", None)
+    monkeypatch.setattr(celery_app, "_runtimes", (os.getpid(), {}))
     monkeypatch.setattr(celery_app, "build_runtime", build)
     start = threading.Barrier(8)
 

@@ -106,6 +106,7 @@ def test_the_console_and_settled_review_ask_each_kind_where_the_worker_sends_it(
         assert console.approvals.proposals is worker.proposals
         assert console.finder is worker.finder and console.overview is worker.overview
         assert worker.agent_desk(tenant=None).proposals is worker.proposals
+        assert over_runtime.state.wechatpay_notifications is worker.wechatpay_notifications
         assert worker.proposals.outbox is worker.outbox
         assert worker.executor.fingerprinter is worker.outbox.fingerprinter
         watch = worker.executor.clock_watch

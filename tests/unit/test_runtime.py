@@ -22,6 +22,7 @@ def test_each_service_is_built_once_and_only_when_asked_for(tmp_path: Path) -> N
         assert rt.review is rt.review and rt.executor is rt.executor
         assert rt.approvals.proposals is rt.proposals and rt.proposals.outbox is rt.outbox
         assert rt.coalescer() is rt.coalescer()
+        assert rt.wechatpay_notifications is rt.wechatpay_notifications
     finally:
         rt.close()
 

@@ -22,7 +22,7 @@ What it gives::
     session                          a SQLAlchemy Session on Django's connection
     settled_database_url             DATABASES[using] as SETTLED_DATABASE_URL for the worker
     configure                        the outbox and the hint publisher, when not the defaults
-    outbox, settings_for             what is built from the SETTLED_* settings
+    outbox, settings_for, runtime    what is built from the SETTLED_* settings
 
 and the commands ``python manage.py settled_migrate`` (Settled's tables on Django's database)
 and ``python manage.py settled_database_url``. Supported databases: PostgreSQL on psycopg 3,
@@ -32,7 +32,7 @@ and SQLite files (``settled.contrib.django.database``).
 from __future__ import annotations
 
 from settled.contrib.django.database import settled_database_url
-from settled.contrib.django.intake import configure, enqueue, outbox, settings_for
+from settled.contrib.django.intake import configure, enqueue, outbox, runtime, settings_for
 from settled.contrib.django.runs import (
     cancel_run,
     compensate,
@@ -55,6 +55,7 @@ __all__ = [
     "operation_status",
     "outbox",
     "run_report",
+    "runtime",
     "session",
     "settings_for",
     "settled_database_url",

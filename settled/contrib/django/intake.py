@@ -2,10 +2,12 @@
 the ``transaction.atomic()`` block the view is in, and its hint goes out through
 ``transaction.on_commit``: a rollback publishes nothing.
 
-The outbox and the hint publisher are built once per process from Settled's settings
-(``SETTLED_*``), with the database taken from Django's ``DATABASES`` (``settled_database_url``);
-``configure`` puts others in their place (a test's list of hints, an outbox with kinds of the
-app's own).
+The outbox comes from the composition root (``settled.runtime``), one runtime per database built
+once per process from Settled's settings (``SETTLED_*``) with the database taken from Django's
+``DATABASES`` (``settled_database_url``), so that the app's intake is the worker's (the same
+kinds, the contracts the settings apply to them); the hint publisher is built once from the
+settings too. ``configure`` puts others in their place (a test's list of hints, an outbox with
+kinds of the app's own).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
@@ -28,8 +30,11 @@ from settled.contrib.django.database import (
     settled_database_url,
 )
 
+if TYPE_CHECKING:
+    from settled.runtime import Runtime
+
 _lock = threading.Lock()
-_outboxes: dict[str, Outbox] = {}
+_runtimes: dict[str, Runtime] = {}
 _given: dict[str, Outbox] = {}
 _publish: list[Publish] = []
 
@@ -37,15 +42,19 @@ _publish: list[Publish] = []
 def configure(*, outbox: Outbox | None = None, publish: Publish | None = None) -> None:
     """Use ``outbox`` for every database, and ``publish`` for the hints (one message of these
     operation ids; a broker error is logged by ``publish_hints``, never raised into the app).
-    None for either: built from the settings on first use, as when never configured."""
+    None for either: built from the settings on first use, as when never configured (the
+    runtimes built before are closed)."""
     with _lock:
-        _outboxes.clear()
+        built = list(_runtimes.values())
+        _runtimes.clear()
         _publish.clear()
         _given.clear()
         if outbox is not None:
             _given["outbox"] = outbox
         if publish is not None:
             _publish.append(publish)
+    for old in built:
+        old.close()
 
 
 def settings_for(using: str = "default") -> Settings:
@@ -67,17 +76,38 @@ def settings_for(using: str = "default") -> Settings:
     return read.model_copy(update={"database_url": url})
 
 
+def runtime(using: str = "default") -> Runtime:
+    """The runtime of ``using`` (``settled.runtime.build_runtime``), built once from
+    ``settings_for(using)``, and kept only once its outbox is built. Its engine, on Django's
+    database, connects only if one of its services reads through its own sessions; intake
+    writes on Django's connection.
+
+    Raises InvalidSetting as ``settings_for``, ``build_runtime`` and ``Runtime.outbox`` (the
+    development keys against PostgreSQL) do; the settings are read again at the next call.
+    """
+    from settled.runtime import build_runtime  # the services' imports: at first use only
+
+    with _lock:
+        built = _runtimes.get(using)
+        if built is None:
+            built = build_runtime(settings_for(using))
+            try:
+                built.outbox  # noqa: B018  # refused settings are not kept
+            except BaseException:
+                built.close()
+                raise
+            _runtimes[using] = built
+        return built
+
+
 def outbox(using: str = "default") -> Outbox:
-    """The outbox intake uses on ``using``, built once from ``settings_for(using)`` (the
+    """The outbox intake uses on ``using``: its runtime's (``runtime(using).outbox``; the
     development keys are refused against PostgreSQL) unless ``configure`` gave one."""
     with _lock:
         given = _given.get("outbox")
-        if given is not None:
-            return given
-        built = _outboxes.get(using)
-        if built is None:
-            built = _outboxes[using] = Outbox.from_settings(settings_for(using))
-        return built
+    if given is not None:
+        return given
+    return runtime(using).outbox
 
 
 def publisher() -> Publish:
