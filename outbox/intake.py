@@ -339,14 +339,15 @@ class Outbox:
         waits for the other transaction and then inserts nothing instead of raising; on
         SQLite the write lock is taken before any read, so no lock upgrade can fail.
 
-        The INSERT takes the order's lock, shared, for a kind whose intent names an order. A
-        compensation first takes that lock, then the original's, in the one lock order, and is
-        refused when the original already has a compensation that may have undone something.
+        The INSERT takes the order's lock, shared, for a kind with an order
+        (``Kind.order_field``). A compensation first takes that lock, then the original's, in
+        the one lock order, and is refused when the original already has a compensation that
+        may have undone something.
         """
         storage = storage_for(session)
-        order_ref = getattr(request.intent, "order_id", None)
+        order_ref = request.spec.order_of(request.intent)
         lock = None
-        if isinstance(order_ref, str):
+        if order_ref is not None:
             lock = order_lock(request.tenant, request.spec.name, order_ref)
         if request.compensates_id is not None:
             if lock is not None:

@@ -180,7 +180,7 @@ class AgentProfile:
     #: default: the kind's name)
     titles: Mapping[str, str] = field(default_factory=dict)
     #: the intent fields a status answer shows beside the handle, in order (default: all);
-    #: an answer always names the order (``order_id``)
+    #: an answer always names the order (the kind's ``order_field``)
     shown: tuple[str, ...] = ()
     #: intent fields shown under another name in answers, e.g. ``{"reason": "problem"}``
     shown_as: Mapping[str, str] = field(default_factory=dict)
@@ -237,8 +237,18 @@ class AgentProfile:
         return named - {MONEY}
 
 
+#: the ``order_field`` of a kind that declares none and whose intent has this field: the
+#: field every kind's order was read from before kinds declared it
+ORDER_ID = "order_id"
+
+
 @dataclass(frozen=True)
 class Kind:
+    """An operation type. ``order_field`` is the intent field naming the order an operation
+    is on (None: its operations are on no order): intake's per-order lock, the proposals'
+    rules and the console's search by order read it. Left out, it is ``order_id`` where the
+    intent has that field and None where not."""
+
     name: str
     intent: type[Intent]
     endpoint: str  # path of the downstream's submit call
@@ -248,14 +258,35 @@ class Kind:
     #: the downstream providers that can serve it (``SETTLED_DOWNSTREAM_PROVIDERS``): ``http``,
     #: the wire protocol, serves every kind
     providers: frozenset[str] = frozenset({"http"})
+    #: the intent field naming the order (see the class docstring)
+    order_field: str | None = ORDER_ID
 
     def __post_init__(self) -> None:
+        fields = self.intent.model_fields
+        if self.order_field == ORDER_ID and ORDER_ID not in fields:
+            object.__setattr__(self, "order_field", None)  # the default, on an intent without it
+        elif self.order_field is not None and self.order_field not in fields:
+            raise ValueError(
+                f"kind {self.name!r} names the order field {self.order_field!r}, which its "
+                f"intent {self.intent.__name__} does not have"
+            )
         unknown = sorted(self.agent.fields_named() - set(self.intent.model_fields))
         if unknown:
             raise ValueError(
                 f"the agent profile of kind {self.name!r} names fields its intent "
                 f"{self.intent.__name__} does not have: {unknown}"
             )
+
+    def order_of(self, params: Intent | Mapping[str, Any] | None) -> str | None:
+        """The order an intent (or a stored operation's params) is on: its ``order_field``'s
+        value; None for a kind without an order, or no string there."""
+        if self.order_field is None or params is None:
+            return None
+        if isinstance(params, Mapping):
+            value = params.get(self.order_field)
+        else:
+            value = getattr(params, self.order_field, None)
+        return value if isinstance(value, str) else None
 
     def parse(self, params: object) -> Intent:
         """Validate ``params`` against the intent model; raise InvalidParams (no values echoed)."""
@@ -307,6 +338,22 @@ class KindRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
+
+    def order_fields(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Each intent field that names an order, with the kinds whose order it is, sorted
+        (hashable: the search statements are built once per value)."""
+        by_field: dict[str, list[str]] = {}
+        for name in self.names():
+            found = self._kinds[name].order_field
+            if found is not None:
+                by_field.setdefault(found, []).append(name)
+        return tuple((f, tuple(names)) for f, names in sorted(by_field.items()))
+
+    def order_of(self, kind: str, params: Mapping[str, Any] | None) -> str | None:
+        """The order a stored operation of ``kind`` is on (None: no order, or a kind this
+        registry does not hold)."""
+        found = self._kinds.get(kind)
+        return found.order_of(params) if found is not None else None
 
     def with_contract(self, name: str, **changes: Any) -> KindRegistry:
         """A copy in which kind ``name`` has its contract changed (tests, demo, odd downstreams)."""
@@ -367,14 +414,22 @@ def default_registry() -> KindRegistry:
                 "/v1/refunds",
                 agent=REFUND_PROFILE,
                 providers=frozenset({"http", "stripe", "wechatpay", "alipay"}),
+                order_field="order_id",
             ),
-            Kind("after_sales_ticket", TicketIntent, "/v1/tickets", agent=TICKET_PROFILE),
-            Kind("pickup", PickupIntent, "/v1/pickups"),
+            Kind(
+                "after_sales_ticket",
+                TicketIntent,
+                "/v1/tickets",
+                agent=TICKET_PROFILE,
+                order_field="order_id",
+            ),
+            Kind("pickup", PickupIntent, "/v1/pickups", order_field=None),
             Kind(
                 "ticket_cancel",
                 TicketCancelIntent,
                 "/v1/ticket_cancellations",
                 agent=TICKET_CANCEL_PROFILE,
+                order_field=None,
             ),
         ]
     )

@@ -108,6 +108,11 @@ class Operation(Base):
             sqlite_where=text("state IN ('submitted', 'unknown')"),
         ),
         Index("ix_operations_run_id", "run_id"),
+        # What the console searches by (``outbox.storage.search``); migration 0013 also adds,
+        # on PostgreSQL, expression indexes on the order, the payee and the references.
+        Index("ix_operations_downstream_ref", "downstream_ref"),
+        Index("ix_operations_idempotency_key", "idempotency_key"),
+        Index("ix_operations_op_id", "op_id", postgresql_ops={"op_id": "text_pattern_ops"}),
     )
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)

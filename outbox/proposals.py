@@ -130,8 +130,8 @@ class Proposals:
         reason = validate_label(reason, field="reason", max_length=MAX_REASON)
         if correlation_id is not None:
             correlation_id = validate_correlation_id(correlation_id)
-        order_ref = getattr(intent, "order_id", None)
-        if not isinstance(order_ref, str):
+        order_ref = spec.order_of(intent)
+        if order_ref is None:
             raise InvalidParams("an agent may propose only operations on an order", field="kind")
         return self._add_unless_repeat(
             session, tenant, spec, intent, order_ref, reason, correlation_id
@@ -226,7 +226,7 @@ class Proposals:
         ever = store.recent_for_order(
             session, tenant=tenant, kind=spec.name, order_ref=order_ref, window=None
         )
-        on_order = operations_on_orders(session, [(tenant, order_ref)])
+        on_order = operations_on_orders(session, [(tenant, order_ref)], kinds=self.outbox.registry)
         live, others = on_the_order(ever, on_order, spec.name, repeated)
         declined = tuple(p for p in ever if p.status == DECLINED)
         if repeated is not None:

@@ -102,7 +102,7 @@ def resubmit(
     original = find_operation(session, tenant, op_id)
     if original is None:
         raise NotFound("no such operation", code="operation_not_found")
-    _lock(session, original)
+    _lock(session, original, outbox.registry.order_of(original.kind, original.params))
     refused = refusal(
         original.state,
         by_staff=(original.receipt or {}).get("source") == "staff",
@@ -174,13 +174,13 @@ def _stripped(value: object) -> object:
     return value.strip() if isinstance(value, str) else value
 
 
-def _lock(session: Session, original: Operation) -> None:
-    """Hold the locks a resubmission of ``original`` is taken under, in the one lock order:
-    its order's (shared, as intake takes it), then its own, so that two resubmissions of one
-    original are taken in turn and the second sees the first."""
+def _lock(session: Session, original: Operation, order_ref: str | None) -> None:
+    """Hold the locks a resubmission of ``original`` (on order ``order_ref``, None: on none)
+    is taken under, in the one lock order: its order's (shared, as intake takes it), then its
+    own, so that two resubmissions of one original are taken in turn and the second sees the
+    first."""
     storage = storage_for(session)
-    order_ref = (original.params or {}).get("order_id")
-    if isinstance(order_ref, str):
+    if order_ref is not None:
         storage.lock_order(session, order_lock(original.tenant, original.kind, order_ref),
                            shared=True)  # fmt: skip
     storage.serialize(session, f"resubmit:{original.tenant}:{original.id}")

@@ -254,7 +254,7 @@ class Runtime:
 
     @property
     def finder(self) -> Finder:
-        return self._once("finder", lambda: Finder(self.sessions, self.cadence))
+        return self._once("finder", lambda: Finder(self.sessions, self.cadence, self.registry))
 
     @property
     def overview(self) -> Overview:

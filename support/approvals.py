@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import NotFound, ProposalConflict, SettledError
+from outbox.kinds import KindRegistry
 from outbox.models import Operation, Proposal
 from outbox.proposals import APPROVED, DECLINED, PROPOSED, Proposals, ProposalStatus
 from outbox.storage.proposals import expiry_cutoff
@@ -47,6 +48,11 @@ class Approvals:
     sessions: sessionmaker[Session]
     proposals: Proposals
 
+    @property
+    def kinds(self) -> KindRegistry:
+        """The kinds the proposals are of (where each operation's order is)."""
+        return self.proposals.outbox.registry
+
     def waiting(self, staff: Staff) -> dict[str, Any]:
         """The oldest ``MAX_LISTED`` proposals waiting (of the tenants ``staff`` may see), each
         with what else is on its order, and how many wait in all."""
@@ -56,9 +62,11 @@ class Approvals:
                 session, tenants=staff.tenants, limit=MAX_LISTED,
                 made_after=expiry_cutoff(session, self.proposals.ttl),
             )  # fmt: skip
-            others, operations = on_orders(session, [(p.tenant, p.order_ref) for p in rows])
+            others, operations = on_orders(
+                session, [(p.tenant, p.order_ref) for p in rows], kinds=self.kinds
+            )
             items = [
-                {**proposal_row(p), **_on_order(p, others, operations)} for p in rows
+                {**proposal_row(p), **_on_order(p, others, operations, self.kinds)} for p in rows
             ]  # fmt: skip
             return {"items": items, "total": total}
 
@@ -67,9 +75,10 @@ class Approvals:
         audit.info("proposal show", extra={"staff": staff.id, "proposal": proposal_id})
         with self.sessions() as session:
             p = self._load(session, staff, proposal_id)
-            others, operations = on_orders(session, [(p.tenant, p.order_ref)])
+            others, operations = on_orders(session, [(p.tenant, p.order_ref)], kinds=self.kinds)
             status = self.proposals.status_of(session, p)  # expired once past its time
-            return {**proposal_row(p), "status": status, **_on_order(p, others, operations)}
+            return {**proposal_row(p), "status": status,
+                    **_on_order(p, others, operations, self.kinds)}  # fmt: skip
 
     def approve(self, staff: Staff, proposal_id: int) -> Decision:
         """Approve: its exact parameters become an operation under a new op id."""
@@ -163,7 +172,10 @@ def _operation_row(op: Operation) -> dict[str, Any]:
 
 
 def _on_order(
-    p: Proposal, proposals: Iterable[Proposal], operations: Iterable[Operation]
+    p: Proposal,
+    proposals: Iterable[Proposal],
+    operations: Iterable[Operation],
+    kinds: KindRegistry,
 ) -> dict[str, Any]:
     """What else is on ``p``'s order: the other proposals and every operation."""
     same = (p.tenant, p.order_ref)
@@ -174,6 +186,6 @@ def _on_order(
         "operations": [
             _operation_row(op)
             for op in operations
-            if (op.tenant, op.params.get("order_id")) == same
+            if (op.tenant, kinds.order_of(op.kind, op.params)) == same
         ],
     }

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.currencies import format_amount
 from outbox.errors import InvalidInput, NotFound
+from outbox.kinds import KindRegistry, default_registry
 from outbox.models import Operation
 from outbox.report_lines import group_of
 from outbox.runs import verdicts_due
@@ -45,6 +46,8 @@ class Finder:
     sessions: sessionmaker[Session]
     #: the reconciler's numbers: an uncertain operation's page says when it is decided
     cadence: Cadence | None = None
+    #: the kinds, which say where each operation's order is (``Kind.order_field``)
+    kinds: KindRegistry = field(default_factory=default_registry)
 
     def find(
         self, staff: Staff, key: str, value: str, *, tenant: str | None = None
@@ -55,7 +58,9 @@ class Finder:
         value = _checked(key, value, tenant)
         audit.info("console find", extra={"staff": staff.id, "key": key})
         with self.sessions() as session:
-            found = operations_by(session, key, value, tenants=staff.tenants, tenant=tenant)
+            found = operations_by(
+                session, key, value, kinds=self.kinds, tenants=staff.tenants, tenant=tenant
+            )
             due = self._due(session, found)
             return [
                 {"tenant": op.tenant, "op_id": op.op_id, "kind": op.kind, "state": op.state,
@@ -77,10 +82,13 @@ class Finder:
         audit.info("console search", extra={"staff": staff.id})
         with self.sessions() as session:
             found, more = operations_matching(
-                session, q, tenants=staff.tenants, prefix=len(q) >= MIN_PREFIX, limit=MAX_FOUND
-            )
+                session, q, kinds=self.kinds, tenants=staff.tenants,
+                prefix=len(q) >= MIN_PREFIX, limit=MAX_FOUND,
+            )  # fmt: skip
             due = self._due(session, [op for op, _ in found])
-            results = [{**_result(op, on), **_due_of(due.get(op.id))} for op, on in found]
+            results = [
+                {**_result(op, on, self.kinds), **_due_of(due.get(op.id))} for op, on in found
+            ]
             return {"q": q, "results": results, "more": more}
 
     def operation(self, staff: Staff, tenant: str, op_id: str) -> dict[str, Any]:
@@ -90,7 +98,9 @@ class Finder:
         if not staff.sees(tenant) or not 0 < len(op_id) <= MAX_VALUE:
             raise NotFound("no such operation", code="operation_not_found")
         with self.sessions() as session:
-            found = operations_by(session, "op_id", op_id, tenants=staff.tenants, tenant=tenant)
+            found = operations_by(
+                session, "op_id", op_id, kinds=self.kinds, tenants=staff.tenants, tenant=tenant
+            )
             if not found:
                 raise NotFound("no such operation", code="operation_not_found")
             return operation_page(session, found[0], cadence=self.cadence)
@@ -115,7 +125,7 @@ def _due_of(due: VerdictDue | None) -> dict[str, Any]:
     return due.as_evidence() if due is not None else {}
 
 
-def _result(op: Operation, matched: list[str]) -> dict[str, Any]:
+def _result(op: Operation, matched: list[str], kinds: KindRegistry) -> dict[str, Any]:
     params = op.params or {}
     return {
         "tenant": op.tenant,
@@ -125,7 +135,7 @@ def _result(op: Operation, matched: list[str]) -> dict[str, Any]:
         "group": group_of(State(op.state)).value,
         "amount": format_amount(params.get("amount_minor"), params.get("currency")),
         "payee": _text(params.get("payee")),
-        "order_id": _text(params.get("order_id")),
+        "order_id": kinds.order_of(op.kind, params),
         "reference": op.downstream_ref,
         "created_at": op.created_at.isoformat(),
         "matched": matched,

@@ -134,7 +134,13 @@ class ReviewQueue:
                 limit=limit,
             )  # fmt: skip
             items = [
-                {**_item(item), "op_id": op_id, "kind": kind, "state": state, **_listed(params)}
+                {
+                    **_item(item),
+                    "op_id": op_id,
+                    "kind": kind,
+                    "state": state,
+                    **_listed(params, self.registry.order_of(kind, params)),
+                }
                 if item.operation_id is not None
                 else _orphan_row(item)
                 for item, op_id, kind, state, params in rows
@@ -407,11 +413,11 @@ def _orphan_row(item: ReviewItem) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _listed(params: dict[str, Any]) -> dict[str, Any]:
-    """What a queue row shows of an operation's params: its order, amount and payee, where
-    its kind has them (None where not)."""
+def _listed(params: dict[str, Any], order: str | None) -> dict[str, Any]:
+    """What a queue row shows of an operation: its order (``Kind.order_of`` its params), and
+    the amount and payee of its params, where its kind has them (None where not)."""
     return {
-        "order_id": params.get("order_id"),
+        "order_id": order,
         "amount_minor": params.get("amount_minor"),
         "currency": params.get("currency"),
         "payee": params.get("payee"),

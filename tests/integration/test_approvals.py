@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from outbox.errors import Forbidden, NotFound
+from outbox.kinds import default_registry
 from outbox.models import Operation
 from outbox.proposals import Proposals
 from outbox.storage import search
@@ -121,6 +122,8 @@ def test_what_else_is_on_an_order_is_found_by_exact_pairs_newest_kept(
     latest = rig.enqueue("op-a1", {**GOOD, "amount_minor": 500})
     newest = rig.enqueue("op-a2", {**GOOD, "amount_minor": 600})
     with rig.sessions() as s:
-        _, operations = search.on_orders(s, [("acme", "A1042"), ("globex", "B2001")])
+        _, operations = search.on_orders(
+            s, [("acme", "A1042"), ("globex", "B2001")], kinds=default_registry()
+        )
     assert [op.id for op in operations] == [latest, newest]  # oldest first, the newest two
     assert first not in [op.id for op in operations]

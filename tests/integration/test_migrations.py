@@ -140,3 +140,32 @@ def test_0011_makes_the_tombstones_table_the_model_describes(empty_url: str) -> 
         assert diffs == []
     finally:
         engine.dispose()
+
+
+def test_0013_adds_the_search_indexes_and_takes_them_away_again(empty_url: str) -> None:
+    upgrade(empty_url)
+    engine = make_engine(empty_url)
+    plain = {"ix_operations_downstream_ref", "ix_operations_idempotency_key", "ix_operations_op_id"}
+    expressions = {
+        "ix_operations_order_id",
+        "ix_operations_payee",
+        "ix_attempts_reference",
+        "ix_operation_events_reference",
+        "ix_operation_events_record_reference",
+    }
+    names = "SELECT indexname FROM pg_indexes WHERE indexname LIKE 'ix_%'"
+    try:
+        with engine.connect() as conn:
+            found = {i["name"] for i in inspect(conn).get_indexes("operations")}
+            if engine.dialect.name == "postgresql":
+                assert expressions <= set(conn.scalars(text(names)))
+        assert plain <= found
+        command.downgrade(alembic_config(empty_url), "0012")
+        with engine.connect() as conn:
+            found = {i["name"] for i in inspect(conn).get_indexes("operations")}
+            if engine.dialect.name == "postgresql":
+                assert not expressions & set(conn.scalars(text(names)))
+        assert not plain & found
+        upgrade(empty_url)
+    finally:
+        engine.dispose()

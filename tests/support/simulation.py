@@ -69,6 +69,7 @@ from outbox.downstream import (
     Unknown,
 )
 from outbox.intake import Outbox
+from outbox.kinds import default_registry
 from outbox.models import Attempt, Base, Operation, Proposal, ReviewItem, Run, UTCDateTime
 from outbox.proposals import Proposals, auto_approvable
 from outbox.report_lines import Group
@@ -547,7 +548,7 @@ class World:
         dead = (State.REJECTED.value, State.CANCELLED.value)
         ops = [
             op.op_id
-            for op in operations_on_orders(s, [(TENANT, order)])
+            for op in operations_on_orders(s, [(TENANT, order)], kinds=default_registry())
             if op.state not in dead and op.kind == "refund"
         ]
         stmt = select(Proposal.handle).where(
