@@ -35,6 +35,7 @@ CONTROL_METHODS = [
     "clear_schedule",
     "close",
     "create_order",
+    "effect_counts",
     "effects",
     "faults",
     "in_flight",
